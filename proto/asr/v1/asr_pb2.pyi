@@ -1,0 +1,172 @@
+import datetime
+
+from google.protobuf import duration_pb2 as _duration_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class AudioEncoding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ENCODING_UNSPECIFIED: _ClassVar[AudioEncoding]
+    LINEAR16: _ClassVar[AudioEncoding]
+    FLAC: _ClassVar[AudioEncoding]
+    MULAW: _ClassVar[AudioEncoding]
+    ALAW: _ClassVar[AudioEncoding]
+    WAV: _ClassVar[AudioEncoding]
+ENCODING_UNSPECIFIED: AudioEncoding
+LINEAR16: AudioEncoding
+FLAC: AudioEncoding
+MULAW: AudioEncoding
+ALAW: AudioEncoding
+WAV: AudioEncoding
+
+class RecognitionConfig(_message.Message):
+    __slots__ = ("encoding", "sample_rate_hertz", "audio_channel_count", "enable_separate_recognition_per_channel", "language_code", "prompt", "enable_segment_time_offsets")
+    ENCODING_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_RATE_HERTZ_FIELD_NUMBER: _ClassVar[int]
+    AUDIO_CHANNEL_COUNT_FIELD_NUMBER: _ClassVar[int]
+    ENABLE_SEPARATE_RECOGNITION_PER_CHANNEL_FIELD_NUMBER: _ClassVar[int]
+    LANGUAGE_CODE_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    ENABLE_SEGMENT_TIME_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    encoding: AudioEncoding
+    sample_rate_hertz: int
+    audio_channel_count: int
+    enable_separate_recognition_per_channel: bool
+    language_code: str
+    prompt: str
+    enable_segment_time_offsets: bool
+    def __init__(self, encoding: _Optional[_Union[AudioEncoding, str]] = ..., sample_rate_hertz: _Optional[int] = ..., audio_channel_count: _Optional[int] = ..., enable_separate_recognition_per_channel: _Optional[bool] = ..., language_code: _Optional[str] = ..., prompt: _Optional[str] = ..., enable_segment_time_offsets: _Optional[bool] = ...) -> None: ...
+
+class EndpointingConfig(_message.Message):
+    __slots__ = ("speech_start_threshold", "speech_end_threshold", "min_silence_duration", "max_utterance_duration", "min_speech_duration")
+    SPEECH_START_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    SPEECH_END_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    MIN_SILENCE_DURATION_FIELD_NUMBER: _ClassVar[int]
+    MAX_UTTERANCE_DURATION_FIELD_NUMBER: _ClassVar[int]
+    MIN_SPEECH_DURATION_FIELD_NUMBER: _ClassVar[int]
+    speech_start_threshold: float
+    speech_end_threshold: float
+    min_silence_duration: _duration_pb2.Duration
+    max_utterance_duration: _duration_pb2.Duration
+    min_speech_duration: _duration_pb2.Duration
+    def __init__(self, speech_start_threshold: _Optional[float] = ..., speech_end_threshold: _Optional[float] = ..., min_silence_duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_utterance_duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., min_speech_duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class StreamingRecognitionConfig(_message.Message):
+    __slots__ = ("config", "single_utterance", "interim_results", "endpointing")
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    SINGLE_UTTERANCE_FIELD_NUMBER: _ClassVar[int]
+    INTERIM_RESULTS_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINTING_FIELD_NUMBER: _ClassVar[int]
+    config: RecognitionConfig
+    single_utterance: bool
+    interim_results: bool
+    endpointing: EndpointingConfig
+    def __init__(self, config: _Optional[_Union[RecognitionConfig, _Mapping]] = ..., single_utterance: _Optional[bool] = ..., interim_results: _Optional[bool] = ..., endpointing: _Optional[_Union[EndpointingConfig, _Mapping]] = ...) -> None: ...
+
+class StreamingRecognizeRequest(_message.Message):
+    __slots__ = ("streaming_config", "audio_content")
+    STREAMING_CONFIG_FIELD_NUMBER: _ClassVar[int]
+    AUDIO_CONTENT_FIELD_NUMBER: _ClassVar[int]
+    streaming_config: StreamingRecognitionConfig
+    audio_content: bytes
+    def __init__(self, streaming_config: _Optional[_Union[StreamingRecognitionConfig, _Mapping]] = ..., audio_content: _Optional[bytes] = ...) -> None: ...
+
+class WordOrSegment(_message.Message):
+    __slots__ = ("text", "start_offset", "end_offset")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    start_offset: _duration_pb2.Duration
+    end_offset: _duration_pb2.Duration
+    def __init__(self, text: _Optional[str] = ..., start_offset: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., end_offset: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class SpeechRecognitionAlternative(_message.Message):
+    __slots__ = ("transcript", "confidence", "segments")
+    TRANSCRIPT_FIELD_NUMBER: _ClassVar[int]
+    CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    transcript: str
+    confidence: float
+    segments: _containers.RepeatedCompositeFieldContainer[WordOrSegment]
+    def __init__(self, transcript: _Optional[str] = ..., confidence: _Optional[float] = ..., segments: _Optional[_Iterable[_Union[WordOrSegment, _Mapping]]] = ...) -> None: ...
+
+class StreamingRecognitionResult(_message.Message):
+    __slots__ = ("alternatives", "is_final", "stability", "start_offset", "end_offset", "channel_tag", "language_code", "utterance_index")
+    ALTERNATIVES_FIELD_NUMBER: _ClassVar[int]
+    IS_FINAL_FIELD_NUMBER: _ClassVar[int]
+    STABILITY_FIELD_NUMBER: _ClassVar[int]
+    START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    CHANNEL_TAG_FIELD_NUMBER: _ClassVar[int]
+    LANGUAGE_CODE_FIELD_NUMBER: _ClassVar[int]
+    UTTERANCE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    alternatives: _containers.RepeatedCompositeFieldContainer[SpeechRecognitionAlternative]
+    is_final: bool
+    stability: float
+    start_offset: _duration_pb2.Duration
+    end_offset: _duration_pb2.Duration
+    channel_tag: int
+    language_code: str
+    utterance_index: int
+    def __init__(self, alternatives: _Optional[_Iterable[_Union[SpeechRecognitionAlternative, _Mapping]]] = ..., is_final: _Optional[bool] = ..., stability: _Optional[float] = ..., start_offset: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., end_offset: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., channel_tag: _Optional[int] = ..., language_code: _Optional[str] = ..., utterance_index: _Optional[int] = ...) -> None: ...
+
+class StreamingRecognizeResponse(_message.Message):
+    __slots__ = ("results", "speech_event_type", "speech_event_offset", "speech_event_channel_tag")
+    class SpeechEventType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        SPEECH_EVENT_UNSPECIFIED: _ClassVar[StreamingRecognizeResponse.SpeechEventType]
+        SPEECH_ACTIVITY_BEGIN: _ClassVar[StreamingRecognizeResponse.SpeechEventType]
+        SPEECH_ACTIVITY_END: _ClassVar[StreamingRecognizeResponse.SpeechEventType]
+        END_OF_SINGLE_UTTERANCE: _ClassVar[StreamingRecognizeResponse.SpeechEventType]
+        RECONNECT: _ClassVar[StreamingRecognizeResponse.SpeechEventType]
+    SPEECH_EVENT_UNSPECIFIED: StreamingRecognizeResponse.SpeechEventType
+    SPEECH_ACTIVITY_BEGIN: StreamingRecognizeResponse.SpeechEventType
+    SPEECH_ACTIVITY_END: StreamingRecognizeResponse.SpeechEventType
+    END_OF_SINGLE_UTTERANCE: StreamingRecognizeResponse.SpeechEventType
+    RECONNECT: StreamingRecognizeResponse.SpeechEventType
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    SPEECH_EVENT_TYPE_FIELD_NUMBER: _ClassVar[int]
+    SPEECH_EVENT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SPEECH_EVENT_CHANNEL_TAG_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[StreamingRecognitionResult]
+    speech_event_type: StreamingRecognizeResponse.SpeechEventType
+    speech_event_offset: _duration_pb2.Duration
+    speech_event_channel_tag: int
+    def __init__(self, results: _Optional[_Iterable[_Union[StreamingRecognitionResult, _Mapping]]] = ..., speech_event_type: _Optional[_Union[StreamingRecognizeResponse.SpeechEventType, str]] = ..., speech_event_offset: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., speech_event_channel_tag: _Optional[int] = ...) -> None: ...
+
+class RecognizeRequest(_message.Message):
+    __slots__ = ("config", "audio_content")
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    AUDIO_CONTENT_FIELD_NUMBER: _ClassVar[int]
+    config: RecognitionConfig
+    audio_content: bytes
+    def __init__(self, config: _Optional[_Union[RecognitionConfig, _Mapping]] = ..., audio_content: _Optional[bytes] = ...) -> None: ...
+
+class SpeechRecognitionResult(_message.Message):
+    __slots__ = ("alternatives", "channel_tag", "start_offset", "end_offset", "language_code")
+    ALTERNATIVES_FIELD_NUMBER: _ClassVar[int]
+    CHANNEL_TAG_FIELD_NUMBER: _ClassVar[int]
+    START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LANGUAGE_CODE_FIELD_NUMBER: _ClassVar[int]
+    alternatives: _containers.RepeatedCompositeFieldContainer[SpeechRecognitionAlternative]
+    channel_tag: int
+    start_offset: _duration_pb2.Duration
+    end_offset: _duration_pb2.Duration
+    language_code: str
+    def __init__(self, alternatives: _Optional[_Iterable[_Union[SpeechRecognitionAlternative, _Mapping]]] = ..., channel_tag: _Optional[int] = ..., start_offset: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., end_offset: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., language_code: _Optional[str] = ...) -> None: ...
+
+class RecognizeResponse(_message.Message):
+    __slots__ = ("results", "total_audio_duration")
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_AUDIO_DURATION_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[SpeechRecognitionResult]
+    total_audio_duration: _duration_pb2.Duration
+    def __init__(self, results: _Optional[_Iterable[_Union[SpeechRecognitionResult, _Mapping]]] = ..., total_audio_duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
