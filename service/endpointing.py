@@ -1,0 +1,353 @@
+"""Voice-activity endpointing: cuts one channel's 16 kHz audio into utterances with silero-vad.
+
+One ONNX session per process (`load_vad()`); each stream/channel owns a small `VadState` (the model's
+LSTM state and the last 64 samples of context) and an `Endpointer` that turns speech probabilities
+per 32 ms window into SpeechStarted / SpeechEnded / Utterance events.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+RATE = 16000
+WINDOW = 512  # samples the model scores at a time (32 ms)
+_CONTEXT = 64  # samples of the previous window the model sees in front of each window
+_MAX_WINDOWS_PER_CALL = 32  # ~1 s: batching windows into one call costs ~half per window
+# The sequence export runs many windows per call and gives bit-identical probabilities to the stock model.
+_MODEL = "silero_vad_16k_sequence.onnx"
+
+
+class EndpointingError(ValueError):
+    """Bad endpointing settings; `field` is the proto field to blame (as AudioFormatError)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass
+class EndpointSettings:
+    speech_start_threshold: float = 0.5
+    speech_end_threshold: float = 0.35
+    min_silence_s: float = 0.5
+    max_utterance_s: float = 15.0
+    min_speech_s: float = 0.2
+    speech_pad_s: float = 0.2  # audio kept before speech start and after speech end
+
+    @classmethod
+    def from_overrides(
+        cls,
+        speech_start_threshold: float = 0.0,
+        speech_end_threshold: float = 0.0,
+        min_silence_s: float = 0.0,
+        max_utterance_s: float = 0.0,
+        min_speech_s: float = 0.0,
+    ) -> EndpointSettings:
+        """Proto semantics: zero means the default. An unset end threshold follows a set start
+        threshold (start - 0.15, as silero does) so that a lone start threshold stays valid."""
+        d = cls()
+        start = speech_start_threshold or d.speech_start_threshold
+        end = speech_end_threshold or (
+            max(start - 0.15, 0.01) if speech_start_threshold else d.speech_end_threshold
+        )
+        s = cls(
+            speech_start_threshold=start,
+            speech_end_threshold=end,
+            min_silence_s=min_silence_s or d.min_silence_s,
+            max_utterance_s=max_utterance_s or d.max_utterance_s,
+            min_speech_s=min_speech_s or d.min_speech_s,
+        )
+        s.validate()
+        return s
+
+    def validate(self) -> None:
+        def bad(name: str, limit: str, value: float) -> EndpointingError:
+            return EndpointingError(
+                f"endpointing.{name}", f"endpointing.{name} must be {limit}, got {value:g}"
+            )
+
+        start, end = self.speech_start_threshold, self.speech_end_threshold
+        if not (0.0 < start < 1.0) or math.isnan(start):
+            raise bad("speech_start_threshold", "between 0 and 1 (exclusive)", start)
+        if not (0.0 < end < 1.0) or math.isnan(end):
+            raise bad("speech_end_threshold", "between 0 and 1 (exclusive)", end)
+        if end > start:
+            raise bad("speech_end_threshold", f"at most speech_start_threshold ({start:g})", end)
+        if not 0.1 <= self.min_silence_s <= 5.0:
+            raise bad("min_silence_duration", "between 0.1 s and 5 s", self.min_silence_s)
+        if not 1.0 <= self.max_utterance_s <= 30.0:  # Whisper hears at most 30 s at once
+            raise bad("max_utterance_duration", "between 1 s and 30 s", self.max_utterance_s)
+        if not 0.0 <= self.min_speech_s <= self.max_utterance_s:
+            raise bad("min_speech_duration", f"between 0 s and {self.max_utterance_s:g} s", self.min_speech_s)
+        if not 0.0 <= self.speech_pad_s <= 1.0:
+            raise bad("speech_pad", "between 0 s and 1 s", self.speech_pad_s)
+
+
+@dataclass(frozen=True)
+class SpeechStarted:
+    offset_s: float
+
+
+@dataclass(frozen=True)
+class SpeechEnded:
+    offset_s: float
+
+
+@dataclass(frozen=True)
+class Utterance:
+    """One utterance; start_s/end_s are the detected speech bounds, seconds from the stream start.
+
+    `audio` (float32 16 kHz mono) begins `lead_s` before start_s (the pad) and runs to end_s plus pad,
+    or exactly to end_s after a forced cut.
+    """
+
+    audio: np.ndarray = field(repr=False)
+    start_s: float
+    end_s: float
+    index: int
+    forced_cut: bool
+    lead_s: float = 0.0
+
+    @property
+    def audio_start_s(self) -> float:
+        """Where audio[0] lies in the stream (Whisper's timestamps count from here)."""
+        return self.start_s - self.lead_s
+
+
+Event = SpeechStarted | SpeechEnded | Utterance
+
+
+@dataclass
+class VadState:
+    """Per-stream recurrent state of the model: a few KB."""
+
+    h: np.ndarray = field(default_factory=lambda: np.zeros((1, 1, 128), dtype=np.float32))
+    c: np.ndarray = field(default_factory=lambda: np.zeros((1, 1, 128), dtype=np.float32))
+    context: np.ndarray = field(default_factory=lambda: np.zeros(_CONTEXT, dtype=np.float32))
+
+
+class SileroVad:
+    """silero-vad through onnxruntime: one session, shared by all streams (run() is thread-safe)."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        opts = ort.SessionOptions()
+        # One thread per call: 64 streams are parallel work already, and the engine needs the cores.
+        opts.intra_op_num_threads = 1
+        opts.inter_op_num_threads = 1
+        opts.log_severity_level = 3
+        self._session = ort.InferenceSession(
+            str(path or _model_path()), sess_options=opts, providers=["CPUExecutionProvider"]
+        )
+
+    def new_state(self) -> VadState:
+        return VadState()
+
+    def __call__(self, state: VadState, windows: np.ndarray) -> np.ndarray:
+        """Speech probability of each 512-sample window in [n, 512]; advances `state`."""
+        if len(windows) == 0:
+            return np.zeros(0, dtype=np.float32)
+        contexts = np.concatenate([state.context[None], windows[:-1, -_CONTEXT:]])
+        probs, state.h, state.c = self._session.run(
+            None, {"input": np.concatenate([contexts, windows], axis=1), "h": state.h, "c": state.c}
+        )
+        state.context = windows[-1, -_CONTEXT:].copy()
+        return np.asarray(probs, dtype=np.float32).reshape(-1)
+
+
+def _model_path() -> Path:
+    # Locate the wheel's model without importing silero_vad: its import runs torch.set_num_threads(1),
+    # which would silently slow the engine's torch down for the whole process.
+    spec = importlib.util.find_spec("silero_vad")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("silero-vad is not installed")
+    return Path(next(iter(spec.submodule_search_locations))) / "data" / _MODEL
+
+
+@functools.cache
+def load_vad() -> SileroVad:
+    """The process-wide VAD model (loaded once, ~10 ms)."""
+    return SileroVad()
+
+
+class Endpointer:
+    """Finds utterances in one channel. Feed any number of samples; events come out in order.
+
+    Memory stays bounded: only the current utterance (at most max_utterance_s) plus the pad is kept.
+    """
+
+    def __init__(self, settings: EndpointSettings | None = None, vad: SileroVad | None = None) -> None:
+        self.settings = s = settings or EndpointSettings()
+        s.validate()
+        self._vad = vad or load_vad()
+        self._state = self._vad.new_state()
+        self._pad = round(s.speech_pad_s * RATE)
+        self._max_len = round(s.max_utterance_s * RATE)
+        self._min_silence = round(s.min_silence_s * RATE)
+        self._min_speech = round(s.min_speech_s * RATE)
+        # audio kept: samples [_buf_start, _buf_start + _buf_len) of the stream
+        self._buf = np.zeros(RATE, dtype=np.float32)
+        self._buf_start = 0
+        self._buf_len = 0
+        self._scored = 0  # samples already scored by the VAD (a multiple of WINDOW)
+        self._win_probs: list[float] = []  # per window of the current utterance, for choosing a cut
+        self._win_rms: list[float] = []
+        self._win0 = 0  # stream window index of _win_probs[0]
+        self._speaking = False  # VAD says speech (hysteresis between start and end thresholds)
+        self._confirmed = False  # speech lasted min_speech_s: SpeechStarted was sent
+        self._speech_start = 0  # sample where the current speech began
+        self._last_speech = 0  # end of the last window at or above the end threshold
+        self._audio_start = 0  # sample where the current utterance's audio begins
+        self._kept_from = 0  # audio before this went out with the previous utterance
+        self._index = 0
+
+    @property
+    def in_speech(self) -> bool:
+        """An utterance is in progress (SpeechStarted sent, its end not yet)."""
+        return self._confirmed
+
+    @property
+    def buffered_s(self) -> float:
+        """Seconds of audio held (bounded by max_utterance_s plus a pad and one feed slice)."""
+        return self._buf_len / RATE
+
+    def partial(self) -> np.ndarray | None:
+        """Audio of the utterance in progress (for interim results), or None."""
+        if not self._confirmed:
+            return None
+        return self._slice(self._audio_start, self._buf_start + self._buf_len)
+
+    def feed(self, samples: np.ndarray) -> list[Event]:
+        events: list[Event] = []
+        step = _MAX_WINDOWS_PER_CALL * WINDOW
+        for i in range(0, len(samples), step):  # bounded slices keep the buffer bounded
+            self._append(np.asarray(samples[i : i + step], dtype=np.float32))
+            n = (self._buf_start + self._buf_len - self._scored) // WINDOW
+            if n == 0:
+                continue
+            windows = self._slice(self._scored, self._scored + n * WINDOW).reshape(n, WINDOW)
+            probs = self._vad(self._state, windows)
+            rms = np.sqrt(np.mean(windows**2, axis=1))
+            for p, r in zip(probs.tolist(), rms.tolist(), strict=True):
+                self._scored += WINDOW
+                self._step(p, r, events)
+            if not self._speaking:
+                self._trim_idle()
+        return events
+
+    def flush(self) -> list[Event]:
+        """End of stream: the utterance in progress (if it is speech) is emitted, not lost."""
+        events: list[Event] = []
+        total = self._buf_start + self._buf_len
+        if self._speaking:
+            # still speaking at the last scored window: speech runs to the last sample received
+            end = total if self._last_speech == self._scored else self._last_speech
+            if self._confirmed or end - self._speech_start >= self._min_speech:
+                self._end_utterance(end, min(end + self._pad, total), events)
+        self._speaking = self._confirmed = False
+        self._kept_from = total
+        self._trim_idle()
+        return events
+
+    # --- state machine, one 32 ms window at a time ---
+
+    def _step(self, prob: float, rms: float, events: list[Event]) -> None:
+        s, end = self.settings, self._scored
+        self._win_probs.append(prob)
+        self._win_rms.append(rms)
+        if not self._speaking:
+            if prob >= s.speech_start_threshold:
+                self._speaking = True
+                self._speech_start = end - WINDOW
+                self._last_speech = end
+                # never reuse audio that went out with the previous utterance
+                self._audio_start = min(
+                    self._speech_start, max(self._speech_start - self._pad, self._kept_from)
+                )
+            else:
+                return
+        if prob >= s.speech_end_threshold:
+            self._last_speech = end
+        if not self._confirmed and self._last_speech - self._speech_start >= self._min_speech:
+            self._confirmed = True
+            events.append(SpeechStarted(self._speech_start / RATE))
+        if end - self._last_speech >= self._min_silence:
+            if self._confirmed:
+                self._end_utterance(self._last_speech, min(self._last_speech + self._pad, end), events)
+            self._speaking = self._confirmed = False  # a burst shorter than min_speech_s: dropped
+        elif end - self._audio_start >= self._max_len:
+            self._forced_cut(events)
+
+    def _end_utterance(
+        self, speech_end: int, audio_end: int, events: list[Event], forced: bool = False
+    ) -> None:
+        if not forced:
+            events.append(SpeechEnded(speech_end / RATE))
+        events.append(
+            Utterance(
+                audio=self._slice(self._audio_start, audio_end),
+                start_s=self._speech_start / RATE,
+                end_s=speech_end / RATE,
+                index=self._index,
+                forced_cut=forced,
+                lead_s=(self._speech_start - self._audio_start) / RATE,
+            )
+        )
+        self._index += 1
+        self._kept_from = audio_end
+
+    def _forced_cut(self, events: list[Event]) -> None:
+        """Cut at the quietest window in the last 30% of the allowed span; the rest goes on."""
+        if not self._confirmed:  # only when min_speech_s is close to max_utterance_s
+            self._confirmed = True
+            events.append(SpeechStarted(self._speech_start / RATE))
+        first = (self._audio_start + int(0.7 * self._max_len)) // WINDOW - self._win0
+        probs = np.array(self._win_probs[first:])
+        rms = np.array(self._win_rms[first:])
+        # The VAD probability finds pauses between words; energy over ±1 window prefers the middle of the
+        # pause over a one-window stop closure inside a word.
+        rms3 = np.convolve(np.pad(rms, 1, mode="edge"), np.ones(3) / 3, mode="valid")
+        best = int(np.argmin(probs + rms3 / max(float(rms3.max()), 1e-9)))
+        cut = (self._win0 + first + best) * WINDOW + WINDOW // 2
+        if self._last_speech <= cut:  # the speech had in fact ended: a normal end
+            self._end_utterance(self._last_speech, cut, events)
+            self._speaking = self._confirmed = False
+        else:
+            self._end_utterance(cut, cut, events, forced=True)
+            self._speech_start = self._audio_start = cut
+        self._drop_before(cut)
+
+    # --- audio buffer ---
+
+    def _append(self, x: np.ndarray) -> None:
+        need = self._buf_len + len(x)
+        if need > len(self._buf):
+            grown = np.zeros(max(need, 2 * len(self._buf)), dtype=np.float32)
+            grown[: self._buf_len] = self._buf[: self._buf_len]
+            self._buf = grown
+        self._buf[self._buf_len : need] = x
+        self._buf_len = need
+
+    def _slice(self, start: int, end: int) -> np.ndarray:
+        return self._buf[start - self._buf_start : end - self._buf_start].copy()
+
+    def _trim_idle(self) -> None:
+        """Not in speech: keep just the pad before the unscored tail (the pre-roll of the next utterance)."""
+        self._drop_before(max(self._scored - self._pad, self._kept_from))
+
+    def _drop_before(self, sample: int) -> None:
+        k = min(sample, self._scored) - self._buf_start
+        if k <= 0:
+            return
+        self._buf[: self._buf_len - k] = self._buf[k : self._buf_len]
+        self._buf_len -= k
+        self._buf_start += k
+        drop_windows = max(0, sample // WINDOW - self._win0)
+        del self._win_probs[:drop_windows], self._win_rms[:drop_windows]
+        self._win0 += drop_windows

@@ -1,0 +1,1 @@
+"""Helpers shared by tests: real audio made with espeak-ng and sox."""
