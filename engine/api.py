@@ -97,7 +97,9 @@ class Engine:
         self.validate(options)
         rid = request_id or f"u{next(self._ids)}"
         future: Future[Transcript] = Future()
-        req = Request(id=rid, audio=np.ascontiguousarray(audio, dtype=np.float32), options=options, future=future)
+        req = Request(
+            id=rid, audio=np.ascontiguousarray(audio, dtype=np.float32), options=options, future=future
+        )
         if ready_time is not None:
             req.ready_time = ready_time
         self._scheduler.submit(req)

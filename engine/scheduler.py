@@ -1,0 +1,426 @@
+"""The scheduler: one thread that owns the model and loops
+
+    1. admit   — take ready utterances through the micro-batching window
+    2. encode  — ONE batched encoder pass for all of them (or, with encoder batching off,
+                 the baseline loop of per-utterance calls), cross-attention K/V into slots,
+                 then their prompts are prefilled together
+    3. decode  — one step for every active sequence; finished ones leave, slots are freed
+    4. publish — results resolve their futures
+
+Window: opened by the first waiting utterance; closed W ms later, or as soon as max-batch
+(or every free slot) is filled. Utterances that become ready while others decode wait at
+most one window, then are encoded together. Nothing else in the engine touches the model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import InvalidStateError
+from typing import Any
+
+import torch
+
+from engine import metrics as m
+from engine.api import EngineOverloaded, EngineStopped, ModelInfo
+from engine.config import EngineConfig
+from engine.request import DecodeOptions, Request, Transcript, UtteranceStats
+from engine.runner import ModelRunner
+from engine.weights import load
+
+log = logging.getLogger(__name__)
+
+IDLE_POLL_S = 0.5
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig) -> None:
+        if config.threads > 0:
+            torch.set_num_threads(config.threads)
+        weights = load(config.model, config.cache_dir or None)
+        self.config = config
+        self.runner = ModelRunner(weights, config)
+        self.rules = self.runner.rules
+        vocab = self.rules.vocab
+        self.model_info = ModelInfo(
+            name=weights.name,
+            device=str(self.runner.device),
+            dtype=str(self.runner.dtype).removeprefix("torch."),
+            multilingual=vocab.multilingual,
+            languages=frozenset(vocab.languages) if vocab.multilingual else frozenset({"en"}),
+            kv_cache_bytes=self.runner.cache.nbytes,
+        )
+        m.KV_CACHE_BYTES.set(self.runner.cache.nbytes)
+        self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._waiting: list[Request] = []
+        self._active: list[Request] = []  # active[i] decodes in cache row i
+        self._queued = 0  # submitted, not yet in a slot: what the admission bound counts
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._dead: BaseException | None = None
+        self._on_failure: Callable[[BaseException], None] | None = None
+        # Test seam: called for each request as its encoder pass begins (raise to inject a fault).
+        self.fault_hook: Callable[[Request], None] | None = None
+        self._update_gauges()
+
+    # --- any thread ---
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self._dead is None
+
+    def validate(self, options: DecodeOptions) -> None:
+        self.rules.validate(options)
+
+    def start(self, on_failure: Callable[[BaseException], None] | None) -> None:
+        self._on_failure = on_failure
+        self._thread = threading.Thread(target=self._run, name="asr-scheduler", daemon=True)
+        self._thread.start()
+
+    def submit(self, req: Request) -> None:
+        if self._dead is not None or self._stopping.is_set():
+            raise EngineStopped("the engine is not running")
+        with self._lock:
+            if self._queued >= self.config.max_queue:
+                raise EngineOverloaded(
+                    f"engine admission queue is full ({self.config.max_queue} utterances waiting; --max-queue)"
+                )
+            self._queued += 1
+        req.submitted = time.monotonic()
+        self._inbox.put(("submit", req))
+
+    def cancel(self, request_id: str) -> None:
+        self._inbox.put(("cancel", request_id))
+
+    def stats(self) -> dict[str, int]:
+        cache = self.runner.cache
+        return {
+            "waiting": len(self._waiting),
+            "active": len(self._active),
+            "slots_used": cache.used,
+            "slots_free": cache.free,
+        }
+
+    def stop(self, timeout: float) -> None:
+        self._stopping.set()
+        self._inbox.put(("wake", None))
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # --- scheduler thread ---
+    def _run(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                self._take_inbox(block=self._idle_timeout())
+                batch = self._close_window()
+                if batch:
+                    self._admit(batch)
+                if self._active:
+                    self._decode_step()
+                self._update_gauges()
+        except BaseException as exc:
+            log.exception("scheduler thread died")
+            self._dead = exc
+            if self._on_failure is not None:
+                self._on_failure(exc)
+        finally:
+            self._fail_all(EngineStopped("the engine stopped"))
+            self._update_gauges()
+
+    def _idle_timeout(self) -> float | None:
+        """How long the loop may block on its inbox: not at all while decoding."""
+        if self._active:
+            return None
+        if self._waiting and self.runner.cache.free > 0:
+            opened = min(r.submitted for r in self._waiting)
+            return max(0.0, opened + self.config.batch_window_ms / 1000 - time.monotonic())
+        return IDLE_POLL_S
+
+    def _take_inbox(self, block: float | None) -> None:
+        try:
+            item = self._inbox.get(timeout=block) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            kind, payload = item
+            if kind == "submit":
+                self._waiting.append(payload)
+            elif kind == "cancel":
+                self._cancel(payload)
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _close_window(self) -> list[Request]:
+        """The utterances to encode now, if the window has closed."""
+        for req in [r for r in self._waiting if r.future.cancelled()]:
+            self._cancel(req.id)
+        free = self.runner.cache.free
+        if not self._waiting or free == 0:
+            return []
+        limit = min(self.config.max_batch, free)
+        bound = self.config.max_encoder_batch_while_decoding
+        if self._active and bound > 0:
+            limit = min(limit, bound)
+        opened = min(r.submitted for r in self._waiting)
+        now = time.monotonic()
+        if len(self._waiting) < limit and now - opened < self.config.batch_window_ms / 1000:
+            return []
+        m.WINDOW_WAIT_SECONDS.observe(now - opened)
+        # Finals before interims; oldest first.
+        self._waiting.sort(key=lambda r: (r.options.interim, r.submitted))
+        batch, self._waiting = self._waiting[:limit], self._waiting[limit:]
+        return batch
+
+    def _admit(self, batch: list[Request]) -> None:
+        blocked = bool(self._active)
+        cache = self.runner.cache
+        rows = cache.allocate(len(batch))
+        start = time.perf_counter()
+        now = time.monotonic()
+        for offset, req in enumerate(batch):
+            req.row = rows.start + offset
+            if req.window == 0:
+                req.encode_start = now
+                req.encoder_batch_size = len(batch)
+                m.QUEUE_WAIT_SECONDS.observe(now - req.ready_time)
+                with self._lock:
+                    self._queued -= 1
+        self._active.extend(batch)
+        failed = self._encode(batch)
+        if blocked:
+            m.SCHEDULER_BLOCKED_SECONDS.observe(time.perf_counter() - start)
+        else:
+            m.SCHEDULER_BLOCKED_SECONDS.observe(0.0)
+        self._release_all(failed)
+        ok = [r for r in batch if r not in failed]
+        if ok:
+            self._prefill(ok)
+
+    def _encode(self, batch: list[Request]) -> list[Request]:
+        """Encode the batch; returns the requests that failed (each fails alone)."""
+        if self.config.encoder_batching:
+            try:
+                self._encode_call(batch)
+                return []
+            except Exception:
+                log.exception("batched encoder pass failed; retrying each utterance alone")
+        failed = []
+        for req in batch:
+            try:
+                self._encode_call([req])
+            except Exception as exc:
+                self._fail(req, exc)
+                failed.append(req)
+        return failed
+
+    def _encode_call(self, reqs: list[Request]) -> None:
+        if self.fault_hook is not None:
+            for req in reqs:
+                self.fault_hook(req)
+        start = time.perf_counter()
+        timings = self.runner.encode([r.window_audio() for r in reqs], [r.row for r in reqs])
+        m.ENCODER_SECONDS.observe(time.perf_counter() - start)
+        m.ENCODER_BATCH_SIZE.observe(len(reqs))
+        m.FEATURE_SECONDS.observe(timings.features_s)
+        m.CROSS_KV_SECONDS.observe(timings.cross_kv_s)
+
+    def _prefill(self, reqs: list[Request]) -> None:
+        rows = slice(reqs[0].row, reqs[-1].row + 1)  # admitted together: contiguous
+        for req in reqs:
+            if req.window == 0:
+                self.rules.build_prompt(req, self.config.max_tokens)
+            req.max_new = min(
+                req.options.max_new_tokens or self.config.max_tokens,
+                self.config.max_tokens - len(req.prompt_tokens) - len(req.forced) - 2,
+            )
+        start = time.perf_counter()
+        try:
+            last, sot = self.runner.prefill(
+                [r.prompt_tokens for r in reqs], [r.sot_index for r in reqs], rows
+            )
+        except Exception as exc:
+            log.exception("prefill failed")
+            for req in reqs:
+                self._fail(req, exc)
+            self._release_all(reqs)
+            return
+        m.PREFILL_SECONDS.observe(time.perf_counter() - start)
+        for req in reqs:
+            req.length = len(req.prompt_tokens)
+        no_speech = self.rules.no_speech_prob(sot).tolist()
+        for req, p in zip(reqs, no_speech, strict=True):
+            if req.window == 0:
+                req.no_speech_prob = p
+        detect = [i for i, r in enumerate(reqs) if r.detect_language]
+        if detect:
+            languages = self.rules.detect_language(last[detect]).tolist()
+            for i, token in zip(detect, languages, strict=True):
+                reqs[i].language = self.rules.language_code(token)
+                reqs[i].generated.append(token)
+        rest = [i for i in range(len(reqs)) if i not in detect]
+        if rest:
+            self._choose([reqs[i] for i in rest], last[rest])
+        self._finish_done(reqs)
+
+    def _decode_step(self) -> None:
+        active = self._active
+        start = time.perf_counter()
+        try:
+            logits = self.runner.step([r.generated[-1] for r in active], [r.length for r in active])
+        except Exception as exc:
+            log.exception("decode step failed; failing the %d sequences in it", len(active))
+            for req in active:
+                self._fail(req, exc)
+            self._release_all(list(active))
+            return
+        m.DECODE_STEP_SECONDS.observe(time.perf_counter() - start)
+        m.DECODE_BATCH_SIZE.observe(len(active))
+        for req in active:
+            req.length += 1
+            req.decode_steps += 1
+        self._choose(active, logits)
+        self._finish_done(list(active))
+
+    def _choose(self, reqs: list[Request], logits: torch.Tensor) -> None:
+        """Append each request's next token: forced ones first, else greedy under the rules."""
+        free = [i for i, r in enumerate(reqs) if not r.forced]
+        for r in reqs:
+            if r.forced:
+                r.generated.append(r.forced.pop(0))
+        if not free:
+            return
+        tokens, logprobs = self.rules.next_tokens(logits[free], [reqs[i] for i in free])
+        for i, token, logprob in zip(free, tokens.tolist(), logprobs.tolist(), strict=True):
+            req = reqs[i]
+            req.generated.append(token)
+            req.sum_logprob += logprob
+            req.sampled += 1
+        m.TOKENS_GENERATED.inc(len(free))
+
+    def _finish_done(self, reqs: list[Request]) -> None:
+        eot = self.rules.vocab.eot
+        done = []
+        for req in reqs:
+            if req.row < 0 or self._drop_if_cancelled(req):
+                continue
+            if (
+                req.generated[-1] == eot
+                or req.sampled >= req.max_new
+                or req.length + 1 >= self.config.max_tokens
+            ):
+                done.append(req)
+        self._release_all(done)
+        for req in done:
+            req.window_tokens.append([t for t in req.generated if t != eot])
+            if req.window + 1 < req.windows:
+                self._next_window(req)
+            else:
+                self._publish(req)
+
+    def _next_window(self, req: Request) -> None:
+        """Audio longer than 30 s: decode the next window as its own pass, same prompt and language."""
+        req.window += 1
+        req.generated = []
+        self.rules.build_prompt(req, self.config.max_tokens, language=req.language)
+        self._waiting.insert(0, req)
+
+    def _publish(self, req: Request) -> None:
+        tokens = [t for window in req.window_tokens for t in window]
+        text_tokens = [t for t in tokens if t < self.rules.vocab.eot]
+        text = self.rules.text(text_tokens)
+        avg_logprob = req.sum_logprob / max(1, req.sampled)
+        is_speech = not self.rules.is_silence(req.no_speech_prob, avg_logprob, text)
+        segments: list = []
+        if req.options.timestamps:
+            for i, window in enumerate(req.window_tokens):
+                segments.extend(self.rules.segments(window, offset_s=30.0 * i))
+        now = time.monotonic()
+        transcript = Transcript(
+            text=text if is_speech else "",
+            tokens=tuple(text_tokens),
+            avg_logprob=avg_logprob,
+            no_speech_prob=req.no_speech_prob,
+            language=req.language or "en",
+            segments=tuple(segments) if is_speech else (),
+            is_speech=is_speech,
+            stats=UtteranceStats(
+                audio_s=req.audio_s,
+                queue_wait_s=req.encode_start - req.ready_time,
+                encoder_batch_size=req.encoder_batch_size,
+                decode_steps=req.decode_steps,
+                latency_s=now - req.ready_time,
+            ),
+        )
+        kind = "interim" if req.options.interim else "final"
+        m.ENGINE_REQUESTS.labels(kind, "text" if is_speech else "empty").inc()
+        m.ENGINE_AUDIO_SECONDS.labels(kind).inc(req.audio_s)
+        with contextlib.suppress(InvalidStateError):
+            req.future.set_result(transcript)
+
+    # --- leaving: cancel, failure, slot release ---
+    def _drop_if_cancelled(self, req: Request) -> bool:
+        if not req.future.cancelled():
+            return False
+        self._cancel(req.id)
+        return True
+
+    def _cancel(self, request_id: str) -> None:
+        for req in self._waiting:
+            if req.id == request_id:
+                self._waiting.remove(req)
+                if req.window == 0:
+                    with self._lock:
+                        self._queued -= 1
+                self._mark_cancelled(req)
+                return
+        for req in self._active:
+            if req.id == request_id:
+                self._release_all([req])
+                self._mark_cancelled(req)
+                return
+
+    def _mark_cancelled(self, req: Request) -> None:
+        kind = "interim" if req.options.interim else "final"
+        m.ENGINE_REQUESTS.labels(kind, "cancelled").inc()
+        req.future.cancel()
+
+    def _fail(self, req: Request, exc: BaseException) -> None:
+        kind = "interim" if req.options.interim else "final"
+        m.ENGINE_REQUESTS.labels(kind, "error").inc()
+        with contextlib.suppress(InvalidStateError):
+            req.future.set_exception(exc)
+
+    def _release_all(self, reqs: list[Request]) -> None:
+        """Free these requests' rows, highest first, so each move takes a row that stays."""
+        for req in sorted((r for r in reqs if r.row >= 0), key=lambda r: r.row, reverse=True):
+            row = req.row
+            moved = self.runner.cache.release(row)
+            last = self._active.pop()
+            if moved is not None:
+                self._active[row] = last
+                last.row = row
+            req.row = -1
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for req in [*self._waiting, *self._active]:
+            self._fail(req, exc)
+        self._release_all(list(self._active))
+        self._waiting.clear()
+        with contextlib.suppress(queue.Empty):
+            while True:
+                kind, payload = self._inbox.get_nowait()
+                if kind == "submit":
+                    self._fail(payload, exc)
+
+    def _update_gauges(self) -> None:
+        cache = self.runner.cache
+        m.UTTERANCES_WAITING.set(len(self._waiting))
+        m.ACTIVE_SEQUENCES.set(len(self._active))
+        m.KV_SLOTS_USED.set(cache.used)
+        m.KV_SLOTS_FREE.set(cache.free)
