@@ -1,0 +1,144 @@
+"""The server's settings: one typed place, and the `asr-server` command line built from it.
+
+Every field of `ServerConfig` (and of the engine's `EngineConfig`) becomes a kebab-case flag whose
+help text is the field's `metadata["help"]`; booleans are spelled `on|off` so that a Kubernetes
+manifest can set them either way without a negated flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args, get_origin
+
+from engine.config import EngineConfig
+
+LogFormat = Literal["json", "text"]
+LogLevel = Literal["debug", "info", "warning", "error"]
+
+
+@dataclass
+class ServerConfig:
+    host: str = field(default="[::]", metadata={"help": "address to bind the gRPC server to"})
+    port: int = field(default=50051, metadata={"help": "gRPC port"})
+    metrics_port: int = field(default=9464, metadata={"help": "Prometheus /metrics HTTP port (0: off)"})
+    max_streams: int = field(
+        default=256,
+        metadata={"help": "most concurrent StreamingRecognize calls; beyond it RESOURCE_EXHAUSTED"},
+    )
+    max_stream_seconds: float = field(
+        default=4 * 3600.0, metadata={"help": "longest audio one stream may carry; beyond it OUT_OF_RANGE"}
+    )
+    max_chunk_bytes: int = field(
+        default=1 << 20, metadata={"help": "largest audio_content in one streaming request (bytes)"}
+    )
+    max_recognize_bytes: int = field(
+        default=64 << 20, metadata={"help": "largest audio_content of one Recognize request (bytes)"}
+    )
+    max_buffer_seconds: float = field(
+        default=120.0,
+        metadata={
+            "help": "audio a stream may have received but not yet had transcribed (a client sending faster "
+            "than real time); beyond it RESOURCE_EXHAUSTED"
+        },
+    )
+    interim_interval_s: float = field(
+        default=1.0,
+        metadata={"help": "with interim_results: re-transcribe the partial utterance at most this often"},
+    )
+    drain_seconds: float = field(
+        default=25.0,
+        metadata={
+            "help": "on SIGTERM: time for open streams to get their finals before the process exits "
+            "(keep below the pod's terminationGracePeriodSeconds)"
+        },
+    )
+    log_level: LogLevel = field(default="info", metadata={"help": "log level"})
+    log_format: LogFormat = field(
+        default="json", metadata={"help": "json: one JSON object per line; text: for people"}
+    )
+    log_transcripts: bool = field(
+        default=False, metadata={"help": "debug only: put transcript text in the per-utterance log lines"}
+    )
+    engine: EngineConfig = field(default_factory=EngineConfig)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _on_off(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("on", "true", "yes", "1"):
+        return True
+    if value in ("off", "false", "no", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
+
+
+def _add_fields(group: argparse._ArgumentGroup, cls: type, prefix: str) -> None:
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            continue  # nested config: added as its own group
+        kind = hints[f.name]
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc,operator]
+        kwargs: dict[str, Any] = {
+            "dest": prefix + f.name,
+            "default": default,
+            "help": f.metadata.get("help", ""),
+        }
+        if kind is bool:
+            kwargs.update(type=_on_off, metavar="on|off")
+            kwargs["help"] += f" (default: {'on' if default else 'off'})"
+        else:
+            if get_origin(kind) is Literal:
+                kwargs["choices"] = list(get_args(kind))
+                kind = type(kwargs["choices"][0])
+            else:
+                kwargs["metavar"] = f.name.upper()
+            kwargs["type"] = kind
+            if "(default" not in kwargs["help"]:
+                kwargs["help"] += " (default: %(default)s)"
+        group.add_argument(_flag(f.name), **kwargs)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="asr-server",
+        description="Streaming speech recognition (Whisper) over gRPC: asr.v1.Recognizer, health, reflection, "
+        "Prometheus metrics.",
+    )
+    _add_fields(parser.add_argument_group("server"), ServerConfig, "")
+    _add_fields(parser.add_argument_group("engine"), EngineConfig, "engine.")
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> ServerConfig:
+    ns = vars(build_parser().parse_args(argv))
+    engine = EngineConfig(**{k.removeprefix("engine."): v for k, v in ns.items() if k.startswith("engine.")})
+    config = ServerConfig(**{k: v for k, v in ns.items() if not k.startswith("engine.")}, engine=engine)
+    validate(config)
+    return config
+
+
+def validate(config: ServerConfig) -> None:
+    """Refuse settings that cannot work, naming the flag (argparse-style exit via SystemExit)."""
+    problems = []
+    if not 0 <= config.port <= 65535:
+        problems.append("--port must be 0-65535")
+    if not 0 <= config.metrics_port <= 65535:
+        problems.append("--metrics-port must be 0-65535")
+    for name in ("max_streams", "max_chunk_bytes", "max_recognize_bytes"):
+        if getattr(config, name) < 1:
+            problems.append(f"{_flag(name)} must be at least 1")
+    for name in ("max_stream_seconds", "max_buffer_seconds", "interim_interval_s"):
+        if getattr(config, name) <= 0:
+            problems.append(f"{_flag(name)} must be positive")
+    if config.drain_seconds < 0:
+        problems.append("--drain-seconds must not be negative")
+    if problems:
+        raise SystemExit("asr-server: " + "; ".join(problems))

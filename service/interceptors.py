@@ -1,0 +1,177 @@
+"""A grpc.aio server interceptor for the standard grpc_server_* metrics.
+
+py-grpc-prometheus only knows the threaded server, so this wraps each aio handler instead: it counts
+the call when it starts, every message each way, the handling time, and the final status code
+(from `context.abort`, `context.set_code`, a client cancel, or an uncaught exception -> UNKNOWN).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from grpc import aio
+
+from service import metrics
+
+_TYPES = {
+    (False, False): "unary",
+    (False, True): "server_stream",
+    (True, False): "client_stream",
+    (True, True): "bidi_stream",
+}
+
+
+def _split(full_method: str) -> tuple[str, str]:
+    # "/asr.v1.Recognizer/StreamingRecognize" -> ("asr.v1.Recognizer", "StreamingRecognize")
+    _, service, method = full_method.split("/", 2)
+    return service, method
+
+
+def _code_name(context: aio.ServicerContext, default: grpc.StatusCode) -> str:
+    code = context.code()
+    if code is None:
+        return default.name
+    if isinstance(code, grpc.StatusCode):
+        return code.name
+    # the Cython context may hand back the raw integer
+    for c in grpc.StatusCode:
+        if c.value[0] == code:
+            return c.name
+    return default.name
+
+
+class _Call:
+    """Bookkeeping for one RPC: labels, start time, counters."""
+
+    def __init__(self, grpc_type: str, service: str, method: str) -> None:
+        self.labels = (grpc_type, service, method)
+        self.start = time.perf_counter()
+        self.received = metrics.GRPC_MSG_RECEIVED.labels(*self.labels)
+        self.sent = metrics.GRPC_MSG_SENT.labels(*self.labels)
+        metrics.GRPC_STARTED.labels(*self.labels).inc()
+
+    def finish(self, code: str) -> None:
+        metrics.GRPC_HANDLED.labels(*self.labels, code).inc()
+        metrics.GRPC_HANDLING_SECONDS.labels(*self.labels).observe(time.perf_counter() - self.start)
+
+    def finish_from(self, context: aio.ServicerContext, exc: BaseException | None) -> None:
+        if exc is None:
+            self.finish(_code_name(context, grpc.StatusCode.OK))
+        elif isinstance(exc, aio.AbortError):
+            self.finish(_code_name(context, grpc.StatusCode.UNKNOWN))
+        elif isinstance(exc, asyncio.CancelledError):
+            self.finish(grpc.StatusCode.CANCELLED.name)
+        else:
+            self.finish(grpc.StatusCode.UNKNOWN.name)
+
+    async def count_requests(self, requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        async for request in requests:
+            self.received.inc()
+            yield request
+
+
+class _CountingContext:
+    """The handler's context, with `write` counted (health's Watch sends that way). The Cython
+    context's attributes are read-only, hence a proxy rather than a patch."""
+
+    def __init__(self, context: aio.ServicerContext, call: _Call) -> None:
+        self._context = context
+        self._call = call
+
+    async def write(self, message: Any) -> None:
+        await self._context.write(message)
+        self._call.sent.inc()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+
+def _wrap(
+    behavior: Callable[..., Any] | None, grpc_type: str, service: str, method: str
+) -> Callable[..., Any]:
+    assert behavior is not None, "the handler lacks the behavior its streaming flags promise"
+    request_streaming = grpc_type in ("client_stream", "bidi_stream")
+    response_streaming = grpc_type in ("server_stream", "bidi_stream")
+
+    if response_streaming:
+
+        async def streaming(request_or_iterator: Any, context: aio.ServicerContext) -> AsyncIterator[Any]:
+            call = _Call(grpc_type, service, method)
+            if request_streaming:
+                request_or_iterator = call.count_requests(request_or_iterator)
+            else:
+                call.received.inc()
+            exc: BaseException | None = None
+            try:
+                result = behavior(request_or_iterator, _CountingContext(context, call))
+                if inspect.isasyncgen(result):
+                    async for response in result:
+                        yield response
+                        call.sent.inc()
+                elif inspect.isawaitable(result):
+                    await result  # the handler writes with context.write
+            except BaseException as e:
+                exc = e
+                raise
+            finally:
+                call.finish_from(context, exc)
+
+        return streaming
+
+    async def unary(request_or_iterator: Any, context: aio.ServicerContext) -> Any:
+        call = _Call(grpc_type, service, method)
+        if request_streaming:
+            request_or_iterator = call.count_requests(request_or_iterator)
+        else:
+            call.received.inc()
+        exc: BaseException | None = None
+        try:
+            result = behavior(request_or_iterator, context)
+            response = await result if inspect.isawaitable(result) else result
+            if response is not None:
+                call.sent.inc()
+            return response
+        except BaseException as e:
+            exc = e
+            raise
+        finally:
+            call.finish_from(context, exc)
+
+    return unary
+
+
+class MetricsInterceptor(aio.ServerInterceptor):
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler  # unknown method: gRPC answers UNIMPLEMENTED itself
+        service, method = _split(handler_call_details.method)
+        grpc_type = _TYPES[(handler.request_streaming, handler.response_streaming)]
+        kwargs = {
+            "request_deserializer": handler.request_deserializer,
+            "response_serializer": handler.response_serializer,
+        }
+        if grpc_type == "unary":
+            return grpc.unary_unary_rpc_method_handler(
+                _wrap(handler.unary_unary, grpc_type, service, method), **kwargs
+            )
+        if grpc_type == "server_stream":
+            return grpc.unary_stream_rpc_method_handler(
+                _wrap(handler.unary_stream, grpc_type, service, method), **kwargs
+            )
+        if grpc_type == "client_stream":
+            return grpc.stream_unary_rpc_method_handler(
+                _wrap(handler.stream_unary, grpc_type, service, method), **kwargs
+            )
+        return grpc.stream_stream_rpc_method_handler(
+            _wrap(handler.stream_stream, grpc_type, service, method), **kwargs
+        )

@@ -1,0 +1,80 @@
+"""The service's Prometheus metrics (streams, utterances, latency) and the standard grpc_server_* set.
+
+Labels are bounded: gRPC codes, method names of the registered services, and small fixed sets of
+outcomes. Never a stream id, a peer or a language.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from engine.metrics import TIME_BUCKETS
+
+# End of speech -> final sent: tens of milliseconds on a GPU to seconds on a busy CPU.
+LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
+
+ACTIVE_STREAMS = Gauge("asr_active_streams", "Open StreamingRecognize calls")
+STREAMS = Counter("asr_streams_total", "StreamingRecognize calls ended, by gRPC status code", ["grpc_code"])
+UTTERANCE_LATENCY = Histogram(
+    "asr_utterance_latency_seconds",
+    "From an utterance's end being detected to its final result leaving the server",
+    buckets=LATENCY_BUCKETS,
+)
+TIME_TO_FIRST_INTERIM = Histogram(
+    "asr_time_to_first_interim_seconds",
+    "From speech starting to the utterance's first interim result leaving the server",
+    buckets=LATENCY_BUCKETS,
+)
+AUDIO_SECONDS = Counter(
+    "asr_audio_seconds_total",
+    "Seconds of audio received (per stream, not per channel), by channel mode (mono, mixdown, separate)",
+    ["channel_mode"],
+)
+UTTERANCES = Counter(
+    "asr_utterances_total",
+    "Utterances by outcome: final (text sent), empty (silence or noise), cancelled, error",
+    ["outcome"],
+)
+STREAM_BUFFER_SECONDS = Gauge(
+    "asr_stream_buffer_seconds",
+    "Audio received but not yet transcribed, summed over open streams (clients sending faster than real time)",
+)
+RECOGNIZE_SECONDS = Histogram(
+    "asr_recognize_seconds", "Wall time of one Recognize call (whole recording)", buckets=TIME_BUCKETS
+)
+
+BUILD_INFO = Gauge("asr_build_info", "Build of the running server (value 1)", ["version", "revision"])
+MODEL_INFO = Gauge("asr_model_info", "Model the server runs (value 1)", ["model", "device", "dtype"])
+
+# The grpc_server_* family, named as go-grpc-prometheus / py-grpc-prometheus name them so the usual
+# dashboards and alerts work unchanged.
+GRPC_LABELS = ["grpc_type", "grpc_service", "grpc_method"]
+GRPC_STARTED = Counter("grpc_server_started_total", "RPCs started on the server", GRPC_LABELS)
+GRPC_HANDLED = Counter(
+    "grpc_server_handled_total", "RPCs completed on the server, by status code", [*GRPC_LABELS, "grpc_code"]
+)
+GRPC_HANDLING_SECONDS = Histogram(
+    "grpc_server_handling_seconds",
+    "RPC handling time on the server (whole stream for streaming RPCs)",
+    GRPC_LABELS,
+    buckets=(
+        0.005,
+        0.01,
+        0.025,
+        0.05,
+        0.1,
+        0.25,
+        0.5,
+        1.0,
+        2.5,
+        5.0,
+        10.0,
+        30.0,
+        60.0,
+        300.0,
+        1800.0,
+        7200.0,
+    ),
+)
+GRPC_MSG_RECEIVED = Counter("grpc_server_msg_received_total", "Messages received from clients", GRPC_LABELS)
+GRPC_MSG_SENT = Counter("grpc_server_msg_sent_total", "Messages sent to clients", GRPC_LABELS)

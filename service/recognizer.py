@@ -1,0 +1,301 @@
+"""The asr.v1.Recognizer servicer: checks requests, runs streams (service/session.py) and whole recordings.
+
+Every refusal is a gRPC status whose message names the field and the limit; nothing one call does can
+fail another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+import numpy as np
+from asr.v1 import asr_pb2, asr_pb2_grpc
+from grpc import aio
+
+from engine import DecodeOptions, Engine, EngineOverloaded
+from engine.api import EngineStopped, ModelInfo
+from service import metrics
+from service.audio import AudioFormatError, decode_file, mixdown, validate_stream_format
+from service.config import ServerConfig
+from service.endpointing import Endpointer, EndpointSettings, Utterance
+from service.session import (
+    StreamError,
+    StreamSession,
+    StreamSettings,
+    await_transcript,
+    duration,
+    segments_of,
+)
+
+log = logging.getLogger("service.recognizer")
+
+# BCP-47 primary subtags that Whisper spells differently.
+_BCP47_TO_WHISPER = {"iw": "he", "jv": "jw", "nb": "no", "fil": "tl"}
+
+
+def whisper_language(code: str, info: ModelInfo) -> str | None:
+    """ "en-US" / "en" / "" -> Whisper's code (None: the model's default or detection)."""
+    if not code.strip():
+        return None
+    primary = code.strip().replace("_", "-").split("-")[0].lower()
+    lang = _BCP47_TO_WHISPER.get(primary, primary)
+    if lang not in info.languages:
+        hint = "only en" if info.languages == {"en"} else f"{len(info.languages)} Whisper languages"
+        raise ValueError(f"language_code {code!r} is not supported by model {info.name} ({hint})")
+    return lang
+
+
+def encoding_name(value: int) -> str:
+    """The proto enum as service/audio.py spells it ("" when unset or unknown)."""
+    if value == asr_pb2.ENCODING_UNSPECIFIED or value not in asr_pb2.AudioEncoding.values():
+        return ""
+    return asr_pb2.AudioEncoding.Name(value)
+
+
+def _seconds(d: object) -> float:
+    return d.seconds + d.nanos / 1e9  # type: ignore[attr-defined]
+
+
+def decode_options(config: asr_pb2.RecognitionConfig, engine: Engine) -> DecodeOptions:
+    options = DecodeOptions(
+        language=whisper_language(config.language_code, engine.info),
+        prompt=config.prompt or None,
+        timestamps=config.enable_segment_time_offsets,
+    )
+    engine.validate(options)
+    return options
+
+
+def endpoint_settings(ep: asr_pb2.EndpointingConfig) -> EndpointSettings:
+    return EndpointSettings.from_overrides(
+        speech_start_threshold=ep.speech_start_threshold,
+        speech_end_threshold=ep.speech_end_threshold,
+        min_silence_s=_seconds(ep.min_silence_duration),
+        max_utterance_s=_seconds(ep.max_utterance_duration),
+        min_speech_s=_seconds(ep.min_speech_duration),
+    )
+
+
+def stream_settings(sc: asr_pb2.StreamingRecognitionConfig, engine: Engine) -> StreamSettings:
+    """Validate a StreamingRecognitionConfig (raises AudioFormatError/EndpointingError/ValueError)."""
+    if not sc.HasField("config"):
+        raise AudioFormatError(
+            "streaming_config.config", "streaming_config.config is required (encoding, rate)"
+        )
+    c = sc.config
+    encoding = encoding_name(c.encoding)
+    rate, channels = validate_stream_format(encoding, c.sample_rate_hertz, c.audio_channel_count)
+    return StreamSettings(
+        encoding=encoding,
+        sample_rate_hertz=rate,
+        channels=channels,
+        separate_channels=c.enable_separate_recognition_per_channel and channels > 1,
+        options=decode_options(c, engine),
+        endpointing=endpoint_settings(sc.endpointing),
+        interim_results=sc.interim_results,
+        single_utterance=sc.single_utterance,
+    )
+
+
+def _invalid(e: ValueError) -> str:
+    field = getattr(e, "field", None)
+    return f"{field}: {e}" if field and field not in str(e) else str(e)
+
+
+def cut_utterances(audio: np.ndarray, settings: EndpointSettings) -> list[Utterance]:
+    """A whole channel through the endpointer, as if streamed: long recordings cut at pauses."""
+    endpointer = Endpointer(settings)
+    events = endpointer.feed(audio) + endpointer.flush()
+    return [e for e in events if isinstance(e, Utterance)]
+
+
+class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
+    def __init__(self, config: ServerConfig, engine: Engine | None = None) -> None:
+        self.config = config
+        self.engine = engine  # None while the model loads: calls are refused UNAVAILABLE
+        self.draining = False
+        self.sessions: set[StreamSession] = set()
+        self._reserved = 0  # streams admitted, counted before their first message arrives
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._ids = itertools.count()
+        self._prefix = f"{os.getpid():x}"
+
+    # --- lifecycle (server.py) ---
+
+    def drain(self) -> None:
+        """Refuse new calls; every open stream sends RECONNECT, finishes what it heard and ends OK."""
+        self.draining = True
+        for session in list(self.sessions):
+            session.drain()
+
+    async def wait_idle(self, seconds: float) -> bool:
+        """Wait until no stream is open, at most `seconds`; True if none is."""
+        try:
+            async with asyncio.timeout(seconds):
+                await self._idle.wait()
+            return True
+        except TimeoutError:
+            return False
+
+    def _check_available(self) -> Engine:
+        if self.draining:
+            raise StreamError(grpc.StatusCode.UNAVAILABLE, "server is draining; retry on another replica")
+        if self.engine is None:
+            raise StreamError(grpc.StatusCode.UNAVAILABLE, "model is still loading; retry shortly")
+        return self.engine
+
+    # --- StreamingRecognize ---
+
+    async def StreamingRecognize(
+        self,
+        request_iterator: AsyncIterator[asr_pb2.StreamingRecognizeRequest],
+        context: aio.ServicerContext,
+    ) -> AsyncIterator[asr_pb2.StreamingRecognizeResponse]:
+        code = grpc.StatusCode.OK
+        session: StreamSession | None = None
+        admitted = False
+        try:
+            engine = self._check_available()
+            if self._reserved >= self.config.max_streams:
+                raise StreamError(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"server is at its limit of {self.config.max_streams} concurrent streams (max_streams)",
+                )
+            self._reserved += 1
+            self._idle.clear()
+            admitted = True
+            metrics.ACTIVE_STREAMS.inc()
+            first = await anext(aiter(request_iterator), None)
+            if first is None or first.WhichOneof("streaming_request") != "streaming_config":
+                raise StreamError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    "first request must carry streaming_config (then audio_content in later requests)",
+                )
+            try:
+                settings = stream_settings(first.streaming_config, engine)
+            except ValueError as e:  # AudioFormatError and EndpointingError are ValueErrors naming the field
+                raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, _invalid(e)) from e
+            if self.draining:  # drain began while we waited for the config
+                raise StreamError(grpc.StatusCode.UNAVAILABLE, "server is draining; retry on another replica")
+            session = StreamSession(f"s{self._prefix}-{next(self._ids)}", settings, engine, self.config)
+            self.sessions.add(session)
+            log.debug("stream started", extra={"fields": {"stream_id": session.id, "peer": context.peer()}})
+            async for response in session.responses(request_iterator):
+                yield response
+        except StreamError as e:
+            code = e.code
+            await context.abort(e.code, e.message)
+        except asyncio.CancelledError:
+            code = grpc.StatusCode.CANCELLED
+            raise
+        except Exception:
+            code = grpc.StatusCode.UNKNOWN
+            raise
+        finally:
+            if session is not None:
+                self.sessions.discard(session)
+                await session.close()
+            if admitted:
+                self._reserved -= 1
+                metrics.ACTIVE_STREAMS.dec()
+                if self._reserved == 0:
+                    self._idle.set()
+            metrics.STREAMS.labels(code.name).inc()
+
+    # --- Recognize ---
+
+    async def Recognize(
+        self, request: asr_pb2.RecognizeRequest, context: aio.ServicerContext
+    ) -> asr_pb2.RecognizeResponse:
+        started = time.perf_counter()
+        try:
+            return await self._recognize(request)
+        except StreamError as e:
+            await context.abort(e.code, e.message)
+            raise  # unreachable: abort raises
+        finally:
+            metrics.RECOGNIZE_SECONDS.observe(time.perf_counter() - started)
+
+    async def _recognize(self, request: asr_pb2.RecognizeRequest) -> asr_pb2.RecognizeResponse:
+        engine = self._check_available()
+        c = request.config
+        if not request.audio_content:
+            raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, "audio_content is empty")
+        if len(request.audio_content) > self.config.max_recognize_bytes:
+            raise StreamError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"audio_content of {len(request.audio_content)} bytes is over the limit of "
+                f"{self.config.max_recognize_bytes} bytes (max_recognize_bytes); use StreamingRecognize",
+            )
+        try:
+            encoding = encoding_name(c.encoding)
+            options = decode_options(c, engine)
+            settings = EndpointSettings()
+            # Decoding and VAD over a whole recording take a while: off the event loop.
+            audio, channels = await asyncio.to_thread(
+                decode_file, request.audio_content, encoding, c.sample_rate_hertz, c.audio_channel_count
+            )
+        except ValueError as e:
+            raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, _invalid(e)) from e
+        separate = c.enable_separate_recognition_per_channel and channels > 1
+        per_channel = list(audio) if separate else [mixdown(audio)]
+        mode = "mono" if channels == 1 else ("separate" if separate else "mixdown")
+        metrics.AUDIO_SECONDS.labels(mode).inc(audio.shape[1] / 16000)
+        cut = await asyncio.gather(*(asyncio.to_thread(cut_utterances, x, settings) for x in per_channel))
+        jobs = [(i + 1 if separate else 0, u) for i, utterances in enumerate(cut) for u in utterances]
+        ready = time.monotonic()
+        handles = []
+        try:
+            for _, u in jobs:  # all at once: they share micro-batches
+                handles.append(engine.submit(u.audio, options, ready_time=ready))
+            transcripts = await asyncio.gather(*(await_transcript(h) for h in handles))
+        except EngineOverloaded as e:
+            raise StreamError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, f"server is overloaded (engine queue full): {e}"
+            ) from e
+        except EngineStopped as e:
+            raise StreamError(grpc.StatusCode.UNAVAILABLE, f"recognition engine is stopped: {e}") from e
+        except ValueError as e:
+            raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from e
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            log.exception("recognize failed")
+            raise StreamError(grpc.StatusCode.INTERNAL, f"recognition failed: {type(e).__name__}: {e}") from e
+        finally:
+            for h in handles:  # no-op for finished ones; frees slots if the client went away
+                if not h.future.done():
+                    h.cancel()
+        results = []
+        for (tag, u), t in zip(jobs, transcripts, strict=True):
+            text = t.text.strip()
+            outcome = "final" if t.is_speech and text else "empty"
+            metrics.UTTERANCES.labels(outcome).inc()
+            if outcome == "empty":
+                continue
+            results.append(
+                asr_pb2.SpeechRecognitionResult(
+                    alternatives=[
+                        asr_pb2.SpeechRecognitionAlternative(
+                            transcript=text,
+                            confidence=t.confidence,
+                            segments=segments_of(t, u.audio_start_s) if options.timestamps else [],
+                        )
+                    ],
+                    channel_tag=tag,
+                    start_offset=duration(u.start_s),
+                    end_offset=duration(u.end_s),
+                    language_code=t.language,
+                )
+            )
+        results.sort(key=lambda r: (r.start_offset.ToNanoseconds(), r.channel_tag))
+        return asr_pb2.RecognizeResponse(
+            results=results, total_audio_duration=duration(audio.shape[1] / 16000)
+        )

@@ -1,0 +1,237 @@
+"""`asr-server`: the gRPC server (grpc.aio) with health, reflection, metrics and a graceful drain.
+
+Start-up order: metrics endpoint, gRPC port (health NOT_SERVING), model load and warm-up, SERVING.
+A model that fails to load ends the process with a message naming the path; a scheduler that dies
+turns health NOT_SERVING and ends the process non-zero, so Kubernetes replaces the pod.
+On SIGTERM/SIGINT: NOT_SERVING at once, new calls refused, open streams told to RECONNECT and given
+their pending finals, then exit 0 within --drain-seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+
+import grpc
+import prometheus_client
+from asr.v1 import asr_pb2, asr_pb2_grpc
+from grpc import aio
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from engine import Engine
+from service import metrics
+from service.config import ServerConfig, parse_args
+from service.interceptors import MetricsInterceptor
+from service.logging import setup_logging
+from service.recognizer import RecognizerServicer
+
+log = logging.getLogger("service.server")
+
+SERVICE_NAME = asr_pb2.DESCRIPTOR.services_by_name["Recognizer"].full_name  # "asr.v1.Recognizer"
+EXIT_OK, EXIT_ENGINE_FAILED, EXIT_LOAD_FAILED = 0, 1, 2
+
+
+def build_info() -> tuple[str, str]:
+    try:
+        version = importlib.metadata.version("callcenter-asr")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    # Set at image build time (e.g. --build-arg REVISION=$(git rev-parse --short HEAD)).
+    return version, os.environ.get("ASR_REVISION", "unknown")
+
+
+class AsrServer:
+    """One server: gRPC services, health, and the engine's lifecycle. Usable in-process (tests) too."""
+
+    def __init__(self, config: ServerConfig, engine: Engine | None = None) -> None:
+        self.config = config
+        self.engine = engine
+        self.port = 0
+        self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]
+        self.recognizer = RecognizerServicer(config, engine)
+        self._server: aio.Server | None = None
+        self._shutdown = asyncio.Event()
+        self._failure: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def _set_health(self, status: int) -> None:
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, status)  # type: ignore[arg-type]
+
+    async def start(self) -> None:
+        """Bind and start serving (health NOT_SERVING until `load` is done)."""
+        self._loop = asyncio.get_running_loop()
+        c = self.config
+        server = aio.server(
+            interceptors=[MetricsInterceptor()],
+            options=[
+                # a Recognize request carries a whole recording
+                (
+                    "grpc.max_receive_message_length",
+                    max(c.max_recognize_bytes, c.max_chunk_bytes) + (1 << 16),
+                ),
+                # never share a port silently with another process (gRPC's default is SO_REUSEPORT)
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        asr_pb2_grpc.add_RecognizerServicer_to_server(self.recognizer, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection(
+            (
+                SERVICE_NAME,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ),
+            server,
+        )
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        address = f"{c.host}:{c.port}"
+        self.port = server.add_insecure_port(address)
+        if self.port == 0:
+            raise OSError(f"could not bind the gRPC port {address}")
+        await server.start()
+        self._server = server
+        log.info("listening", extra={"fields": {"address": c.host, "port": self.port}})
+
+    async def load(self) -> None:
+        """Load (unless given), start and warm the engine, then report SERVING."""
+        started = time.perf_counter()
+        if self.engine is None:
+            self.engine = await asyncio.to_thread(Engine, self.config.engine)
+            self.engine.start(on_failure=self._on_engine_failure)
+            if self.config.engine.warmup:
+                await asyncio.to_thread(self.engine.warmup)
+        info = self.engine.info
+        metrics.MODEL_INFO.labels(info.name, info.device, info.dtype).set(1)
+        log.info(
+            "model ready",
+            extra={
+                "fields": {
+                    "model": info.name,
+                    "device": info.device,
+                    "dtype": info.dtype,
+                    "kv_cache_bytes": info.kv_cache_bytes,
+                    "load_s": round(time.perf_counter() - started, 2),
+                }
+            },
+        )
+        self.recognizer.engine = self.engine
+        if not self._shutdown.is_set():
+            await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+
+    def _on_engine_failure(self, exc: BaseException) -> None:
+        # Called from the scheduler thread.
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._engine_failed, exc)
+
+    def _engine_failed(self, exc: BaseException) -> None:
+        log.critical("engine scheduler died; exiting", extra={"fields": {"error": repr(exc)}})
+        self._failure = exc
+        self.request_shutdown()
+
+    def request_shutdown(self) -> None:
+        """SIGTERM/SIGINT (or an engine failure): begin the drain."""
+        self._shutdown.set()
+
+    async def drain(self, grace: float | None = None) -> None:
+        """Stop taking calls, let open streams finish what they heard, stop the server and the engine."""
+        grace = self.config.drain_seconds if grace is None else grace
+        deadline = time.monotonic() + grace
+        await self.health.enter_graceful_shutdown()  # NOT_SERVING for every service, for good
+        self.recognizer.drain()
+        n = len(self.recognizer.sessions)
+        log.info("draining", extra={"fields": {"open_streams": n, "drain_seconds": grace}})
+        # leave a little of the grace for server.stop to close the transport
+        idle = await self.recognizer.wait_idle(max(0.0, deadline - time.monotonic() - 0.5))
+        if not idle:
+            log.warning("drain deadline reached with streams still open; they are cancelled")
+        if self._server is not None:
+            await self._server.stop(max(0.0, deadline - time.monotonic()))
+        if self.engine is not None:
+            await asyncio.to_thread(self.engine.stop)
+        log.info("stopped")
+
+    async def run(self) -> int:
+        """The whole life of the process; returns its exit code."""
+        try:
+            await self.start()
+        except Exception as e:
+            log.error(f"could not start the gRPC server: {e}")
+            return EXIT_LOAD_FAILED
+        load = asyncio.create_task(self.load())
+        stop = asyncio.create_task(self._shutdown.wait())
+        await asyncio.wait({load, stop}, return_when=asyncio.FIRST_COMPLETED)
+        if load.done() and load.exception() is not None:
+            err = load.exception()
+            log.error(
+                f"could not load model {self.config.engine.model!r}: {err}",
+                extra={"fields": {"model": self.config.engine.model, "error": repr(err)}},
+            )
+            stop.cancel()
+            await self._stop_now()
+            return EXIT_LOAD_FAILED
+        await stop
+        if self._failure is not None:
+            await self.health.enter_graceful_shutdown()
+            await self._stop_now()
+            return EXIT_ENGINE_FAILED
+        if not load.done():  # told to stop while loading: nothing is open yet
+            await self.health.enter_graceful_shutdown()
+            await self._stop_now()
+            return EXIT_OK
+        await self.drain()
+        return EXIT_OK
+
+    async def _stop_now(self) -> None:
+        if self._server is not None:
+            await self._server.stop(1.0)
+        if self.engine is not None:
+            await asyncio.to_thread(self.engine.stop)
+
+
+def start_metrics_server(config: ServerConfig) -> None:
+    if config.metrics_port == 0:
+        return
+    host = config.host.strip("[]")
+    prometheus_client.start_http_server(config.metrics_port, addr=host or "::")
+    log.info("metrics at /metrics", extra={"fields": {"port": config.metrics_port}})
+
+
+def init_metrics() -> None:
+    version, revision = build_info()
+    metrics.BUILD_INFO.labels(version, revision).set(1)
+    # Children created up front so dashboards see zeros instead of "no data".
+    for outcome in ("final", "empty", "cancelled", "error"):
+        metrics.UTTERANCES.labels(outcome)
+    metrics.STREAMS.labels(grpc.StatusCode.OK.name)
+
+
+async def serve(config: ServerConfig) -> int:
+    server = AsrServer(config)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, server.request_shutdown)
+    return await server.run()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    config = parse_args(argv)
+    setup_logging(config.log_level, config.log_format)
+    init_metrics()
+    try:
+        start_metrics_server(config)
+    except OSError as e:
+        log.error(f"could not start the metrics server on port {config.metrics_port}: {e}")
+        sys.exit(EXIT_LOAD_FAILED)
+    sys.exit(asyncio.run(serve(config)))
+
+
+if __name__ == "__main__":
+    main()

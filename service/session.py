@@ -1,0 +1,546 @@
+"""One StreamingRecognize call: audio in, endpointing per channel, utterances to the engine, results out.
+
+Three kinds of asyncio tasks per stream, so that no one of them can stall the others:
+- the reader takes requests off the wire, decodes and endpoints the audio, and submits each utterance to
+  the engine the moment its end is detected (utterances of many calls then meet in one micro-batch);
+- one finalizer per channel awaits that channel's utterances in order and queues their finals;
+- the writer (the RPC handler's generator) sends whatever is queued, at the client's pace.
+Interim hypotheses are extra engine requests whose results are queued unless the final overtook them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import dataclasses
+import functools
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import numpy as np
+from asr.v1 import asr_pb2
+from asr.v1.asr_pb2 import StreamingRecognizeResponse as Response
+from google.protobuf.duration_pb2 import Duration
+from prometheus_client import Histogram
+
+from engine import DecodeOptions, Engine, EngineOverloaded, Transcript, UtteranceHandle
+from engine.api import EngineStopped
+from service import metrics
+from service.audio import TARGET_RATE, AudioFormatError, StreamDecoder, mixdown
+from service.config import ServerConfig
+from service.endpointing import (
+    Endpointer,
+    EndpointingError,
+    EndpointSettings,
+    SpeechEnded,
+    SpeechStarted,
+    Utterance,
+)
+
+log = logging.getLogger("service.session")
+
+EventType = asr_pb2.StreamingRecognizeResponse.SpeechEventType
+
+MIN_INTERIM_AUDIO_S = 0.5  # shorter partials rarely hold a whole word: not worth an engine call
+
+
+def duration(seconds: float) -> Duration:
+    d = Duration()
+    d.FromNanoseconds(round(seconds * 1e9))
+    return d
+
+
+async def await_transcript(handle: UtteranceHandle) -> Transcript:
+    """Await an engine result without ever cancelling the engine's own future.
+
+    Cancelling the asyncio wrapper would cancel the concurrent future under the scheduler's feet;
+    stopping an utterance is `handle.cancel()`'s job.
+    """
+    return await asyncio.shield(asyncio.wrap_future(handle.future))
+
+
+def segments_of(t: Transcript, audio_start_s: float) -> list[asr_pb2.WordOrSegment]:
+    """Whisper's segment times count from the utterance's first sample: shift them to stream time."""
+    return [
+        asr_pb2.WordOrSegment(
+            text=s.text.strip(),
+            start_offset=duration(audio_start_s + s.start_s),
+            end_offset=duration(audio_start_s + s.end_s),
+        )
+        for s in t.segments
+    ]
+
+
+@dataclass(frozen=True)
+class StreamSettings:
+    """A validated StreamingRecognitionConfig."""
+
+    encoding: str
+    sample_rate_hertz: int
+    channels: int
+    separate_channels: bool
+    options: DecodeOptions
+    endpointing: EndpointSettings
+    interim_results: bool
+    single_utterance: bool
+
+
+class StreamError(Exception):
+    """Ends the stream with this gRPC status."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class _Out:
+    """A queued response, and what to record once it has been handed to gRPC."""
+
+    response: Response
+    on_sent: Callable[[], None] | None = None
+
+
+@dataclass
+class _End:
+    status: StreamError | None = None  # None: OK
+
+
+@dataclass
+class _Pending:
+    utterance: Utterance
+    handle: UtteranceHandle
+    ready_time: float
+
+
+@dataclass
+class _Channel:
+    tag: int  # channel_tag in results: 1-based when channels are recognized separately, else 0
+    endpointer: Endpointer
+    finals: asyncio.Queue[_Pending | None] = field(default_factory=asyncio.Queue)
+    unsettled: collections.deque[_Pending] = field(default_factory=collections.deque)
+    next_index: int = 0  # index the utterance now being spoken will get
+    settled: int = 0  # utterances [0, settled) have had their final handled
+    speech_start_s: float = 0.0  # where the utterance in progress began (for interim offsets)
+    speech_start_wall: float = 0.0
+    first_interim_for: int = -1  # utterance index whose first interim was already sent
+    interim: UtteranceHandle | None = None  # at most one interim request in flight per channel
+    last_interim_wall: float = 0.0
+    last_interim_text: str = ""
+
+
+def _observe_since(start: float, histogram: Histogram = metrics.UTTERANCE_LATENCY) -> None:
+    histogram.observe(time.monotonic() - start)
+
+
+def _stability(previous: str, current: str) -> float:
+    """0.5 for a fresh guess, rising to 0.9 as more of it repeats the previous interim's words."""
+    prev, cur = previous.split(), current.split()
+    same = 0
+    for a, b in zip(prev, cur, strict=False):
+        if a.strip(".,?!").lower() != b.strip(".,?!").lower():
+            break
+        same += 1
+    return 0.5 + 0.4 * (same / len(cur) if cur else 0.0)
+
+
+class StreamSession:
+    def __init__(
+        self,
+        stream_id: str,
+        settings: StreamSettings,
+        engine: Engine,
+        config: ServerConfig,
+    ) -> None:
+        self.id = stream_id
+        self.settings = settings
+        self.engine = engine
+        self.config = config
+        self.decoder = StreamDecoder(settings.encoding, settings.sample_rate_hertz, settings.channels)
+        n = settings.channels if settings.separate_channels else 1
+        self.channels = [
+            _Channel(
+                tag=i + 1 if settings.separate_channels else 0, endpointer=Endpointer(settings.endpointing)
+            )
+            for i in range(n)
+        ]
+        if settings.channels == 1:
+            self.channel_mode = "mono"
+        else:
+            self.channel_mode = "separate" if settings.separate_channels else "mixdown"
+        self._audio_counter = metrics.AUDIO_SECONDS.labels(self.channel_mode)
+        self._out: asyncio.Queue[_Out | _End] = asyncio.Queue()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._input_done = False  # no more audio is processed (half-close, drain, single utterance...)
+        self._received_s = 0.0
+        self._buffer_s = 0.0  # this stream's share of asr_stream_buffer_seconds
+        self._end_status: StreamError | None = None
+        self._finalizers: list[asyncio.Task[Any]] = []
+        self._closed = False
+
+    # --- the writer: the RPC handler iterates this ---
+
+    async def responses(
+        self, requests: AsyncIterator[asr_pb2.StreamingRecognizeRequest]
+    ) -> AsyncIterator[Response]:
+        """Yields responses until the stream is over; raises StreamError to end it with that status."""
+        self._finalizers = [self._spawn(self._finalize(ch)) for ch in self.channels]
+        self._spawn(self._read(requests))
+        while True:
+            item = await self._out.get()
+            if isinstance(item, _End):
+                if item.status is not None:
+                    raise item.status
+                return
+            yield item.response
+            if item.on_sent is not None:
+                item.on_sent()
+
+    def drain(self) -> None:
+        """Server shutdown: tell the client to reconnect, finish what was heard, end with OK."""
+        self._put(Response(speech_event_type=EventType.RECONNECT))
+        self._finish_input(flush=True)
+
+    async def close(self) -> None:
+        """The stream is over (however it ended): stop every task, free every engine slot it held."""
+        if self._closed:
+            return
+        self._closed = True
+        for ch in self.channels:
+            for p in ch.unsettled:
+                p.handle.cancel()
+                metrics.UTTERANCES.labels("cancelled").inc()
+            ch.unsettled.clear()
+            if ch.interim is not None:
+                ch.interim.cancel()
+                ch.interim = None
+        tasks = [t for t in self._tasks if not t.done()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._set_buffer(0.0)
+
+    # --- plumbing ---
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _put(self, response: Response, on_sent: Callable[[], None] | None = None) -> None:
+        self._out.put_nowait(_Out(response, on_sent))
+
+    def _fail(self, error: StreamError) -> None:
+        """End the stream with an error status: nothing more is read or sent after what is queued."""
+        if self._end_status is None:
+            self._end_status = error
+        self._input_done = True
+        self._out.put_nowait(_End(error))
+
+    # --- the reader ---
+
+    async def _read(self, requests: AsyncIterator[asr_pb2.StreamingRecognizeRequest]) -> None:
+        try:
+            async for request in requests:
+                kind = request.WhichOneof("streaming_request")
+                if kind == "streaming_config":
+                    raise StreamError(
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        "streaming_config may only be sent in the first request; later requests carry "
+                        "audio_content",
+                    )
+                if kind != "audio_content":
+                    continue
+                chunk = request.audio_content
+                if len(chunk) > self.config.max_chunk_bytes:
+                    raise StreamError(
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        f"audio_content of {len(chunk)} bytes is over the limit of "
+                        f"{self.config.max_chunk_bytes} bytes per request (max_chunk_bytes); send smaller chunks",
+                    )
+                if self._input_done:
+                    continue  # single utterance or draining: later audio is ignored
+                self._process(chunk)
+            self._finish_input(flush=True)  # the client half-closed
+        except StreamError as e:
+            self._fail(e)
+        except (AudioFormatError, EndpointingError) as e:
+            self._fail(StreamError(grpc.StatusCode.INVALID_ARGUMENT, f"{e.field}: {e}"))
+        except Exception as e:  # a bug of ours: fail this stream only, loudly
+            log.exception("stream reader failed", extra={"fields": {"stream_id": self.id}})
+            self._fail(StreamError(grpc.StatusCode.INTERNAL, f"internal error: {type(e).__name__}: {e}"))
+
+    def _process(self, chunk: bytes) -> None:
+        frames = len(chunk) // self.decoder.frame_bytes
+        seconds = frames / self.decoder.rate
+        if self._received_s + seconds > self.config.max_stream_seconds:
+            # Finals for what was heard still go out; the status tells the client to open a new stream.
+            self._end_status = StreamError(
+                grpc.StatusCode.OUT_OF_RANGE,
+                f"stream is longer than the limit of {self.config.max_stream_seconds:g} s of audio "
+                "(max_stream_seconds); open a new stream to continue",
+            )
+            self._finish_input(flush=True)
+            return
+        audio = self.decoder.feed(chunk)
+        self._received_s += seconds
+        self._audio_counter.inc(seconds)
+        self._endpoint(audio)
+        self._check_buffer()
+
+    def _endpoint(self, audio: np.ndarray) -> None:
+        """[channels, n] 16 kHz -> endpointer of each channel (or the mixdown) -> events."""
+        if audio.shape[1] == 0:
+            return
+        per_channel = audio if self.settings.separate_channels else mixdown(audio)[None]
+        for ch, samples in zip(self.channels, per_channel, strict=True):
+            for event in ch.endpointer.feed(samples):
+                self._on_event(ch, event)
+                if self._input_done:
+                    return
+            if self.settings.interim_results:
+                self._maybe_interim(ch)
+
+    def _on_event(self, ch: _Channel, event: SpeechStarted | SpeechEnded | Utterance) -> None:
+        if isinstance(event, SpeechStarted):
+            ch.speech_start_s = event.offset_s
+            ch.speech_start_wall = time.monotonic()
+            self._put(self._speech_event(EventType.SPEECH_ACTIVITY_BEGIN, event.offset_s, ch.tag))
+        elif isinstance(event, SpeechEnded):
+            self._put(self._speech_event(EventType.SPEECH_ACTIVITY_END, event.offset_s, ch.tag))
+        else:
+            self._submit(ch, event)
+            if event.forced_cut:  # speech goes on: the next utterance starts at the cut
+                ch.speech_start_s = event.end_s
+                ch.speech_start_wall = time.monotonic()
+            if self.settings.single_utterance:
+                self._put(self._speech_event(EventType.END_OF_SINGLE_UTTERANCE, event.end_s, ch.tag))
+                self._finish_input(flush=False)
+
+    @staticmethod
+    def _speech_event(kind: int, offset_s: float, tag: int) -> Response:
+        return Response(
+            speech_event_type=kind, speech_event_offset=duration(offset_s), speech_event_channel_tag=tag
+        )
+
+    def _submit(self, ch: _Channel, utterance: Utterance) -> None:
+        ready = time.monotonic()
+        try:
+            handle = self.engine.submit(
+                utterance.audio,
+                self.settings.options,
+                ready_time=ready,
+                request_id=f"{self.id}-{ch.tag}-{utterance.index}",
+            )
+        except EngineOverloaded as e:
+            raise StreamError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, f"server is overloaded (engine queue full): {e}"
+            ) from e
+        except EngineStopped as e:
+            raise StreamError(grpc.StatusCode.UNAVAILABLE, f"recognition engine is stopped: {e}") from e
+        except ValueError as e:
+            raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from e
+        pending = _Pending(utterance, handle, ready)
+        ch.unsettled.append(pending)
+        ch.next_index = utterance.index + 1
+        ch.finals.put_nowait(pending)
+
+    def _finish_input(self, *, flush: bool) -> None:
+        """No more audio: optionally endpoint what was heard as if the client half-closed, then let the
+        finalizers drain and end the stream."""
+        if self._input_done:
+            return
+        if flush:
+            try:
+                self._endpoint(self.decoder.flush())
+                for ch in self.channels:
+                    for event in [] if self._input_done else ch.endpointer.flush():
+                        self._on_event(ch, event)
+            except StreamError as e:
+                self._fail(e)
+                return
+            if self._input_done:
+                return  # single_utterance ended the input while flushing
+        self._input_done = True
+        for ch in self.channels:
+            ch.finals.put_nowait(None)
+        self._spawn(self._complete())
+
+    async def _complete(self) -> None:
+        await asyncio.gather(*self._finalizers, return_exceptions=True)
+        self._out.put_nowait(_End(self._end_status))
+
+    # --- buffering ahead of transcription ---
+
+    def _update_buffer(self) -> float:
+        """Audio from the start of the oldest utterance still being transcribed to the newest received."""
+        oldest = min(
+            (ch.unsettled[0].utterance.start_s for ch in self.channels if ch.unsettled),
+            default=self._received_s,
+        )
+        buffered = self._received_s - oldest
+        self._set_buffer(buffered)
+        return buffered
+
+    def _check_buffer(self) -> None:
+        buffered = self._update_buffer()
+        if buffered > self.config.max_buffer_seconds:
+            raise StreamError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{buffered:.0f} s of audio is waiting to be transcribed, over the limit of "
+                f"{self.config.max_buffer_seconds:g} s (max_buffer_seconds); send audio no faster than "
+                "the server transcribes it",
+            )
+
+    def _set_buffer(self, seconds: float) -> None:
+        metrics.STREAM_BUFFER_SECONDS.inc(seconds - self._buffer_s)
+        self._buffer_s = seconds
+
+    # --- finals, in order per channel ---
+
+    async def _finalize(self, ch: _Channel) -> None:
+        while (pending := await ch.finals.get()) is not None:
+            u = pending.utterance
+            t: Transcript | None = None
+            try:
+                t = await await_transcript(pending.handle)
+            except (asyncio.CancelledError, concurrent.futures.CancelledError):
+                task = asyncio.current_task()
+                if not pending.handle.future.cancelled() or (task is not None and task.cancelling()):
+                    raise  # this task is being stopped (the stream is closing)
+                outcome = "cancelled"
+            except EngineStopped as e:
+                self._settle(ch, pending, "error", None)
+                self._fail(StreamError(grpc.StatusCode.UNAVAILABLE, f"recognition engine stopped: {e}"))
+                return
+            except Exception as e:
+                log.exception("utterance failed", extra={"fields": {"stream_id": self.id, "channel": ch.tag}})
+                self._settle(ch, pending, "error", None)
+                self._fail(
+                    StreamError(
+                        grpc.StatusCode.INTERNAL,
+                        f"recognition failed on utterance {u.index} (channel {ch.tag}): {type(e).__name__}: {e}",
+                    )
+                )
+                return
+            else:
+                outcome = "final" if t.is_speech and t.text.strip() else "empty"
+            self._settle(ch, pending, outcome, t)
+            if t is not None and outcome == "final":
+                result = asr_pb2.StreamingRecognitionResult(
+                    alternatives=[
+                        asr_pb2.SpeechRecognitionAlternative(
+                            transcript=t.text.strip(),
+                            confidence=t.confidence,
+                            segments=segments_of(t, u.audio_start_s)
+                            if self.settings.options.timestamps
+                            else [],
+                        )
+                    ],
+                    is_final=True,
+                    start_offset=duration(u.start_s),
+                    end_offset=duration(u.end_s),
+                    channel_tag=ch.tag,
+                    language_code=t.language,
+                    utterance_index=u.index,
+                )
+                self._put(
+                    Response(results=[result]), on_sent=functools.partial(_observe_since, pending.ready_time)
+                )
+            if not self._closed:
+                self._update_buffer()
+
+    def _settle(self, ch: _Channel, pending: _Pending, outcome: str, t: Transcript | None) -> None:
+        if ch.unsettled and ch.unsettled[0] is pending:
+            ch.unsettled.popleft()
+        ch.settled = pending.utterance.index + 1
+        metrics.UTTERANCES.labels(outcome).inc()
+        self._log_utterance(ch, pending, outcome, t)
+
+    def _log_utterance(self, ch: _Channel, pending: _Pending, outcome: str, t: Transcript | None) -> None:
+        u = pending.utterance
+        fields: dict[str, Any] = {
+            "stream_id": self.id,
+            "utterance_id": pending.handle.id,
+            "utterance_index": u.index,
+            "channel": ch.tag,
+            "audio_s": round(len(u.audio) / TARGET_RATE, 3),
+            "start_s": round(u.start_s, 3),
+            "end_s": round(u.end_s, 3),
+            "forced_cut": u.forced_cut,
+            "outcome": outcome,
+        }
+        if t is not None:
+            st = t.stats
+            fields.update(
+                queue_wait_s=round(st.queue_wait_s, 4),
+                encoder_batch_size=st.encoder_batch_size,
+                decode_steps=st.decode_steps,
+                latency_s=round(st.latency_s, 4),
+                language=t.language,
+            )
+            if self.config.log_transcripts:
+                fields["transcript"] = t.text
+        log.info("utterance", extra={"fields": fields})
+
+    # --- interim hypotheses ---
+
+    def _maybe_interim(self, ch: _Channel) -> None:
+        now = time.monotonic()
+        if (
+            self._input_done
+            or not ch.endpointer.in_speech
+            or ch.interim is not None
+            or now - max(ch.last_interim_wall, ch.speech_start_wall) < self.config.interim_interval_s
+        ):
+            return
+        audio = ch.endpointer.partial()
+        if audio is None or len(audio) < MIN_INTERIM_AUDIO_S * TARGET_RATE:
+            return
+        options = dataclasses.replace(self.settings.options, interim=True, timestamps=False)
+        try:
+            handle = self.engine.submit(audio, options, ready_time=now)
+        except EngineOverloaded:
+            return  # interims are best effort: the final still comes
+        ch.interim = handle
+        ch.last_interim_wall = now
+        self._spawn(self._interim_result(ch, handle, ch.next_index, ch.speech_start_s, self._received_s))
+
+    async def _interim_result(
+        self, ch: _Channel, handle: UtteranceHandle, index: int, start_s: float, end_s: float
+    ) -> None:
+        try:
+            t = await await_transcript(handle)
+        except Exception:
+            return  # a lost interim costs nothing: the final follows
+        finally:
+            if ch.interim is handle:
+                ch.interim = None
+        text = t.text.strip()
+        if ch.settled > index or not text:
+            return  # the final overtook it: an interim must never follow its final
+        stability = _stability(ch.last_interim_text if ch.first_interim_for == index else "", text)
+        ch.last_interim_text = text
+        first = ch.first_interim_for != index
+        ch.first_interim_for = index
+        result = asr_pb2.StreamingRecognitionResult(
+            alternatives=[asr_pb2.SpeechRecognitionAlternative(transcript=text, confidence=t.confidence)],
+            is_final=False,
+            stability=stability,
+            start_offset=duration(start_s),
+            end_offset=duration(end_s),
+            channel_tag=ch.tag,
+            language_code=t.language,
+            utterance_index=index,
+        )
+        on_sent = None
+        if first:
+            on_sent = functools.partial(_observe_since, ch.speech_start_wall, metrics.TIME_TO_FIRST_INTERIM)
+        self._put(Response(results=[result]), on_sent=on_sent)
