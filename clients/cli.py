@@ -1,0 +1,211 @@
+"""`asr-client`: stream a recording to the server (or Recognize it whole) and print results as they come.
+
+    asr-client call.wav --server 127.0.0.1:50051 --realtime --interim
+    asr-client call.ulaw --separate-channels --json-out results.jsonl
+    asr-client jfk.flac --recognize
+
+WAV/FLAC go as LINEAR16 at their own rate; .ulaw/.alaw (or --encoding MULAW|ALAW) as G.711 at 8 kHz.
+On a terminal interim hypotheses overwrite one line; otherwise every result is its own line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Sequence
+from typing import IO, Any
+
+from asr.v1 import asr_pb2
+from grpc import aio
+
+from clients.client import RecognizerClient, Tls
+
+EventType = asr_pb2.StreamingRecognizeResponse.SpeechEventType
+
+
+def _s(d: Any) -> float:
+    return round(d.seconds + d.nanos / 1e9, 3)
+
+
+def _clock(seconds: float) -> str:
+    m, s = divmod(seconds, 60)
+    return f"{int(m):02d}:{s:05.2f}"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="asr-client", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    p.add_argument(
+        "file", help="WAV/FLAC (sent as LINEAR16), .ulaw/.alaw (G.711 8 kHz), or raw PCM with --rate"
+    )
+    p.add_argument("--server", default="127.0.0.1:50051", help="host:port (default: %(default)s)")
+    p.add_argument("--realtime", action="store_true", help="send audio at its own pace, like a live call")
+    p.add_argument(
+        "--chunk-ms", type=float, default=20, help="audio per request in ms (default: %(default)s)"
+    )
+    p.add_argument("--interim", action="store_true", help="ask for interim (partial) results")
+    p.add_argument("--separate-channels", action="store_true", help="recognize each channel on its own")
+    p.add_argument(
+        "--encoding",
+        default="auto",
+        type=str.upper,
+        choices=["AUTO", "LINEAR16", "MULAW", "ALAW"],
+        help="auto: from the file (default)",
+    )
+    p.add_argument("--rate", type=int, help="sample rate of raw audio (default: 8000 for G.711)")
+    p.add_argument("--channels", type=int, help="channels of raw audio (default: 1)")
+    p.add_argument("--prompt", help="hint text: names, products, jargon")
+    p.add_argument("--language", help='BCP-47 ("en-US") or Whisper ("en") language code')
+    p.add_argument("--single-utterance", action="store_true", help="stop after the first utterance")
+    p.add_argument("--segments", action="store_true", help="ask for segment time offsets")
+    p.add_argument("--recognize", action="store_true", help="send the whole file in one Recognize call")
+    p.add_argument("--json-out", help="also write every result as a JSON line to this file")
+    p.add_argument("--token", help="bearer token for the server")
+    p.add_argument("--tls", action="store_true", help="connect with TLS (system roots unless --ca-cert)")
+    p.add_argument("--ca-cert", help="CA certificate (PEM) that signed the server's certificate")
+    p.add_argument("--timeout", type=float, default=None, help="deadline for the whole call in seconds")
+    return p
+
+
+class Printer:
+    """Results to the terminal (and JSON lines to a file)."""
+
+    def __init__(self, out: IO[str], json_out: IO[str] | None) -> None:
+        self.out = out
+        self.json_out = json_out
+        self.tty = out.isatty()
+        self._partial = False  # an interim line is showing and will be overwritten
+
+    def _line(self, text: str) -> None:
+        if self._partial:
+            self.out.write("\r\033[K")
+            self._partial = False
+        self.out.write(text + "\n")
+        self.out.flush()
+
+    def _json(self, record: dict[str, Any]) -> None:
+        if self.json_out is not None:
+            self.json_out.write(json.dumps(record, ensure_ascii=False) + "\n")
+            self.json_out.flush()
+
+    def stream_response(self, r: asr_pb2.StreamingRecognizeResponse) -> None:
+        if r.speech_event_type:
+            name = EventType.Name(r.speech_event_type)
+            self._json(
+                {
+                    "type": "event",
+                    "event": name,
+                    "offset_s": _s(r.speech_event_offset),
+                    "channel": r.speech_event_channel_tag,
+                }
+            )
+            if r.speech_event_type in (EventType.END_OF_SINGLE_UTTERANCE, EventType.RECONNECT):
+                self._line(f"# {name}")
+        for res in r.results:
+            self.result(
+                "final" if res.is_final else "interim",
+                res.alternatives[0] if res.alternatives else asr_pb2.SpeechRecognitionAlternative(),
+                _s(res.start_offset),
+                _s(res.end_offset),
+                res.channel_tag,
+                extra={
+                    "stability": round(res.stability, 3),
+                    "utterance_index": res.utterance_index,
+                    "language": res.language_code,
+                },
+            )
+
+    def result(
+        self,
+        kind: str,
+        alt: asr_pb2.SpeechRecognitionAlternative,
+        start: float,
+        end: float,
+        channel: int,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        where = f"[{_clock(start)}-{_clock(end)}{f' ch{channel}' if channel else ''}]"
+        record = {
+            "type": kind,
+            "transcript": alt.transcript,
+            "start_s": start,
+            "end_s": end,
+            "channel": channel,
+            "confidence": round(alt.confidence, 3),
+            **(extra or {}),
+        }
+        if alt.segments:
+            record["segments"] = [
+                {"text": s.text, "start_s": _s(s.start_offset), "end_s": _s(s.end_offset)}
+                for s in alt.segments
+            ]
+        self._json(record)
+        if kind == "final":
+            self._line(f"{where} {alt.transcript}")
+        elif self.tty:
+            self.out.write(f"\r\033[K… {where} {alt.transcript}")
+            self.out.flush()
+            self._partial = True
+        else:
+            self._line(f"… {where} {alt.transcript}")
+
+
+async def run(args: argparse.Namespace, printer: Printer) -> None:
+    tls = Tls(ca_cert=args.ca_cert) if (args.tls or args.ca_cert) else None
+    async with RecognizerClient(args.server, token=args.token, tls=tls) as client:
+        if args.recognize:
+            response = await client.recognize_file(
+                args.file,
+                encoding=args.encoding,
+                rate=args.rate,
+                channels=args.channels,
+                separate_channels=args.separate_channels,
+                prompt=args.prompt,
+                language=args.language,
+                segment_offsets=args.segments,
+                deadline_s=args.timeout,
+            )
+            for res in response.results:
+                printer.result(
+                    "final", res.alternatives[0], _s(res.start_offset), _s(res.end_offset), res.channel_tag
+                )
+            return
+        async for response in client.stream_file(
+            args.file,
+            encoding=args.encoding,
+            rate=args.rate,
+            channels=args.channels,
+            chunk_ms=args.chunk_ms,
+            realtime=args.realtime,
+            interim=args.interim,
+            separate_channels=args.separate_channels,
+            single_utterance=args.single_utterance,
+            prompt=args.prompt,
+            language=args.language,
+            segment_offsets=args.segments,
+            deadline_s=args.timeout,
+        ):
+            printer.stream_response(response)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    json_out = open(args.json_out, "w", encoding="utf-8") if args.json_out else None  # noqa: SIM115
+    try:
+        asyncio.run(run(args, Printer(sys.stdout, json_out)))
+    except aio.AioRpcError as e:
+        sys.exit(f"asr-client: {e.code().name}: {e.details()}")
+    except (OSError, ValueError) as e:
+        sys.exit(f"asr-client: {e}")
+    except KeyboardInterrupt:
+        sys.exit(130)
+    finally:
+        if json_out is not None:
+            json_out.close()
+
+
+if __name__ == "__main__":
+    main()
