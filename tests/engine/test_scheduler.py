@@ -1,0 +1,212 @@
+"""Scheduling behaviour on a small random-weight Whisper: the window, joins and leaves,
+cancels, slots, overload, fault isolation. (Accuracy is tested on real weights elsewhere.)"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import CancelledError
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+from prometheus_client import REGISTRY
+
+from engine import DecodeOptions, Engine, EngineConfig, EngineOverloaded
+from engine.api import EngineStopped
+
+ONE_SECOND = np.zeros(16000, dtype=np.float32)
+
+
+def sample(name: str) -> float:
+    return REGISTRY.get_sample_value(name) or 0.0
+
+
+class Delta:
+    """Change of a set of Prometheus samples across a block."""
+
+    def __init__(self, *names: str) -> None:
+        self.names = names
+        self.before = {n: sample(n) for n in names}
+
+    def __getitem__(self, name: str) -> float:
+        return sample(name) - self.before[name]
+
+
+@contextmanager
+def running(model: Path, **overrides: object) -> Iterator[Engine]:
+    config = EngineConfig(model=str(model), threads=2, warmup=False, encoder_context="trim")
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    engine = Engine(config)
+    engine.start()
+    try:
+        yield engine
+    finally:
+        engine.stop()
+
+
+def noise(seconds: float, seed: int) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal(int(16000 * seconds)) * 0.1).astype(np.float32)
+
+
+def test_utterances_ready_within_one_window_share_one_encoder_pass(random_model: Path) -> None:
+    with running(random_model, batch_window_ms=400.0) as engine:
+        d = Delta("asr_encoder_batch_size_count", "asr_encoder_batch_size_sum")
+        handles = [engine.submit(noise(1 + i, i), DecodeOptions(max_new_tokens=4)) for i in range(4)]
+        results = [h.future.result(timeout=60) for h in handles]
+    assert (d["asr_encoder_batch_size_count"], d["asr_encoder_batch_size_sum"]) == (1, 4)
+    assert all(r.stats.encoder_batch_size == 4 for r in results)
+
+
+def test_batching_off_runs_one_encoder_call_per_utterance(random_model: Path) -> None:
+    with running(random_model, batch_window_ms=400.0, encoder_batching=False) as engine:
+        d = Delta("asr_encoder_batch_size_count", "asr_encoder_batch_size_sum", "asr_encoder_seconds_count")
+        handles = [engine.submit(noise(1, i), DecodeOptions(max_new_tokens=4)) for i in range(4)]
+        for h in handles:
+            h.future.result(timeout=60)
+    assert (d["asr_encoder_batch_size_count"], d["asr_encoder_batch_size_sum"]) == (4, 4)
+    assert d["asr_encoder_seconds_count"] == 4
+
+
+def test_max_batch_closes_the_window_early(random_model: Path) -> None:
+    with running(random_model, batch_window_ms=60_000.0, max_batch=2) as engine:
+        d = Delta("asr_encoder_batch_size_count", "asr_encoder_batch_size_sum")
+        handles = [engine.submit(noise(1, i), DecodeOptions(max_new_tokens=3)) for i in range(4)]
+        for h in handles:  # a 60 s window would time these out: max-batch must close it
+            h.future.result(timeout=30)
+    assert (d["asr_encoder_batch_size_count"], d["asr_encoder_batch_size_sum"]) == (2, 4)
+
+
+def test_sequences_join_mid_decode_and_tokens_equal_running_alone(random_model: Path) -> None:
+    clips = [noise(2.0, 1), noise(1.3, 2), noise(3.1, 3)]
+    options = DecodeOptions(max_new_tokens=40)
+    with running(random_model, batch_window_ms=1.0) as engine:
+        alone = [engine.submit(c, options).future.result(timeout=60).tokens for c in clips]
+        d = Delta("asr_decode_batch_size_sum", "asr_decode_batch_size_count")
+        first = engine.submit(clips[0], options)
+        while engine.stats()["active"] == 0:  # wait until it decodes, then join it
+            time.sleep(0.001)
+        later = [engine.submit(c, options) for c in clips[1:]]
+        together = [h.future.result(timeout=60).tokens for h in [first, *later]]
+    assert together == alone
+    assert d["asr_decode_batch_size_sum"] > d["asr_decode_batch_size_count"]  # some steps ran >1 sequence
+
+
+def test_cancel_while_decoding_frees_the_slot_at_once(random_model: Path) -> None:
+    with running(random_model, batch_window_ms=1.0, kv_slots=4) as engine:
+        handle = engine.submit(noise(2, 0), DecodeOptions(max_new_tokens=200))
+        while engine.stats()["active"] == 0:
+            time.sleep(0.001)
+        handle.cancel()
+        with pytest.raises(CancelledError):
+            handle.future.result(timeout=10)
+        deadline = time.monotonic() + 10
+        while engine.stats()["slots_used"] and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert engine.stats() == {"waiting": 0, "active": 0, "slots_used": 0, "slots_free": 4}
+        # The freed slot serves the next utterance.
+        assert engine.submit(noise(1, 1), DecodeOptions(max_new_tokens=3)).future.result(timeout=30).tokens
+
+
+def test_cancel_while_waiting_in_the_window(random_model: Path) -> None:
+    with running(random_model, batch_window_ms=60_000.0) as engine:
+        handle = engine.submit(noise(1, 0), DecodeOptions(max_new_tokens=3))
+        handle.cancel()
+        with pytest.raises(CancelledError):
+            handle.future.result(timeout=10)
+        time.sleep(0.05)
+        assert engine.stats()["waiting"] == 0
+
+
+def test_more_utterances_than_slots_all_finish_and_never_exceed_the_slots(random_model: Path) -> None:
+    with running(random_model, batch_window_ms=5.0, kv_slots=2) as engine:
+        d = Delta("asr_decode_batch_size_count")
+        peak = 0
+        stop = threading.Event()
+
+        def watch() -> None:
+            nonlocal peak
+            while not stop.is_set():
+                peak = max(peak, engine.stats()["slots_used"])
+                time.sleep(0.001)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        handles = [engine.submit(noise(1, i), DecodeOptions(max_new_tokens=8)) for i in range(6)]
+        results = [h.future.result(timeout=60) for h in handles]
+        stop.set()
+        watcher.join()
+    assert len(results) == 6 and peak <= 2 and d["asr_decode_batch_size_count"] > 0
+
+
+def test_admission_queue_bound_refuses_at_once(random_model: Path) -> None:
+    with running(random_model, batch_window_ms=60_000.0, max_queue=2) as engine:
+        engine.submit(noise(1, 0))
+        engine.submit(noise(1, 1))
+        with pytest.raises(EngineOverloaded, match="max-queue"):
+            engine.submit(noise(1, 2))
+
+
+def test_encoder_blocking_is_measured_only_while_sequences_decode(random_model: Path) -> None:
+    with running(random_model, batch_window_ms=1.0) as engine:
+        d = Delta("asr_scheduler_blocked_seconds_count", "asr_scheduler_blocked_seconds_sum")
+        engine.submit(noise(1, 0), DecodeOptions(max_new_tokens=3)).future.result(timeout=30)
+        assert d["asr_scheduler_blocked_seconds_count"] == 1
+        assert d["asr_scheduler_blocked_seconds_sum"] == 0.0  # nothing was decoding
+        long = engine.submit(noise(2, 1), DecodeOptions(max_new_tokens=150))
+        while engine.stats()["active"] == 0:
+            time.sleep(0.001)
+        engine.submit(noise(1, 2), DecodeOptions(max_new_tokens=3)).future.result(timeout=30)
+        long.future.result(timeout=60)
+    assert d["asr_scheduler_blocked_seconds_count"] == 3  # one observation per encoder pass
+    assert d["asr_scheduler_blocked_seconds_sum"] > 0.0  # the third pass held up the long sequence
+
+
+def test_a_failing_utterance_fails_alone_and_the_engine_keeps_serving(random_model: Path) -> None:
+    with running(random_model, batch_window_ms=300.0) as engine:
+
+        def hook(req: object) -> None:
+            if getattr(req, "id", "") == "bad":
+                raise RuntimeError("injected fault")
+
+        engine._scheduler.fault_hook = hook
+        good = [engine.submit(noise(1, i), DecodeOptions(max_new_tokens=3)) for i in range(2)]
+        bad = engine.submit(noise(1, 9), DecodeOptions(max_new_tokens=3), request_id="bad")
+        with pytest.raises(RuntimeError, match="injected fault"):
+            bad.future.result(timeout=30)
+        assert all(h.future.result(timeout=30).tokens for h in good)
+        assert engine.submit(noise(1, 3), DecodeOptions(max_new_tokens=3)).future.result(timeout=30).tokens
+        assert engine.stats()["slots_used"] == 0
+
+
+class Fatal(BaseException):
+    pass
+
+
+def test_scheduler_death_is_reported_and_refuses_new_work(random_model: Path) -> None:
+    died = threading.Event()
+    with running(random_model, batch_window_ms=1.0) as engine:
+        engine.stop()  # replace with one that reports failure
+    config = EngineConfig(model=str(random_model), threads=2, encoder_context="trim")
+    engine = Engine(config)
+    engine.start(on_failure=lambda exc: died.set())
+
+    def hook(req: object) -> None:
+        raise Fatal()
+
+    engine._scheduler.fault_hook = hook
+    handle = engine.submit(noise(1, 0))
+    assert died.wait(30)
+    with pytest.raises(EngineStopped):
+        handle.future.result(timeout=10)
+    assert not engine.alive
+    with pytest.raises(EngineStopped):
+        engine.submit(noise(1, 1))
+
+
+def test_unknown_language_is_refused_naming_the_field(random_model: Path) -> None:
+    with running(random_model) as engine, pytest.raises(ValueError, match="language_code"):
+        engine.submit(ONE_SECOND, DecodeOptions(language="xx"))
