@@ -41,12 +41,14 @@ import grpc
 import soundfile as sf
 from asr.v1 import asr_pb2, asr_pb2_grpc
 
+from clients.client import RecognizerClient
 from clients.manifest import ManifestEntry, build_manifest, load_manifest
 from clients.scoring import corpus_wer
 
 DEFAULT_CONCURRENCY = (1, 4, 16, 64)
 STREAM_TIMEOUT_S = 300.0  # a stuck server shows as DEADLINE_EXCEEDED rather than a hung benchmark
 RSS_METRIC = "process_resident_memory_bytes"
+Metadata = tuple[tuple[str, str], ...]
 
 
 # ---------------------------------------------------------------- audio from the manifest
@@ -107,7 +109,12 @@ def _config_request(u: Utterance) -> asr_pb2.StreamingRecognizeRequest:
 
 
 async def recognize_one(
-    stub: asr_pb2_grpc.RecognizerStub, u: Utterance, *, realtime: bool, chunk_ms: int
+    stub: asr_pb2_grpc.RecognizerStub,
+    u: Utterance,
+    *,
+    realtime: bool,
+    chunk_ms: int,
+    metadata: Metadata = (),
 ) -> UtteranceResult:
     res = UtteranceResult(index=u.index, code="OK", audio_s=u.duration_s, reference=u.text)
     step = max(1, u.bytes_per_second * chunk_ms // 1000)
@@ -116,7 +123,8 @@ async def recognize_one(
     texts: list[str] = []
     last_final = 0.0
     res.start = time.perf_counter()
-    call = stub.StreamingRecognize(timeout=STREAM_TIMEOUT_S)
+    # explicit writes (not a request iterator) so the instant the last byte leaves is known
+    call = stub.StreamingRecognize(timeout=STREAM_TIMEOUT_S, metadata=metadata)
 
     async def read() -> None:
         nonlocal last_final
@@ -328,6 +336,7 @@ async def run_level(
     realtime: bool,
     chunk_ms: int,
     metrics_url: str | None,
+    metadata: Metadata = (),
     start_index: int = 0,
 ) -> LevelResult:
     """`concurrency` workers, each running one utterance stream after another, until `count`
@@ -348,7 +357,9 @@ async def run_level(
 
     async def worker() -> None:
         while (u := next_utterance()) is not None:
-            results.append(await recognize_one(stub, u, realtime=realtime, chunk_ms=chunk_ms))
+            results.append(
+                await recognize_one(stub, u, realtime=realtime, chunk_ms=chunk_ms, metadata=metadata)
+            )
 
     sampler = RssSampler(metrics_url)
     before: dict[str, float] = {}
@@ -378,36 +389,21 @@ async def run_level(
     return level
 
 
-async def wait_ready(channel: grpc.aio.Channel, timeout_s: float) -> None:
-    """Wait until the server's health service says SERVING (it warms the model first)."""
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    health = health_pb2_grpc.HealthStub(channel)
-    deadline = time.monotonic() + timeout_s
-    last = ""
-    while time.monotonic() < deadline:
-        try:
-            r = await health.Check(health_pb2.HealthCheckRequest(service="asr.v1.Recognizer"), timeout=2.0)
-            if r.status == health_pb2.HealthCheckResponse.SERVING:
-                return
-            last = health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
-        except grpc.aio.AioRpcError as exc:
-            last = exc.code().name
-        await asyncio.sleep(0.25)
-    raise TimeoutError(f"server not SERVING after {timeout_s:.0f} s (last: {last})")
-
-
 async def run_sweep(args: argparse.Namespace) -> dict[str, Any]:
     entries = load_manifest(args.manifest)
     utts = load_utterances(entries)
     levels: list[LevelResult] = []
-    async with grpc.aio.insecure_channel(args.server) as channel:
-        await wait_ready(channel, args.wait_ready)
-        stub = asr_pb2_grpc.RecognizerStub(channel)
+    async with RecognizerClient(args.server, token=args.token) as client:
+        await client.wait_until_serving(args.wait_ready)
+        stub, metadata = client.stub, client.metadata()
         for i in range(
             args.warmup
         ):  # untimed: first-call costs (allocator, thread pools) stay out of level 1
-            await recognize_one(stub, utts[i % len(utts)], realtime=False, chunk_ms=args.chunk_ms)
+            w = await recognize_one(
+                stub, utts[i % len(utts)], realtime=False, chunk_ms=args.chunk_ms, metadata=metadata
+            )
+            if w.code != "OK":
+                print(f"asr-loadgen: warm-up utterance failed: {w.code} {w.details}", file=sys.stderr)
         info: dict[str, float] = {}
         if args.metrics:
             with contextlib.suppress(OSError, ValueError):
@@ -421,7 +417,7 @@ async def run_sweep(args: argparse.Namespace) -> dict[str, Any]:
             levels.append(
                 await run_level(
                     stub, utts, c, count=count, duration_s=args.duration, realtime=args.realtime,
-                    chunk_ms=args.chunk_ms, metrics_url=args.metrics,
+                    chunk_ms=args.chunk_ms, metrics_url=args.metrics, metadata=metadata,
                 )
             )  # fmt: skip
     return {
@@ -592,6 +588,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--chunk-ms", type=int, default=20, help="audio per message")
     r.add_argument("--metrics", default=None, help="server metrics URL, for peak RSS and per-stage costs")
     r.add_argument("--warmup", type=int, default=1, help="untimed utterances before the first level")
+    r.add_argument("--token", default=None, help="bearer token, when the server requires one")
     r.add_argument(
         "--wait-ready", type=float, default=120.0, help="seconds to wait for the server to be SERVING"
     )

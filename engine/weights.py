@@ -301,6 +301,12 @@ def convert_ct2(folder: Path, out: Path) -> None:
     model.load_state_dict(state, strict=True)
 
     languages = [tokenizer.convert_ids_to_tokens(i) for i in ct2_config.get("lang_ids", [])]
+    whisper_fields = {}  # what transformers' Whisper generate reads for multilingual models
+    if multilingual:
+        whisper_fields = {
+            "lang_to_id": {tok: ids(tok) for tok in languages},
+            "task_to_id": {"transcribe": ids("<|transcribe|>"), "translate": ids("<|translate|>")},
+        }
     generation = GenerationConfig(
         decoder_start_token_id=sot,
         bos_token_id=eot,
@@ -314,11 +320,8 @@ def convert_ct2(folder: Path, out: Path) -> None:
         max_initial_timestamp_index=50,
         is_multilingual=multilingual,
         alignment_heads=ct2_config.get("alignment_heads"),
+        **whisper_fields,
     )
-    if multilingual:
-        # Whisper-specific generation fields (not declared on GenerationConfig)
-        setattr(generation, "lang_to_id", {tok: ids(tok) for tok in languages})  # noqa: B010
-        generation.task_to_id = {"transcribe": ids("<|transcribe|>"), "translate": ids("<|translate|>")}
     tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")  # several processes may convert at once
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)

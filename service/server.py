@@ -175,24 +175,25 @@ class AsrServer:
                 extra={"fields": {"model": self.config.engine.model, "error": repr(err)}},
             )
             stop.cancel()
-            await self._stop_now()
+            await self.stop()
             return EXIT_LOAD_FAILED
         await stop
         if self._failure is not None:
             await self.health.enter_graceful_shutdown()
-            await self._stop_now()
+            await self.stop()
             return EXIT_ENGINE_FAILED
         if not load.done():  # told to stop while loading: nothing is open yet
             await self.health.enter_graceful_shutdown()
-            await self._stop_now()
+            await self.stop()
             return EXIT_OK
         await self.drain()
         return EXIT_OK
 
-    async def _stop_now(self) -> None:
+    async def stop(self, grace: float = 1.0, *, stop_engine: bool = True) -> None:
+        """Stop at once: calls still open after `grace` seconds are cancelled."""
         if self._server is not None:
-            await self._server.stop(1.0)
-        if self.engine is not None:
+            await self._server.stop(grace)
+        if stop_engine and self.engine is not None:
             await asyncio.to_thread(self.engine.stop)
 
 
