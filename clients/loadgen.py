@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import contextlib
 import datetime as dt
+import importlib
 import itertools
 import json
 import math
@@ -49,6 +50,8 @@ DEFAULT_CONCURRENCY = (1, 4, 16, 64)
 STREAM_TIMEOUT_S = 300.0  # a stuck server shows as DEADLINE_EXCEEDED rather than a hung benchmark
 RSS_METRIC = "process_resident_memory_bytes"
 Metadata = tuple[tuple[str, str], ...]
+# what a failed core send raises (see _send_audio)
+_CORE_INTERNAL_ERROR: type[Exception] = importlib.import_module("grpc._cython.cygrpc").InternalError
 
 
 # ---------------------------------------------------------------- audio from the manifest
@@ -108,6 +111,32 @@ def _config_request(u: Utterance) -> asr_pb2.StreamingRecognizeRequest:
     return asr_pb2.StreamingRecognizeRequest(streaming_config=asr_pb2.StreamingRecognitionConfig(config=cfg))
 
 
+async def _send_audio(call: Any, chunk: bytes) -> bool:
+    """Write one audio message; False once the call has ended (the reader then gets its status).
+
+    When a write races the server ending the call (an abort, an overload refusal), grpc.aio
+    replaces the server's status with INTERNAL "Internal error from Core" (grpc/grpc#36066),
+    which would make every such error look like a crash. Sending through the call's core
+    object, without that overwrite, keeps the server's own status; `call.write` is the
+    fallback should a grpc release rename it.
+    """
+    request = asr_pb2.StreamingRecognizeRequest(audio_content=chunk)
+    core = getattr(call, "_cython_call", None)
+    if call.done():
+        return False
+    if core is None or not hasattr(core, "send_serialized_message"):
+        try:
+            await call.write(request)
+        except asyncio.InvalidStateError:
+            return False
+        return True
+    try:
+        await core.send_serialized_message(request.SerializeToString())
+    except _CORE_INTERNAL_ERROR:
+        return False
+    return True
+
+
 async def recognize_one(
     stub: asr_pb2_grpc.RecognizerStub,
     u: Utterance,
@@ -137,24 +166,35 @@ async def recognize_one(
                         texts.append(r.alternatives[0].transcript.strip())
 
     reader = asyncio.create_task(read())
+    last_byte: float | None = None
     try:
-        await call.write(_config_request(u))
-        t0 = time.perf_counter()
-        for n, off in enumerate(range(0, len(u.data), step)):
-            if realtime:
-                # absolute schedule: chunk n leaves when its audio would have been spoken
-                delay = t0 + n * step / u.bytes_per_second - time.perf_counter()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-            await call.write(asr_pb2.StreamingRecognizeRequest(audio_content=u.data[off : off + step]))
-        last_byte = time.perf_counter()
-        await call.done_writing()
-        await reader
-        if last_final:
+        try:
+            await call.write(_config_request(u))  # first message: the server has not answered yet
+            t0 = time.perf_counter()
+            for n, off in enumerate(range(0, len(u.data), step)):
+                if realtime:
+                    # absolute schedule: chunk n leaves when its audio would have been spoken
+                    delay = t0 + n * step / u.bytes_per_second - time.perf_counter()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                if not await _send_audio(call, u.data[off : off + step]):
+                    break
+            else:
+                last_byte = time.perf_counter()
+                await call.done_writing()
+        except asyncio.InvalidStateError:
+            pass  # the call ended while we were sending: the reader gets its status
+        # raises AioRpcError when the call ended with an error status; bounded in case a failed
+        # write leaves the call without a status (grpc/grpc#34148)
+        await asyncio.wait_for(reader, STREAM_TIMEOUT_S if last_byte is not None else 10.0)
+        if last_final and last_byte is not None:
             res.latency_s = last_final - last_byte
     except grpc.aio.AioRpcError as exc:
         res.code = exc.code().name
         res.details = exc.details() or ""
+    except TimeoutError:
+        call.cancel()
+        res.code, res.details = "CLIENT_ERROR", "a write failed and the call never reported a status"
     except asyncio.CancelledError:
         call.cancel()
         raise
@@ -163,13 +203,13 @@ async def recognize_one(
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
                 await reader
-        # a write to an already-failed call raises nothing useful; the call's own status says what happened
-        if res.code == "OK":
-            with contextlib.suppress(grpc.aio.AioRpcError):
-                code = await call.code()
-                if code != grpc.StatusCode.OK:
-                    res.code = code.name
-                    res.details = await call.details() or ""
+    if res.code == "OK":
+        code = await call.code()
+        if code != grpc.StatusCode.OK:
+            res.code = code.name
+            res.details = await call.details() or ""
+        elif last_byte is None:
+            res.code, res.details = "CLIENT_ERROR", "the call ended OK before all audio was sent"
     res.end = time.perf_counter()
     res.hypothesis = " ".join(t for t in texts if t)
     return res
@@ -511,6 +551,9 @@ def plot(results: Sequence[dict[str, Any]], out: Path) -> None:
         (ax2, "Latency p95 (last byte -> final)", "seconds"),
     ):
         ax.set_xscale("log", base=2)
+        ticks = sorted({x["concurrency"] for res in results for x in res["levels"]})
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.set_ylim(bottom=0)
         ax.set_xlabel("concurrent streams")
         ax.set_ylabel(ylabel)
         ax.set_title(title)

@@ -123,10 +123,14 @@ def speak(text: str, voice: str, wpm: int, wav_out: Path) -> None:
     )
 
 
+# sox dithers with random noise when it requantises; -D turns that off so the files are
+# byte-for-byte the same on every run.
+
+
 def to_linear16(src: Path, out: Path) -> None:
     """16 kHz mono 16-bit WAV, padded with the lead and trail silence."""
     subprocess.run(
-        ["sox", str(src), "-r", "16000", "-c", "1", "-b", "16", "-e", "signed-integer", str(out),
+        ["sox", "-D", str(src), "-r", "16000", "-c", "1", "-b", "16", "-e", "signed-integer", str(out),
          "pad", str(LEAD_SILENCE_S), str(TRAIL_SILENCE_S)],
         check=True,
         capture_output=True,
@@ -136,7 +140,7 @@ def to_linear16(src: Path, out: Path) -> None:
 def to_mulaw(src: Path, out: Path) -> None:
     """8 kHz mono G.711 mu-law, headerless: the bytes a telephone trunk carries."""
     subprocess.run(
-        ["sox", str(src), "-r", "8000", "-c", "1", "-e", "mu-law", "-b", "8", "-t", "raw", str(out),
+        ["sox", "-D", str(src), "-r", "8000", "-c", "1", "-e", "mu-law", "-b", "8", "-t", "raw", str(out),
          "pad", str(LEAD_SILENCE_S), str(TRAIL_SILENCE_S)],
         check=True,
         capture_output=True,
