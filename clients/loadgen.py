@@ -50,6 +50,7 @@ DEFAULT_CONCURRENCY = (1, 4, 16, 64)
 STREAM_TIMEOUT_S = 300.0  # a stuck server shows as DEADLINE_EXCEEDED rather than a hung benchmark
 RSS_METRIC = "process_resident_memory_bytes"
 Metadata = tuple[tuple[str, str], ...]
+SERVER_INFO_METRICS = ("asr_model_info", "asr_build_info", "asr_kv_cache_bytes")  # recorded with each run
 # what a failed core send raises (see _send_audio)
 _CORE_INTERNAL_ERROR: type[Exception] = importlib.import_module("grpc._cython.cygrpc").InternalError
 
@@ -447,11 +448,7 @@ async def run_sweep(args: argparse.Namespace) -> dict[str, Any]:
         info: dict[str, float] = {}
         if args.metrics:
             with contextlib.suppress(OSError, ValueError):
-                info = {
-                    k: v
-                    for k, v in scrape(args.metrics).items()
-                    if k.startswith(("asr_model_info", "asr_build_info"))
-                }
+                info = {k: v for k, v in scrape(args.metrics).items() if k.startswith(SERVER_INFO_METRICS)}
         for c in args.concurrency:
             count = None if args.duration else (args.utterances_per_level or max(len(utts), 3 * c))
             levels.append(
@@ -474,7 +471,7 @@ async def run_sweep(args: argparse.Namespace) -> dict[str, Any]:
             "machine": platform.machine(),
             "python": platform.python_version(),
         },
-        "server_info": sorted(info),
+        "server_info": info,
         "levels": [asdict(lv) for lv in levels],
     }
 

@@ -1,0 +1,172 @@
+#!/usr/bin/env python
+"""Encoder batching off vs on, in one run: the same loadgen sweep against two fresh servers.
+
+    python scripts/bench_loadgen_ab.py [--manifest FILE | --count 40] [--concurrency 1,4,16,64]
+        [--utterances-per-level N] [--out DIR] [--with-peers] [-- extra asr-server flags]
+
+Starts `asr-server --encoder-batching off` on loopback (free ports), runs `asr-loadgen run`
+against it, stops it, then does the same with `--encoder-batching on`, and writes:
+  DIR/baseline.{json,md,png}, DIR/batched.{json,md,png}   each sweep
+  DIR/compare.md, DIR/compare.png                          the A/B table (concurrency, baseline
+                                                           utt/s, batched utt/s, change, WER both)
+  DIR/server-{off,on}.log                                  the servers' logs (KV-cache size at start)
+With --with-peers it then runs scripts/bench_peers.py on the same manifest (DIR/peers.*) and
+prints the issue's CPU targets against faster-whisper int8 sequential (DIR/targets.md).
+
+Without --manifest it speaks the default 8 kHz mu-law call-center manifest into DIR/manifest.
+Anything after `--` goes to both servers unchanged (e.g. `-- --quantize on --kv-slots 64`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # runnable as a plain script from a checkout
+
+from clients import loadgen  # noqa: E402
+from clients.manifest import build_manifest  # noqa: E402
+
+HOST = "127.0.0.1"  # benchmarks never leave the machine
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def server_command() -> list[str]:
+    exe = Path(sys.executable).with_name("asr-server")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "service.server"]
+
+
+def run_mode(mode: str, label: str, args: argparse.Namespace, manifest: Path, server_args: list[str]) -> Path:
+    port, metrics_port = free_port(), free_port()
+    log_path = args.out / f"server-{mode}.log"
+    cmd = [
+        *server_command(),
+        *("--host", HOST, "--port", str(port), "--metrics-port", str(metrics_port)),
+        *("--encoder-batching", mode, "--threads", str(args.threads), "--log-format", "text"),
+        *server_args,
+    ]
+    print(f"== {label}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            lg = [
+                "run", "--server", f"{HOST}:{port}", "--manifest", str(manifest),
+                "--concurrency", ",".join(map(str, args.concurrency)),
+                "--metrics", f"http://{HOST}:{metrics_port}/metrics",
+                "--out", str(args.out), "--label", label, "--wait-ready", "300",
+            ]  # fmt: skip
+            if args.utterances_per_level:
+                lg += ["--utterances-per-level", str(args.utterances_per_level)]
+            if args.realtime:
+                lg.append("--realtime")
+            if proc.poll() is not None:
+                raise RuntimeError(f"asr-server exited at once; see {log_path}")
+            loadgen.main(lg)  # non-zero when some utterances failed: they are in the table
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+    return args.out / f"{label}.json"
+
+
+def targets(batched: dict[str, Any], peers: dict[str, Any]) -> str:
+    """The issue's CPU targets, from this run's figures."""
+    fw = next((s for s in peers["systems"] if s["system"] == "fw-int8-seq" and "error" not in s), None)
+    if fw is None:
+        return "faster-whisper int8 sequential did not run: no targets to compare against.\n"
+    levels = {lv["concurrency"]: lv for lv in batched["levels"]}
+    rows = ["| target | ours | faster-whisper int8 seq | met |", "|---|---:|---:|---|"]
+    if 16 in levels:
+        lv = levels[16]
+        ratio = lv["utt_per_s"] / fw["utt_per_s"]
+        rows.append(
+            f"| c=16 throughput >= 2x | {lv['utt_per_s']:.2f} utt/s ({ratio:.2f}x) | {fw['utt_per_s']:.2f} utt/s "
+            f"| {'yes' if ratio >= 2 else 'no'} |"
+        )
+        if lv["wer"] is not None:
+            d = 100 * (lv["wer"] - fw["wer"])
+            rows.append(
+                f"| c=16 WER <= +0.5 pt | {100 * lv['wer']:.1f}% ({d:+.1f} pt) | {100 * fw['wer']:.1f}% "
+                f"| {'yes' if d <= 0.5 else 'no'} |"
+            )
+    if 1 in levels and levels[1]["latency_p50_s"] is not None:
+        p50 = levels[1]["latency_p50_s"]
+        rows.append(
+            f"| c=1 latency <= fw s/utt | p50 {p50:.3f} s | {fw['s_per_utt']:.3f} s "
+            f"| {'yes' if p50 <= fw['s_per_utt'] else 'no'} |"
+        )
+    if 64 in levels and levels[64]["peak_rss_bytes"]:
+        rss = levels[64]["peak_rss_bytes"] / 2**30
+        rows.append(f"| c=64 peak RSS < 2 GiB | {rss:.2f} GiB | - | {'yes' if rss < 2 else 'no'} |")
+    return "\n".join(rows) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    server_args: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, server_args = argv[:cut], argv[cut + 1 :]
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--manifest", type=Path, default=None, help="default: speak the 8 kHz manifest into OUT")
+    p.add_argument("--count", type=int, default=40, help="utterances in the generated manifest")
+    p.add_argument("--concurrency", type=loadgen._concurrency_list, default=list(loadgen.DEFAULT_CONCURRENCY))
+    p.add_argument("--utterances-per-level", type=int, default=0)
+    p.add_argument("--realtime", action="store_true")
+    p.add_argument("--threads", type=int, default=2, help="server torch threads")
+    p.add_argument(
+        "--with-peers", action="store_true", help="also run scripts/bench_peers.py on the manifest"
+    )
+    p.add_argument("--out", type=Path, default=Path("bench-results/ab"))
+    args = p.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    manifest = args.manifest or build_manifest(args.out / "manifest", args.count, ("MULAW",))
+    t0 = time.monotonic()
+    base = json.loads(run_mode("off", "baseline", args, manifest, server_args).read_text())
+    batched = json.loads(run_mode("on", "batched", args, manifest, server_args).read_text())
+    table = loadgen.compare_table(base, batched)
+    head = (
+        f"Encoder batching off vs on, {base['date']}, {base['machine']['platform']}, "
+        f"{base['manifest_utterances']} utterances from {manifest}, server flags: "
+        f"`{' '.join(server_args) or '(defaults)'}`\n\n"
+    )
+    (args.out / "compare.md").write_text(head + table)
+    loadgen.plot([base, batched], args.out / "compare.png")
+    print(f"A/B took {time.monotonic() - t0:.0f} s", file=sys.stderr)
+
+    if args.with_peers:
+        cmd = [sys.executable, str(REPO / "scripts" / "bench_peers.py"), "--manifest", str(manifest),
+               "--out", str(args.out), "--label", "peers", "--threads", str(args.threads)]  # fmt: skip
+        subprocess.run(cmd, check=False, env={**os.environ})
+        peers = json.loads((args.out / "peers.json").read_text())
+        t = targets(batched, peers)
+        (args.out / "targets.md").write_text(t)
+        print((args.out / "peers.md").read_text(), end="")
+        print()
+        print(t, end="")
+        print()
+    print(head + table, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
