@@ -1,0 +1,30 @@
+"""Shared fixtures. Keep them small; heavier ones live next to the tests that use them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from engine import Engine, EngineConfig
+from service.config import ServerConfig
+from tests.support.server import ServerThread
+
+
+@pytest.fixture(scope="session")
+def service_engine() -> Iterator[Engine]:
+    """The real bundled tiny.en, started and warmed, behind the in-process servers."""
+    engine = Engine(EngineConfig(model="tiny.en", threads=2))
+    engine.start()
+    engine.warmup()
+    yield engine
+    engine.stop()
+
+
+@pytest.fixture(scope="session")
+def asr_server(service_engine: Engine) -> Iterator[ServerThread]:
+    """One real gRPC server on 127.0.0.1 (free port) for the whole session; default limits
+    except max_streams, kept small so that the limit can be reached in a test."""
+    server = ServerThread(ServerConfig(max_streams=8), service_engine).start()
+    yield server
+    server.stop()

@@ -1,0 +1,133 @@
+"""Real servers for tests, on loopback only.
+
+- `ServerThread`: an AsrServer in a background thread with its own event loop (tests keep their own
+  loops; one engine can back several servers with different limits).
+- `ServerProcess`: `asr-server` as a subprocess, for what only a process shows (signals, exit codes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from engine import Engine
+from service.config import ServerConfig
+from service.server import AsrServer
+
+T = TypeVar("T")
+HOST = "127.0.0.1"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+class ServerThread:
+    """An in-process server on 127.0.0.1 (a free port), backed by an already started engine."""
+
+    def __init__(self, config: ServerConfig, engine: Engine) -> None:
+        config.host, config.port, config.metrics_port = HOST, 0, 0
+        self.config = config
+        self.engine = engine
+        self.loop = asyncio.new_event_loop()
+        self.server = AsrServer(config, engine)
+        self._stopped: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self.loop.run_forever, name="test-server", daemon=True)
+
+    @property
+    def target(self) -> str:
+        return f"{HOST}:{self.server.port}"
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float = 60) -> T:
+        """Run a coroutine on the server's loop (to start, stop, or look inside it)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def start(self) -> ServerThread:
+        self._thread.start()
+
+        async def up() -> None:
+            await self.server.start()
+            await self.server.load()
+
+        self.call(up())
+        return self
+
+    def stop(self) -> None:
+        try:
+            self.call(self.server.stop(0.5, stop_engine=False), timeout=30)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(10)
+
+
+class ServerProcess:
+    """`asr-server` in a subprocess with free ports; its log goes to a file (see `log()`)."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.metrics_port = free_port()
+        self._log = tempfile.NamedTemporaryFile(prefix="asr-server-", suffix=".log", delete=False)  # noqa: SIM115
+        argv = [
+            str(Path(sys.executable).with_name("asr-server")),
+            *("--host", HOST, "--port", str(self.port), "--metrics-port", str(self.metrics_port)),
+            *("--threads", "2", "--log-format", "json"),
+            *args,
+        ]
+        self.proc = subprocess.Popen(
+            argv, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
+
+    @property
+    def target(self) -> str:
+        return f"{HOST}:{self.port}"
+
+    def log(self) -> str:
+        return Path(self._log.name).read_text(errors="replace")
+
+    def health(self, service: str = "asr.v1.Recognizer") -> str:
+        with grpc.insecure_channel(self.target) as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=2
+            )
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+    def wait_serving(self, timeout: float = 180) -> ServerProcess:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"asr-server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if self.health() == "SERVING":
+                    return self
+            except grpc.RpcError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"asr-server not SERVING after {timeout} s:\n{self.log()}")
+
+    def terminate(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        os.unlink(self._log.name)
