@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from engine import Engine, EngineConfig
+from engine import Engine
 from tests.support.engine import random_whisper_folder
 
 
@@ -17,9 +16,6 @@ def random_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_engine() -> Iterator[Engine]:
-    """The real bundled tiny.en with default settings, shared by tests that only submit."""
-    engine = Engine(EngineConfig(model="tiny.en", threads=2))
-    engine.start()
-    yield engine
-    engine.stop()
+def tiny_engine(service_engine: Engine) -> Engine:
+    """The real bundled tiny.en with default settings (the one behind the test servers)."""
+    return service_engine
