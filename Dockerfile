@@ -25,7 +25,7 @@ ENV PIP_NO_CACHE_DIR=1 \
 RUN python -m venv /opt/asr \
     && pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
 WORKDIR /src
-COPY pyproject.toml ./
+COPY pyproject.toml README.md ./
 COPY proto/ proto/
 COPY engine/ engine/
 COPY service/ service/
