@@ -380,9 +380,10 @@ class StreamSession:
     # --- buffering ahead of transcription ---
 
     def _update_buffer(self) -> float:
-        """Audio from the start of the oldest utterance still being transcribed to the newest received."""
+        """How far the audio received runs ahead of transcription: from the end of the oldest utterance
+        still being transcribed to the newest sample (about latency + min silence in a live call)."""
         oldest = min(
-            (ch.unsettled[0].utterance.start_s for ch in self.channels if ch.unsettled),
+            (ch.unsettled[0].utterance.end_s for ch in self.channels if ch.unsettled),
             default=self._received_s,
         )
         buffered = self._received_s - oldest
