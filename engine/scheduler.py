@@ -63,6 +63,9 @@ class Scheduler:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._dead: BaseException | None = None
+        # When the current window opened: the first moment an utterance waited with a slot free
+        # (time spent waiting for a slot is queueing, measured by asr_queue_wait_seconds).
+        self._window_opened: float | None = None
         self._on_failure: Callable[[BaseException], None] | None = None
         # Test seam: called for each request as its encoder pass begins (raise to inject a fault).
         self.fault_hook: Callable[[Request], None] | None = None
@@ -161,17 +164,21 @@ class Scheduler:
         for req in [r for r in self._waiting if r.future.cancelled()]:
             self._cancel(req.id)
         free = self.runner.cache.free
+        now = time.monotonic()
         if not self._waiting or free == 0:
+            self._window_opened = None
             return []
+        if self._window_opened is None:
+            self._window_opened = now
         limit = min(self.config.max_batch, free)
         bound = self.config.max_encoder_batch_while_decoding
         if self._active and bound > 0:
             limit = min(limit, bound)
         opened = min(r.submitted for r in self._waiting)
-        now = time.monotonic()
         if len(self._waiting) < limit and now - opened < self.config.batch_window_ms / 1000:
             return []
-        m.WINDOW_WAIT_SECONDS.observe(now - opened)
+        m.WINDOW_WAIT_SECONDS.observe(now - self._window_opened)
+        self._window_opened = None
         # Finals before interims; oldest first.
         self._waiting.sort(key=lambda r: (r.options.interim, r.submitted))
         batch, self._waiting = self._waiting[:limit], self._waiting[limit:]

@@ -54,10 +54,11 @@ def noise(seconds: float, seed: int) -> np.ndarray:
 
 def test_utterances_ready_within_one_window_share_one_encoder_pass(random_model: Path) -> None:
     with running(random_model, batch_window_ms=400.0) as engine:
-        d = Delta("asr_encoder_batch_size_count", "asr_encoder_batch_size_sum")
+        d = Delta("asr_encoder_batch_size_count", "asr_encoder_batch_size_sum", "asr_window_wait_seconds_sum")
         handles = [engine.submit(noise(1 + i, i), DecodeOptions(max_new_tokens=4)) for i in range(4)]
         results = [h.future.result(timeout=60) for h in handles]
     assert (d["asr_encoder_batch_size_count"], d["asr_encoder_batch_size_sum"]) == (1, 4)
+    assert d["asr_window_wait_seconds_sum"] >= 0.35  # the window stayed open its full 400 ms
     assert all(r.stats.encoder_batch_size == 4 for r in results)
 
 
@@ -123,7 +124,9 @@ def test_cancel_while_waiting_in_the_window(random_model: Path) -> None:
 
 def test_more_utterances_than_slots_all_finish_and_never_exceed_the_slots(random_model: Path) -> None:
     with running(random_model, batch_window_ms=5.0, kv_slots=2) as engine:
-        d = Delta("asr_decode_batch_size_count")
+        d = Delta(
+            "asr_decode_batch_size_count", "asr_window_wait_seconds_sum", "asr_window_wait_seconds_count"
+        )
         peak = 0
         stop = threading.Event()
 
@@ -140,6 +143,8 @@ def test_more_utterances_than_slots_all_finish_and_never_exceed_the_slots(random
         stop.set()
         watcher.join()
     assert len(results) == 6 and peak <= 2 and d["asr_decode_batch_size_count"] > 0
+    # Waiting for a slot is queueing, not windowing: each window stays short.
+    assert d["asr_window_wait_seconds_sum"] / d["asr_window_wait_seconds_count"] < 0.2
 
 
 def test_admission_queue_bound_refuses_at_once(random_model: Path) -> None:
