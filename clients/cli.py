@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import IO, Any
@@ -63,9 +64,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--segments", action="store_true", help="ask for segment time offsets")
     p.add_argument("--recognize", action="store_true", help="send the whole file in one Recognize call")
     p.add_argument("--json-out", help="also write every result as a JSON line to this file")
-    p.add_argument("--token", help="bearer token for the server")
+    p.add_argument(
+        "--token",
+        default=os.environ.get("ASR_TOKEN"),
+        help="bearer token for the server (default: $ASR_TOKEN, which unlike a flag does not show in ps)",
+    )
     p.add_argument("--tls", action="store_true", help="connect with TLS (system roots unless --ca-cert)")
     p.add_argument("--ca-cert", help="CA certificate (PEM) that signed the server's certificate")
+    p.add_argument("--client-cert", help="client certificate (PEM) for mutual TLS (with --client-key)")
+    p.add_argument("--client-key", help="client private key (PEM) for mutual TLS")
     p.add_argument("--timeout", type=float, default=None, help="deadline for the whole call in seconds")
     return p
 
@@ -154,7 +161,8 @@ class Printer:
 
 
 async def run(args: argparse.Namespace, printer: Printer) -> None:
-    tls = Tls(ca_cert=args.ca_cert) if (args.tls or args.ca_cert) else None
+    use_tls = args.tls or args.ca_cert or args.client_cert
+    tls = Tls(args.ca_cert, args.client_cert, args.client_key) if use_tls else None
     async with RecognizerClient(args.server, token=args.token, tls=tls) as client:
         if args.recognize:
             response = await client.recognize_file(

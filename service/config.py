@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -63,6 +64,29 @@ class ServerConfig:
     log_transcripts: bool = field(
         default=False, metadata={"help": "debug only: put transcript text in the per-utterance log lines"}
     )
+    auth_tokens_file: str = field(
+        default="",
+        metadata={
+            "help": "bearer tokens, one per line (# comments), re-read when the file changes; with it (or "
+            "ASR_AUTH_TOKENS=tok1,tok2 in the environment) every call needs 'authorization: Bearer <token>'"
+        },
+    )
+    auth_health_open: bool = field(
+        default=True,
+        metadata={"help": "with auth on: let health checks through without a token (kubelet probes)"},
+    )
+    tls_cert: str = field(default="", metadata={"help": "server certificate chain (PEM): serve TLS"})
+    tls_key: str = field(default="", metadata={"help": "server private key (PEM), with --tls-cert"})
+    tls_client_ca: str = field(
+        default="", metadata={"help": "CA (PEM) that signs client certificates: require mutual TLS"}
+    )
+    debug_crash_scheduler_after: int = field(
+        default=0,
+        metadata={
+            "hidden": True,  # test only: kills the scheduler thread at utterance N+1 (warm-up counts)
+            "help": "TEST ONLY: crash the engine's scheduler thread after N utterances (0: off)",
+        },
+    )
     engine: EngineConfig = field(default_factory=EngineConfig)
 
 
@@ -103,6 +127,8 @@ def _add_fields(group: argparse._ArgumentGroup, cls: type, prefix: str) -> None:
             kwargs["type"] = kind
             if "(default" not in kwargs["help"]:
                 kwargs["help"] += " (default: %(default)s)"
+        if f.metadata.get("hidden"):
+            kwargs["help"] = argparse.SUPPRESS  # test seams stay out of --help
         group.add_argument(_flag(f.name), **kwargs)
 
 
@@ -140,5 +166,15 @@ def validate(config: ServerConfig) -> None:
             problems.append(f"{_flag(name)} must be positive")
     if config.drain_seconds < 0:
         problems.append("--drain-seconds must not be negative")
+    if bool(config.tls_cert) != bool(config.tls_key):
+        problems.append("--tls-cert and --tls-key go together")
+    if config.tls_client_ca and not config.tls_cert:
+        problems.append("--tls-client-ca needs --tls-cert and --tls-key (mutual TLS is TLS first)")
+    for name in ("auth_tokens_file", "tls_cert", "tls_key", "tls_client_ca"):
+        path = getattr(config, name)
+        if path and not os.access(path, os.R_OK):
+            problems.append(f"{_flag(name)} {path!r} is not a readable file")
+    if config.debug_crash_scheduler_after < 0:
+        problems.append("--debug-crash-scheduler-after must not be negative")
     if problems:
         raise SystemExit("asr-server: " + "; ".join(problems))

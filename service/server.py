@@ -17,6 +17,7 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import grpc
 import prometheus_client
@@ -25,12 +26,15 @@ from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from engine import Engine
+from engine import Engine, EngineConfig
 from service import metrics
+from service.auth import ENV_VAR, AuthInterceptor, TokenStore
 from service.config import ServerConfig, parse_args
+from service.debug import crash_scheduler_after
 from service.interceptors import MetricsInterceptor
 from service.logging import setup_logging
 from service.recognizer import RecognizerServicer
+from service.tls import server_credentials
 
 log = logging.getLogger("service.server")
 
@@ -69,8 +73,14 @@ class AsrServer:
         """Bind and start serving (health NOT_SERVING until `load` is done)."""
         self._loop = asyncio.get_running_loop()
         c = self.config
+        credentials = server_credentials(c.tls_cert, c.tls_key, c.tls_client_ca)
+        tokens = TokenStore(c.auth_tokens_file, os.environ.get(ENV_VAR, ""))
+        # Metrics outermost, so refused calls are counted (grpc_code="UNAUTHENTICATED").
+        interceptors: list[aio.ServerInterceptor] = [MetricsInterceptor()]
+        if tokens.enabled:
+            interceptors.append(AuthInterceptor(tokens, health_open=c.auth_health_open))
         server = aio.server(
-            interceptors=[MetricsInterceptor()],
+            interceptors=interceptors,
             options=[
                 # a Recognize request carries a whole recording
                 (
@@ -93,18 +103,33 @@ class AsrServer:
         )
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         address = f"{c.host}:{c.port}"
-        self.port = server.add_insecure_port(address)
+        if credentials is not None:
+            self.port = server.add_secure_port(address, credentials)
+        else:
+            self.port = server.add_insecure_port(address)
         if self.port == 0:
             raise OSError(f"could not bind the gRPC port {address}")
         await server.start()
         self._server = server
-        log.info("listening", extra={"fields": {"address": c.host, "port": self.port}})
+        log.info(
+            "listening",
+            extra={
+                "fields": {
+                    "address": c.host,
+                    "port": self.port,
+                    "tls": "mutual" if c.tls_client_ca else ("on" if credentials else "off"),
+                    "auth": "bearer" if tokens.enabled else "off",
+                }
+            },
+        )
 
     async def load(self) -> None:
         """Load (unless given), start and warm the engine, then report SERVING."""
         started = time.perf_counter()
         if self.engine is None:
             self.engine = await asyncio.to_thread(Engine, self.config.engine)
+            if self.config.debug_crash_scheduler_after:
+                crash_scheduler_after(self.engine, self.config.debug_crash_scheduler_after)
             self.engine.start(on_failure=self._on_engine_failure)
             if self.config.engine.warmup:
                 await asyncio.to_thread(self.engine.warmup)
@@ -222,9 +247,39 @@ async def serve(config: ServerConfig) -> int:
     return await server.run()
 
 
+def preflight_model(config: EngineConfig) -> None:
+    """Refuse a --model that names no loadable folder before any port opens: a typo'd path must not
+    leave a half-started server behind (the full load, which can fail later, runs behind NOT_SERVING)."""
+    from engine.weights import (
+        BUNDLED,
+        ModelLoadError,
+        default_cache_dir,
+        is_ct2_whisper,
+        is_hf_whisper,
+        resolve,
+    )
+
+    if config.model in BUNDLED:
+        return
+    folder, _ = resolve(config.model, Path(config.cache_dir) if config.cache_dir else default_cache_dir())
+    if not (is_hf_whisper(folder) or is_ct2_whisper(folder)):
+        raise ModelLoadError(
+            f"--model {config.model!r}: {folder} is neither a Hugging Face Whisper folder (config.json with "
+            "model_type 'whisper') nor a CTranslate2 Whisper folder (model.bin + tokenizer.json)"
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     config = parse_args(argv)
     setup_logging(config.log_level, config.log_format)
+    try:
+        preflight_model(config.engine)
+    except Exception as e:
+        log.error(
+            f"could not load model {config.engine.model!r}: {e}",
+            extra={"fields": {"model": config.engine.model}},
+        )
+        sys.exit(EXIT_LOAD_FAILED)
     init_metrics()
     try:
         start_metrics_server(config)

@@ -1,0 +1,193 @@
+"""Bearer-token authentication: a grpc.aio server interceptor and the token set it checks against.
+
+Tokens come from a file (one per line; blank lines and `#` comments ignored) and/or the environment
+variable ASR_AUTH_TOKENS (comma-separated). The file is re-read whenever its mtime, size or inode
+changes, so rotating a Kubernetes Secret needs no restart. Every token is compared with
+`hmac.compare_digest`, and every configured token is always tried, so the time a check takes says
+nothing about how much of a guess was right. Tokens never go into logs.
+
+Health checks stay open by default (kubelet gRPC probes send no metadata); reflection is protected
+like the Recognizer (it describes the API to whoever asks; grpcurl passes the token with -H).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc import aio
+
+log = logging.getLogger("service.auth")
+
+ENV_VAR = "ASR_AUTH_TOKENS"
+HEALTH_PREFIX = "/grpc.health.v1.Health/"
+REFUSAL_LOG_INTERVAL_S = 10.0  # a client retrying with a bad token must not flood the logs
+
+
+class AuthConfigError(ValueError):
+    """The token file cannot be used at start-up (the server refuses to start)."""
+
+
+def parse_token_file(text: str) -> list[str]:
+    tokens = []
+    for line in text.splitlines():
+        token = line.split("#", 1)[0].strip()
+        if token:
+            tokens.append(token)
+    return tokens
+
+
+def parse_env_tokens(value: str) -> list[str]:
+    return [t.strip() for t in value.split(",") if t.strip()]
+
+
+class TokenStore:
+    """The accepted tokens: the env var's (fixed for the process) plus the file's (re-read on change)."""
+
+    def __init__(self, path: str = "", env_value: str = "") -> None:
+        self.path = Path(path) if path else None
+        self._env = [t.encode() for t in parse_env_tokens(env_value)]
+        self._file: list[bytes] = []
+        self._stamp: tuple[int, int, int] | None = None
+        self._lock = threading.Lock()
+        if self.path is not None:
+            try:
+                self._reload(self._stat())
+            except OSError as e:
+                raise AuthConfigError(f"--auth-tokens-file {str(self.path)!r}: cannot read it ({e})") from e
+
+    @property
+    def enabled(self) -> bool:
+        """Authentication is on when any source of tokens was configured (even if it is empty now:
+        an emptied file locks everyone out rather than letting everyone in)."""
+        return self.path is not None or bool(self._env)
+
+    def _stat(self) -> tuple[int, int, int]:
+        assert self.path is not None
+        st = os.stat(self.path)
+        return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def _reload(self, stamp: tuple[int, int, int]) -> None:
+        assert self.path is not None
+        tokens = [t.encode() for t in parse_token_file(self.path.read_text(encoding="utf-8"))]
+        with self._lock:
+            self._file, self._stamp = tokens, stamp
+        log.info("auth tokens loaded", extra={"fields": {"file": str(self.path), "tokens": len(tokens)}})
+
+    def _refresh(self) -> None:
+        if self.path is None:
+            return
+        try:
+            stamp = self._stat()
+            if stamp != self._stamp:
+                self._reload(stamp)
+        except OSError as e:
+            # Mid-rotation (a Secret's symlink swap) or a mistake: keep the tokens we had, say so.
+            log.warning(
+                "auth tokens file unreadable; keeping the previous tokens",
+                extra={"fields": {"file": str(self.path), "error": str(e)}},
+            )
+
+    def tokens(self) -> list[bytes]:
+        self._refresh()
+        with self._lock:
+            return self._env + self._file
+
+    def check(self, token: str) -> bool:
+        given = token.encode()
+        ok = False
+        for known in self.tokens():
+            ok |= hmac.compare_digest(known, given)  # no early exit: timing says nothing
+        return ok
+
+
+def bearer_token(metadata: Any) -> str | None:
+    """The token of the `authorization: Bearer <token>` entry; "" if the header is malformed,
+    None if there is none."""
+    for key, value in metadata or ():
+        if key.lower() != "authorization":
+            continue
+        if isinstance(value, bytes):
+            value = value.decode("latin-1")
+        scheme, _, token = value.strip().partition(" ")
+        return token.strip() if scheme.lower() == "bearer" else ""
+    return None
+
+
+def _deny_handler(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
+    """A handler of the same shape as `handler` that ends the call UNAUTHENTICATED before it runs."""
+
+    async def deny(request_or_iterator: Any, context: aio.ServicerContext) -> Any:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    async def deny_stream(request_or_iterator: Any, context: aio.ServicerContext) -> Any:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        yield  # pragma: no cover - makes this an async generator, as a streaming handler must be
+
+    kwargs = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(deny_stream, **kwargs)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(deny, **kwargs)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(deny_stream, **kwargs)
+    return grpc.unary_unary_rpc_method_handler(deny, **kwargs)
+
+
+class AuthInterceptor(aio.ServerInterceptor):
+    """Lets a call through only with a known bearer token (health exempt when `health_open`)."""
+
+    def __init__(self, store: TokenStore, *, health_open: bool = True) -> None:
+        self.store = store
+        self.health_open = health_open
+        self._last_log = -REFUSAL_LOG_INTERVAL_S
+        self._unlogged = 0
+
+    def refusal(self, method: str, metadata: Any) -> str | None:
+        """Why this call is refused, or None if it may go on."""
+        if self.health_open and method.startswith(HEALTH_PREFIX):
+            return None
+        token = bearer_token(metadata)
+        if token is None:
+            return "missing credentials: send the metadata 'authorization: Bearer <token>'"
+        if not token:
+            return "malformed authorization metadata: expected 'Bearer <token>'"
+        if not self.store.check(token):
+            return "invalid bearer token"
+        return None
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler  # unknown method: UNIMPLEMENTED, as without auth
+        method = handler_call_details.method
+        reason = self.refusal(method, handler_call_details.invocation_metadata)
+        if reason is None:
+            return handler
+        self._log_refusal(method, reason)
+        return _deny_handler(handler, reason)
+
+    def _log_refusal(self, method: str, reason: str) -> None:
+        self._unlogged += 1
+        now = time.monotonic()
+        if now - self._last_log < REFUSAL_LOG_INTERVAL_S:
+            return
+        log.warning(
+            "unauthenticated calls refused",
+            extra={"fields": {"method": method, "reason": reason, "refused": self._unlogged}},
+        )
+        self._last_log, self._unlogged = now, 0
