@@ -270,6 +270,10 @@ def preflight_model(config: EngineConfig) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    # torch's OpenMP threads share the cores with the event loop, gRPC and VAD: spinning
+    # workers starve them (a tiny.en decode step went 24 -> 125 ms on a busy 2-core box).
+    # Must be set before torch loads; an operator's own setting wins.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     config = parse_args(argv)
     setup_logging(config.log_level, config.log_format)
     try:
