@@ -35,6 +35,8 @@ from service.session import (
 
 log = logging.getLogger("service.recognizer")
 
+STREAM_ID_HEADER = "asr-stream-id"  # initial metadata of an accepted stream (see StreamingRecognize)
+
 # BCP-47 primary subtags that Whisper spells differently.
 _BCP47_TO_WHISPER = {"iw": "he", "jv": "jw", "nb": "no", "fil": "tl"}
 
@@ -52,9 +54,12 @@ def whisper_language(code: str, info: ModelInfo) -> str | None:
 
 
 def encoding_name(value: int) -> str:
-    """The proto enum as service/audio.py spells it ("" when unset or unknown)."""
-    if value == asr_pb2.ENCODING_UNSPECIFIED or value not in asr_pb2.AudioEncoding.values():
+    """The proto enum as service/audio.py spells it ("" when unset; an unknown number is named as such,
+    so that the refusal says what the client sent)."""
+    if value == asr_pb2.ENCODING_UNSPECIFIED:
         return ""
+    if value not in asr_pb2.AudioEncoding.values():
+        return f"unknown value {value}"
     return asr_pb2.AudioEncoding.Name(value)
 
 
@@ -186,6 +191,10 @@ class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
                 raise StreamError(grpc.StatusCode.UNAVAILABLE, "server is draining; retry on another replica")
             session = StreamSession(f"s{self._prefix}-{next(self._ids)}", settings, engine, self.config)
             self.sessions.add(session)
+            # Headers now, not with the first result: they tell the client its stream was accepted, so it
+            # starts sending audio only then. A client still writing when a refusal arrives gets INTERNAL
+            # instead of the refusal from grpc.aio (grpc/grpc#36066); RecognizerClient waits for this.
+            await context.send_initial_metadata(((STREAM_ID_HEADER, session.id),))
             log.debug("stream started", extra={"fields": {"stream_id": session.id, "peer": context.peer()}})
             async for response in session.responses(request_iterator):
                 yield response
