@@ -27,6 +27,11 @@ from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 SERVICE_NAME = "asr.v1.Recognizer"
+STREAM_ID_HEADER = "asr-stream-id"  # the server's headers carry it once it accepts a stream
+_STOP_LISTENING = (
+    asr_pb2.StreamingRecognizeResponse.END_OF_SINGLE_UTTERANCE,
+    asr_pb2.StreamingRecognizeResponse.RECONNECT,
+)
 # 1 MiB is the server's default per-request limit; whole recordings can be larger.
 MAX_MESSAGE_BYTES = 64 << 20
 _G711_SUFFIXES = {".ulaw": "MULAW", ".mulaw": "MULAW", ".mu": "MULAW", ".alaw": "ALAW", ".al": "ALAW"}
@@ -207,18 +212,31 @@ class RecognizerClient:
         """The raw stream: `config`, then each chunk as audio_content; yields every response.
         Leaving the loop early (or closing the generator) cancels the call on the server."""
 
+        stop_sending = asyncio.Event()
+
         async def requests() -> AsyncIterator[asr_pb2.StreamingRecognizeRequest]:
             yield asr_pb2.StreamingRecognizeRequest(streaming_config=config)
+            # The server sends headers once it has accepted the config. Audio waits for them: grpc.aio
+            # reports INTERNAL instead of the server's refusal when a write races it (grpc/grpc#36066).
+            headers = await call.initial_metadata()
+            if not any(key == STREAM_ID_HEADER for key, _ in headers or ()):
+                return  # refused: the call's status says why
             if isinstance(chunks, AsyncIterable):
                 async for chunk in chunks:
+                    if stop_sending.is_set():
+                        return
                     yield asr_pb2.StreamingRecognizeRequest(audio_content=chunk)
             else:
                 for chunk in chunks:
+                    if stop_sending.is_set():
+                        return
                     yield asr_pb2.StreamingRecognizeRequest(audio_content=chunk)
 
         call = self.stub.StreamingRecognize(requests(), metadata=self.metadata(), timeout=deadline_s)
         try:
             async for response in call:
+                if response.speech_event_type in _STOP_LISTENING:
+                    stop_sending.set()  # half-close: the server hears no more audio on this stream
                 yield response
         finally:
             call.cancel()  # no-op once the call has ended

@@ -191,6 +191,9 @@ class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
                 raise StreamError(grpc.StatusCode.UNAVAILABLE, "server is draining; retry on another replica")
             session = StreamSession(f"s{self._prefix}-{next(self._ids)}", settings, engine, self.config)
             self.sessions.add(session)
+            # A client cancel ends the RPC whatever the handler is doing (even mid-send, where the
+            # generator below would only be closed later): free the engine's slots right then.
+            context.add_done_callback(lambda _: session.abandon())  # type: ignore[arg-type]
             # Headers now, not with the first result: they tell the client its stream was accepted, so it
             # starts sending audio only then. A client still writing when a refusal arrives gets INTERNAL
             # instead of the refusal from grpc.aio (grpc/grpc#36066); RecognizerClient waits for this.

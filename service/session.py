@@ -207,8 +207,9 @@ class StreamSession:
         self._put(Response(speech_event_type=EventType.RECONNECT))
         self._finish_input(flush=True)
 
-    async def close(self) -> None:
-        """The stream is over (however it ended): stop every task, free every engine slot it held."""
+    def abandon(self) -> None:
+        """The call is over: free every engine slot it held and stop its tasks, at once (sync, so that
+        it can run from the RPC's done callback whatever state the handler's generator is in)."""
         if self._closed:
             return
         self._closed = True
@@ -220,11 +221,15 @@ class StreamSession:
             if ch.interim is not None:
                 ch.interim.cancel()
                 ch.interim = None
-        tasks = [t for t in self._tasks if not t.done()]
-        for t in tasks:
+        for t in self._tasks:
             t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
         self._set_buffer(0.0)
+
+    async def close(self) -> None:
+        """The stream is over (however it ended): abandon what is left and wait for the tasks to stop."""
+        tasks = [t for t in self._tasks if not t.done()]
+        self.abandon()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     # --- plumbing ---
 

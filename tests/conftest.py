@@ -8,7 +8,7 @@ import pytest
 
 from engine import Engine, EngineConfig
 from service.config import ServerConfig
-from tests.support.server import ServerThread
+from tests.support.server import ServerProcess, ServerThread
 
 
 @pytest.fixture(scope="session")
@@ -27,4 +27,14 @@ def asr_server(service_engine: Engine) -> Iterator[ServerThread]:
     except max_streams, kept small so that the limit can be reached in a test."""
     server = ServerThread(ServerConfig(max_streams=8), service_engine).start()
     yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def server_process() -> Iterator[ServerProcess]:
+    """`asr-server` as a subprocess (own engine), SERVING; for tests that need a real process."""
+    server = ServerProcess().wait_serving()
+    yield server
+    server.terminate()
+    server.wait(60)
     server.stop()

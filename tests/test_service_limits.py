@@ -13,8 +13,8 @@ from grpc import aio
 from clients.client import RecognizerClient
 from engine import Engine
 from service.config import ServerConfig
-from tests.support.audio import make_conversation
-from tests.support.server import ServerThread
+from tests.support.audio import make_conversation, to_linear16_bytes
+from tests.support.server import ServerThread, sync_stream
 
 pytestmark = pytest.mark.slow
 
@@ -60,12 +60,22 @@ async def test_audio_far_ahead_of_transcription_is_resource_exhausted(
     audio, _ = make_conversation(
         ["The first sentence is here.", "Then comes a second one.", "And finally a third."], pause_s=0.8
     )
-    async with RecognizerClient(small_buffer_server.target) as client:
-        with pytest.raises(aio.AioRpcError) as e:
-            async for _ in client.stream_file(audio, rate=16000, chunk_ms=100):  # as fast as the wire takes
-                pass
-    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert "max_buffer_seconds" in (e.value.details() or "") and "3 s" in (e.value.details() or "")
+    data = to_linear16_bytes(audio)
+    requests = [
+        asr_pb2.StreamingRecognizeRequest(
+            streaming_config=asr_pb2.StreamingRecognitionConfig(
+                config=asr_pb2.RecognitionConfig(encoding=asr_pb2.LINEAR16, sample_rate_hertz=16000)
+            )
+        ),
+        *(
+            asr_pb2.StreamingRecognizeRequest(audio_content=data[i : i + 3200])
+            for i in range(0, len(data), 3200)
+        ),
+    ]
+    # as fast as the wire takes, so the server is still reading when it refuses
+    _, code, details = await asyncio.to_thread(sync_stream, small_buffer_server.target, requests)
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "max_buffer_seconds" in details and "3 s" in details
 
 
 async def test_a_failing_stream_does_not_harm_another(limited_server: ServerThread) -> None:

@@ -30,7 +30,7 @@ from tests.support.audio import (
     to_mulaw_8k_bytes,
     white_noise,
 )
-from tests.support.server import ServerThread
+from tests.support.server import ServerThread, sync_stream
 
 pytestmark = pytest.mark.slow
 
@@ -305,19 +305,15 @@ def _audio(n: int) -> asr_pb2.StreamingRecognizeRequest:
         "chunk-size",
     ],
 )
-async def test_bad_stream_requests_get_invalid_argument(
+def test_bad_stream_requests_get_invalid_argument(
     asr_server: ServerThread,
     requests: list[asr_pb2.StreamingRecognizeRequest],
     code: grpc.StatusCode,
     expected: str,
 ) -> None:
-    async with aio.insecure_channel(asr_server.target) as channel:
-        call = asr_pb2_grpc.RecognizerStub(channel).StreamingRecognize(iter(requests))
-        with pytest.raises(aio.AioRpcError) as e:
-            async for _ in call:
-                pass
-    assert e.value.code() == code
-    assert expected in (e.value.details() or "")
+    _, got, details = sync_stream(asr_server.target, requests)
+    assert got == code
+    assert expected in details
 
 
 async def test_bad_endpointing_settings_name_the_field(asr_server: ServerThread) -> None:
@@ -347,12 +343,9 @@ async def test_max_streams_refused_at_once(asr_server: ServerThread) -> None:
             if len(asr_server.server.recognizer.sessions) == limit:
                 break
             await asyncio.sleep(0.02)
-        extra = stub.StreamingRecognize(iter([_config()]))
-        with pytest.raises(aio.AioRpcError) as e:
-            async for _ in extra:
-                pass
-        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert f"{limit} concurrent streams (max_streams)" in (e.value.details() or "")
+        _, code, details = await asyncio.to_thread(sync_stream, asr_server.target, [_config(), _audio(320)])
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert f"{limit} concurrent streams (max_streams)" in details
         for call in calls:
             call.cancel()
         hold.set()

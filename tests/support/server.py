@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -16,11 +17,12 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
+from asr.v1 import asr_pb2, asr_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from engine import Engine
@@ -131,3 +133,19 @@ class ServerProcess:
             self.proc.kill()
             self.proc.wait(10)
         os.unlink(self._log.name)
+
+
+def sync_stream(
+    target: str, requests: Iterable[asr_pb2.StreamingRecognizeRequest], timeout: float = 120
+) -> tuple[list[asr_pb2.StreamingRecognizeResponse], grpc.StatusCode, str]:
+    """One StreamingRecognize call through the sync API: (responses, status code, details).
+
+    For refusals that can arrive while the client is still writing: the sync API reports the server's
+    status there, where grpc.aio may report INTERNAL instead (grpc/grpc#36066).
+    """
+    responses: list[asr_pb2.StreamingRecognizeResponse] = []
+    with grpc.insecure_channel(target) as channel:
+        call = asr_pb2_grpc.RecognizerStub(channel).StreamingRecognize(iter(requests), timeout=timeout)
+        with contextlib.suppress(grpc.RpcError):  # the status is read from the call below
+            responses.extend(call)
+        return responses, call.code(), call.details() or ""

@@ -1,0 +1,81 @@
+"""asr-client (the console script) against asr-server (a subprocess): what a person at a terminal sees."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from clients.scoring import normalize
+from tests.support.audio import JFK_FLAC, to_mulaw_8k_bytes
+from tests.support.server import ServerProcess
+
+pytestmark = pytest.mark.slow
+CLIENT = str(Path(sys.executable).with_name("asr-client"))
+
+
+def run_client(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([CLIENT, *args], capture_output=True, text=True, timeout=120)
+
+
+def test_cli_streams_jfk_flac_and_prints_the_text(server_process: ServerProcess, tmp_path: Path) -> None:
+    out = tmp_path / "results.jsonl"
+    proc = run_client(str(JFK_FLAC), "--server", server_process.target, "--json-out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    text = normalize(proc.stdout)
+    assert "my fellow americans" in text
+    assert "ask not what your country can do for you" in text
+    assert "[00:00." in proc.stdout  # offsets printed with each final
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    finals = [r for r in records if r["type"] == "final"]
+    assert finals and all(r["end_s"] > r["start_s"] for r in finals)
+    assert normalize(" ".join(r["transcript"] for r in finals)) in text
+    assert {"SPEECH_ACTIVITY_BEGIN", "SPEECH_ACTIVITY_END"} <= {
+        r["event"] for r in records if r["type"] == "event"
+    }
+
+
+def test_cli_recognize_and_interims_on_a_pipe(server_process: ServerProcess, tmp_path: Path) -> None:
+    whole = run_client(str(JFK_FLAC), "--server", server_process.target, "--recognize")
+    assert whole.returncode == 0, whole.stderr
+    assert "ask not what your country can do for you" in normalize(whole.stdout)
+
+    import soundfile as sf
+
+    audio, rate = sf.read(JFK_FLAC, dtype="float32")
+    ulaw = tmp_path / "jfk.ulaw"
+    ulaw.write_bytes(to_mulaw_8k_bytes(audio.mean(axis=1), rate))
+    streamed = run_client(str(ulaw), "--server", server_process.target, "--interim", "--realtime")
+    assert streamed.returncode == 0, streamed.stderr
+    lines = streamed.stdout.splitlines()
+    assert any(line.startswith("… [") for line in lines), "interims print as their own lines on a pipe"
+    assert "ask what you can do for your country" in normalize(" ".join(lines[-2:]))
+
+
+def test_cli_reports_a_refusal_and_exits_non_zero(server_process: ServerProcess, tmp_path: Path) -> None:
+    proc = run_client(str(JFK_FLAC), "--server", server_process.target, "--language", "xx")
+    assert proc.returncode != 0
+    assert "INVALID_ARGUMENT" in proc.stderr and "language_code" in proc.stderr
+
+
+def test_metrics_endpoint_serves_build_model_and_grpc_metrics(server_process: ServerProcess) -> None:
+    run_client(str(JFK_FLAC), "--server", server_process.target, "--recognize")
+    with urllib.request.urlopen(f"http://127.0.0.1:{server_process.metrics_port}/metrics", timeout=10) as r:
+        families = {f.name: f for f in text_string_to_metric_families(r.read().decode())}
+    build = families["asr_build_info"].samples[0]
+    assert set(build.labels) == {"version", "revision"}
+    model = families["asr_model_info"].samples[0].labels
+    assert "tiny.en" in model["model"] and model["device"] and model["dtype"]
+    handled = [
+        s
+        for s in families["grpc_server_handled"].samples
+        if s.labels["grpc_method"] == "Recognize" and s.labels["grpc_code"] == "OK"
+    ]
+    assert handled and handled[0].value >= 1
+    assert "process_resident_memory_bytes" in families
+    assert "asr_kv_cache_bytes" in families and "asr_active_streams" in families

@@ -1,0 +1,73 @@
+"""SIGTERM drain on a real `asr-server` process with streams in flight."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+import pytest
+from asr.v1 import asr_pb2
+from grpc import aio
+
+from clients.client import RecognizerClient
+from tests.support.audio import make_conversation
+from tests.support.server import ServerProcess
+
+pytestmark = pytest.mark.slow
+Event = asr_pb2.StreamingRecognizeResponse.SpeechEventType
+DRAIN_SECONDS = 20
+
+
+async def test_sigterm_drains_streams_then_exits_zero() -> None:
+    audio, bounds = make_conversation(
+        ["Thank you for calling, how can I help you today?", "I would like to check the status of my order."],
+        pause_s=1.0,
+    )
+    server = ServerProcess("--drain-seconds", str(DRAIN_SECONDS)).wait_serving()
+    try:
+        async with RecognizerClient(server.target) as client:
+            received: list[list[asr_pb2.StreamingRecognizeResponse]] = [[], []]
+            first_final = asyncio.Event()
+            reconnected = [asyncio.Event(), asyncio.Event()]
+
+            async def stream(i: int) -> None:
+                async for r in client.stream_file(audio, rate=16000, realtime=True):
+                    received[i].append(r)
+                    if any(x.is_final for x in r.results):
+                        first_final.set()
+                    if r.speech_event_type == Event.RECONNECT:
+                        reconnected[i].set()
+
+            streams = [asyncio.create_task(stream(i)) for i in range(2)]
+            await asyncio.wait_for(first_final.wait(), 30)
+            # The first sentence's final is in; the second sentence is being spoken right now.
+            terminated_at = time.monotonic()
+            server.terminate()
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in reconnected)), 10)
+
+            # While draining: new streams are refused, health says NOT_SERVING.
+            with pytest.raises(aio.AioRpcError) as refused:
+                async for _ in client.stream_file(audio[:16000], rate=16000):
+                    pass
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "draining" in (refused.value.details() or "")
+            assert await client.health() == "NOT_SERVING"
+
+            await asyncio.wait_for(asyncio.gather(*streams), DRAIN_SECONDS)  # both end with OK
+        code = await asyncio.to_thread(server.wait, DRAIN_SECONDS + 10)
+        assert code == 0, server.log()
+        assert time.monotonic() - terminated_at < DRAIN_SECONDS + 5
+    finally:
+        server.stop()
+
+    for responses in received:
+        finals = [r for x in responses for r in x.results if r.is_final]
+        ended = [x for x in responses if x.speech_event_type == Event.SPEECH_ACTIVITY_END]
+        # every utterance that ended got its final, and the one cut short by the drain too
+        assert len(finals) >= max(len(ended), 2)
+        assert [f.utterance_index for f in finals] == list(range(len(finals)))
+        assert "thank you for calling" in finals[0].alternatives[0].transcript.lower()
+        assert finals[1].start_offset.ToTimedelta().total_seconds() == pytest.approx(bounds[1][0], abs=0.3)
+        kinds = [x.speech_event_type for x in responses]
+        assert kinds.count(Event.RECONNECT) == 1
