@@ -28,6 +28,7 @@ import importlib
 import itertools
 import json
 import math
+import os
 import platform
 import sys
 import time
@@ -236,12 +237,17 @@ def scrape(url: str, timeout: float = 2.0) -> dict[str, float]:
 def cost_per_utterance(
     before: dict[str, float], after: dict[str, float], utterances: int
 ) -> dict[str, float]:
-    """Seconds per utterance spent in each of the server's `*_seconds` histograms during a level."""
+    """Seconds per utterance spent in each of the server's `*_seconds` histograms during a level,
+    plus the server's CPU seconds per utterance (process_cpu_seconds_total: every thread, so
+    it stays meaningful when other work shares the machine and wall times stretch)."""
     if utterances <= 0:
         return {}
     out: dict[str, float] = {}
     for key, v in after.items():
         name = key.split("{", 1)[0]
+        if name == "process_cpu_seconds_total":
+            out["process_cpu_seconds"] = (v - before.get(key, v)) / utterances
+            continue
         if not name.endswith("_seconds_sum"):
             continue
         d = v - before.get(key, 0.0)
@@ -431,6 +437,7 @@ async def run_level(
 
 
 async def run_sweep(args: argparse.Namespace) -> dict[str, Any]:
+    load_start = os.getloadavg()  # a busy machine explains slow figures: record how busy it was
     entries = load_manifest(args.manifest)
     utts = load_utterances(entries)
     levels: list[LevelResult] = []
@@ -469,7 +476,9 @@ async def run_sweep(args: argparse.Namespace) -> dict[str, Any]:
         "machine": {
             "platform": platform.platform(),
             "machine": platform.machine(),
+            "cpus": os.cpu_count(),
             "python": platform.python_version(),
+            "loadavg_1m_start_end": [round(load_start[0], 2), round(os.getloadavg()[0], 2)],
         },
         "server_info": info,
         "levels": [asdict(lv) for lv in levels],
@@ -487,11 +496,15 @@ def _mib(v: float | None) -> str:
     return "-" if v is None else f"{v / 2**20:.0f}"
 
 
+def _cpu(level: dict[str, Any]) -> float | None:
+    return level.get("server_seconds_per_utterance", {}).get("process_cpu_seconds")
+
+
 def markdown_table(result: dict[str, Any]) -> str:
     rows = [
         "| concurrency | utterances | utt/s | audio s/s (RTFx) | p50 s | p95 s | p99 s | WER % | errors "
-        "| server peak RSS MiB |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+        "| server peak RSS MiB | server CPU s/utt |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
     for lv in result["levels"]:
         errs = ", ".join(f"{k} {v}" for k, v in sorted(lv["errors"].items())) or "0"
@@ -501,7 +514,8 @@ def markdown_table(result: dict[str, Any]) -> str:
         rows.append(
             f"| {lv['concurrency']} | {lv['utterances']} | {lv['utt_per_s']:.2f} "
             f"| {lv['audio_s_per_s']:.2f} | {_f(lv['latency_p50_s'])} | {_f(lv['latency_p95_s'])} "
-            f"| {_f(lv['latency_p99_s'])} | {_f(wer, '{:.1f}')} | {errs} | {_mib(lv['peak_rss_bytes'])} |"
+            f"| {_f(lv['latency_p99_s'])} | {_f(wer, '{:.1f}')} | {errs} | {_mib(lv['peak_rss_bytes'])} "
+            f"| {_f(_cpu(lv), '{:.3f}')} |"
         )
     return "\n".join(rows) + "\n"
 
@@ -509,8 +523,9 @@ def markdown_table(result: dict[str, Any]) -> str:
 def compare_table(base: dict[str, Any], batched: dict[str, Any]) -> str:
     rows = [
         "| concurrency | baseline utt/s | batched utt/s | change | baseline p95 s | batched p95 s "
-        "| WER baseline % | WER batched % | peak RSS MiB (baseline / batched) |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| WER baseline % | WER batched % | peak RSS MiB (baseline / batched) "
+        "| server CPU s/utt (baseline / batched) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     b_levels = {lv["concurrency"]: lv for lv in batched["levels"]}
     for a in base["levels"]:
@@ -524,7 +539,8 @@ def compare_table(base: dict[str, Any], batched: dict[str, Any]) -> str:
             f"| {a['concurrency']} | {a['utt_per_s']:.2f} | {b['utt_per_s']:.2f} | {_f(change, '{:+.1f}%')} "
             f"| {_f(a['latency_p95_s'])} | {_f(b['latency_p95_s'])} "
             f"| {_f(wa, '{:.1f}')} | {_f(wb, '{:.1f}')} "
-            f"| {_mib(a['peak_rss_bytes'])} / {_mib(b['peak_rss_bytes'])} |"
+            f"| {_mib(a['peak_rss_bytes'])} / {_mib(b['peak_rss_bytes'])} "
+            f"| {_f(_cpu(a), '{:.3f}')} / {_f(_cpu(b), '{:.3f}')} |"
         )
     return "\n".join(rows) + "\n"
 

@@ -183,6 +183,12 @@ def _engine(system: str, threads: int, batch_size: int) -> Transcriber:
     return run
 
 
+def _cpu_s() -> float:
+    """CPU seconds used by this process so far, every thread included."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def run_one(system: str, manifest: Path, threads: int, batch_size: int) -> dict[str, Any]:
     import torch
 
@@ -198,9 +204,10 @@ def run_one(system: str, manifest: Path, threads: int, batch_size: int) -> dict[
         transcribe = _engine(system, threads, batch_size)
     load_s = time.perf_counter() - t0
     transcribe(audios[:1])  # warm-up: first-call allocations and kernel selection stay untimed
-    t0 = time.perf_counter()
+    cpu0, t0 = _cpu_s(), time.perf_counter()
     hyps = transcribe(audios)
     wall = time.perf_counter() - t0
+    cpu = _cpu_s() - cpu0
     audio_s = sum(len(a) for a in audios) / SAMPLE_RATE
     n = len(audios)
     return {
@@ -213,6 +220,7 @@ def run_one(system: str, manifest: Path, threads: int, batch_size: int) -> dict[
         "utt_per_s": n / wall,
         "s_per_utt": wall / n,
         "rtfx": audio_s / wall,
+        "cpu_s_per_utt": cpu / n,  # all threads: robust to other load on a shared machine
         "wer": corpus_wer([e.text for e in entries], hyps),
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # Linux: KiB
         "load_s": round(load_s, 2),
@@ -226,16 +234,16 @@ def run_one(system: str, manifest: Path, threads: int, batch_size: int) -> dict[
 
 def markdown(result: dict[str, Any]) -> str:
     rows = [
-        "| system | batch | utt/s | s per utt | RTFx | WER % | peak RSS MiB |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| system | batch | utt/s | s per utt | CPU s per utt | RTFx | WER % | peak RSS MiB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for s in result["systems"]:
         if "error" in s:
-            rows.append(f"| {s['description']} | - | - | - | - | - | - (failed: {s['error'][:80]}) |")
+            rows.append(f"| {s['description']} | - | - | - | - | - | - | - (failed: {s['error'][:80]}) |")
             continue
         rows.append(
             f"| {s['description']} | {s['batch_size']} | {s['utt_per_s']:.2f} | {s['s_per_utt']:.3f} "
-            f"| {s['rtfx']:.1f} | {100 * s['wer']:.1f} | {s['peak_rss_bytes'] / 2**20:.0f} |"
+            f"| {s.get('cpu_s_per_utt', float('nan')):.3f} | {s['rtfx']:.1f} | {100 * s['wer']:.1f} | {s['peak_rss_bytes'] / 2**20:.0f} |"
         )
     return "\n".join(rows) + "\n"
 
@@ -261,6 +269,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"--systems: unknown {', '.join(unknown)}; known: {', '.join(SYSTEMS)}")
     entries = load_manifest(args.manifest)
     results: list[dict[str, Any]] = []
+    load_start = os.getloadavg()[0]  # a busy machine explains slow figures: record how busy it was
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false"}
     for s in systems:
         print(f"[{s}] {DESCRIPTIONS[s]} ...", file=sys.stderr, flush=True)
@@ -291,6 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "machine": platform.machine(),
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
+            "loadavg_1m_start_end": [round(load_start, 2), round(os.getloadavg()[0], 2)],
         },
         "threads": args.threads,
         "systems": results,

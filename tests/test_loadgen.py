@@ -93,7 +93,8 @@ def test_run_reports_every_utterance(smoke: tuple[int, Path]) -> None:
     assert level["utt_per_s"] > 0 and level["audio_s_per_s"] > level["utt_per_s"]  # utterances last > 1 s
     # read from the server's /metrics while the level ran
     assert level["peak_rss_bytes"] > 100 * 2**20
-    assert level["server_seconds_per_utterance"]["asr_encoder_seconds"] > 0
+    costs = level["server_seconds_per_utterance"]
+    assert costs["asr_encoder_seconds"] > 0 and costs["process_cpu_seconds"] > 0
 
     md = (out / "smoke.md").read_text()
     assert f"| 2 | {SENT} | {level['utt_per_s']:.2f} |" in md
