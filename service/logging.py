@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 from typing import Any
@@ -47,6 +48,9 @@ class TextFormatter(logging.Formatter):
 
 def setup_logging(level: str = "info", fmt: str = "json") -> None:
     """Route the root logger to stderr in the chosen format (replacing earlier handlers)."""
+    if fmt == "json":
+        # Progress bars (transformers' weight loading) would put non-JSON lines into the log stream.
+        os.environ.setdefault("TQDM_DISABLE", "1")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()

@@ -59,7 +59,7 @@ class AsrServer:
         self.engine = engine
         self.port = 0
         self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]
-        self.recognizer = RecognizerServicer(config, engine)
+        self.recognizer = RecognizerServicer(config)  # the engine is attached once loaded (load())
         self._server: aio.Server | None = None
         self._shutdown = asyncio.Event()
         self._failure: BaseException | None = None

@@ -79,3 +79,26 @@ def test_metrics_endpoint_serves_build_model_and_grpc_metrics(server_process: Se
     assert handled and handled[0].value >= 1
     assert "process_resident_memory_bytes" in families
     assert "asr_kv_cache_bytes" in families and "asr_active_streams" in families
+
+
+def test_server_logs_are_json_lines_with_per_utterance_facts_and_no_text(
+    server_process: ServerProcess,
+) -> None:
+    assert run_client(str(JFK_FLAC), "--server", server_process.target).returncode == 0
+    lines = [json.loads(line) for line in server_process.log().splitlines() if line.strip()]  # all JSON
+    ready = next(x for x in lines if x["message"] == "model ready")
+    assert ready["kv_cache_bytes"] > 0
+    utterances = [x for x in lines if x["message"] == "utterance"]
+    assert utterances
+    for x in utterances:
+        assert {
+            "stream_id",
+            "utterance_id",
+            "channel",
+            "audio_s",
+            "queue_wait_s",
+            "encoder_batch_size",
+        } <= set(x)
+        assert {"decode_steps", "latency_s", "outcome", "severity", "time"} <= set(x)
+        assert "transcript" not in x  # no speech content in logs unless --log-transcripts
+    assert "fellow" not in server_process.log().lower()

@@ -11,8 +11,13 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 from prometheus_client import REGISTRY
 
 from clients.client import RecognizerClient
+from engine import Engine
+from service.config import ServerConfig
 from tests.support.audio import JFK_FLAC
-from tests.support.server import ServerThread
+from tests.support.server import ServerThread, sync_stream
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 pytestmark = pytest.mark.slow
 
@@ -83,3 +88,20 @@ async def test_health_watch_streams_through_the_interceptor(asr_server: ServerTh
         first = await call.read()
         call.cancel()
     assert first.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_not_serving_until_the_engine_is_ready(service_engine: Engine) -> None:
+    server = ServerThread(ServerConfig(), service_engine)
+    server._thread.start()
+    try:
+        server.call(server.server.start())  # listening, engine not attached yet (as while a model loads)
+        with grpc.insecure_channel(server.target) as channel:
+            check = health_pb2_grpc.HealthStub(channel).Check
+            assert check(health_pb2.HealthCheckRequest(service="asr.v1.Recognizer")).status == NOT_SERVING
+            assert check(health_pb2.HealthCheckRequest(service="")).status == NOT_SERVING
+            _, code, details = sync_stream(server.target, [])
+            assert code == grpc.StatusCode.UNAVAILABLE and "loading" in details
+            server.call(server.server.load())
+            assert check(health_pb2.HealthCheckRequest(service="asr.v1.Recognizer")).status == SERVING
+    finally:
+        server.stop()

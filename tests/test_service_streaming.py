@@ -233,6 +233,22 @@ async def test_single_utterance_ends_the_stream_after_the_first_utterance(
     assert received[-1].response.results and received[-1].response.results[0].is_final
 
 
+async def test_prompt_reaches_the_decoder_and_bcp47_language_is_accepted(asr_server: ServerThread) -> None:
+    audio, _ = make_conversation(["Please send the invoice to Katelynn Smythe."], pause_s=0.8)
+
+    async def text(**kw: str) -> str:
+        async with RecognizerClient(asr_server.target) as client:
+            received = await collect(client.stream_file(audio, rate=16000, **kw))
+        assert all(r.language_code == "en" for r in finals(received))
+        return " ".join(r.alternatives[0].transcript for r in finals(received))
+
+    plain, prompted = await asyncio.gather(
+        text(language="en-US"), text(prompt="Katelynn Smythe", language="en")
+    )
+    assert "Katelynn Smythe" not in plain  # tiny.en alone spells the name otherwise...
+    assert "Katelynn Smythe" in prompted  # ...the hint text is what changed it
+
+
 async def test_silence_and_noise_give_no_finals(asr_server: ServerThread) -> None:
     audio = np.concatenate(
         [silence(5.0), white_noise(5.0, dbfs=-30), silence(1.0), white_noise(3.0, dbfs=-20)]
