@@ -165,7 +165,33 @@ class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
     ) -> AsyncIterator[asr_pb2.StreamingRecognizeResponse]:
         code = grpc.StatusCode.OK
         session: StreamSession | None = None
-        admitted = False
+        admitted = released = False
+
+        def release(code_name: str) -> None:
+            """Give back what the stream holds (its place under max_streams, its engine slots): once,
+            from whichever comes first of the handler's end and the RPC's end."""
+            nonlocal released
+            if released:
+                return
+            released = True
+            if session is not None:
+                self.sessions.discard(session)
+                session.abandon()
+            if admitted:
+                self._reserved -= 1
+                metrics.ACTIVE_STREAMS.dec()
+                if self._reserved == 0:
+                    self._idle.set()
+            metrics.STREAMS.labels(code_name).inc()
+
+        def rpc_done(ctx: aio.ServicerContext) -> None:
+            # A cancel or deadline that lands while the generator is parked at `yield` (gRPC sending a
+            # response) ends the RPC without resuming the generator: its `finally` would only run when
+            # it is garbage-collected, and until then the stream would hold its place and its slots.
+            remaining = ctx.time_remaining()
+            expired = remaining is not None and remaining <= 0
+            release((grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED).name)
+
         try:
             engine = self._check_available()
             if self._reserved >= self.config.max_streams:
@@ -177,6 +203,7 @@ class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
             self._idle.clear()
             admitted = True
             metrics.ACTIVE_STREAMS.inc()
+            context.add_done_callback(rpc_done)  # type: ignore[arg-type]
             first = await anext(aiter(request_iterator), None)
             if first is None or first.WhichOneof("streaming_request") != "streaming_config":
                 raise StreamError(
@@ -191,9 +218,6 @@ class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
                 raise StreamError(grpc.StatusCode.UNAVAILABLE, "server is draining; retry on another replica")
             session = StreamSession(f"s{self._prefix}-{next(self._ids)}", settings, engine, self.config)
             self.sessions.add(session)
-            # A client cancel ends the RPC whatever the handler is doing (even mid-send, where the
-            # generator below would only be closed later): free the engine's slots right then.
-            context.add_done_callback(lambda _: session.abandon())  # type: ignore[arg-type]
             # Headers now, not with the first result: they tell the client its stream was accepted, so it
             # starts sending audio only then. A client still writing when a refusal arrives gets INTERNAL
             # instead of the refusal from grpc.aio (grpc/grpc#36066); RecognizerClient waits for this.
@@ -211,15 +235,9 @@ class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
             code = grpc.StatusCode.UNKNOWN
             raise
         finally:
+            release(code.name)
             if session is not None:
-                self.sessions.discard(session)
-                await session.close()
-            if admitted:
-                self._reserved -= 1
-                metrics.ACTIVE_STREAMS.dec()
-                if self._reserved == 0:
-                    self._idle.set()
-            metrics.STREAMS.labels(code.name).inc()
+                await session.close()  # wait for its tasks to stop
 
     # --- Recognize ---
 

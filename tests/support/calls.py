@@ -290,6 +290,34 @@ class GoodStreamThread:
         assert corpus_wer([sentence], [hypothesis]) <= GOOD_WER_BOUND, (sentence, hypothesis)
         return result
 
+    async def _talk(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            index = len(self.spoken)
+            data = self._speech[index % len(self._speech)] + self._pause
+            start = time.monotonic()
+            for n, r in enumerate(audio_requests(data, 3200)):  # 100 ms per request, at the pace of speech
+                await asyncio.sleep(max(0.0, start + n * 0.1 - time.monotonic()))
+                assert await _write(self._call, r), "the good stream ended early"
+            self.spoken.append(self.SENTENCES[index % len(self.SENTENCES)])
+
+    def talk(self) -> Callable[[], None]:
+        """Speak sentence after sentence at the pace of a live call until the returned function is called;
+        that function checks every sentence got its one final, word for word."""
+        stop = asyncio.Event()
+        first = len(self.spoken)
+        talking = asyncio.run_coroutine_threadsafe(self._talk(stop), self.loop)
+
+        def done() -> None:
+            self.loop.call_soon_threadsafe(stop.set)
+            talking.result(120)
+            self._run(self._await_final(len(self.spoken)))
+            assert len(self.spoken) > first, "the good stream never finished a sentence"
+            for sentence, final in zip(self.spoken[first:], self.finals[first:], strict=True):
+                hypothesis = final.alternatives[0].transcript
+                assert corpus_wer([sentence], [hypothesis]) <= GOOD_WER_BOUND, (sentence, hypothesis)
+
+        return done
+
     async def _close(self) -> tuple[grpc.StatusCode, str]:
         with contextlib.suppress(asyncio.InvalidStateError, _CORE_ERROR):
             await self._call.done_writing()
@@ -308,3 +336,53 @@ class GoodStreamThread:
             self._thread.join(10)
         assert code == grpc.StatusCode.OK, (code, details)
         assert [r.utterance_index for r in self.finals] == list(range(len(self.spoken))), self.finals
+
+
+class OpenStream:
+    """A stream driven step by step: open, send audio when the test says, learn the server's stream id
+    (its `asr-stream-id` header), then half-close and collect the outcome."""
+
+    def __init__(
+        self, channel: aio.Channel, *, deadline_s: float | None = 120.0, config: Request | None = None
+    ):
+        self.call = asr_pb2_grpc.RecognizerStub(channel).StreamingRecognize(timeout=deadline_s)
+        self.responses: list[Response] = []
+        self._config = config or config_request()
+        self._reader: asyncio.Task[None] | None = None
+
+    async def open(self) -> str:
+        """Send the config; returns the stream id the server gave it ("" if refused)."""
+
+        async def read() -> None:
+            async for response in self.call:
+                self.responses.append(response)
+
+        self._reader = asyncio.create_task(read())
+        await _write(self.call, self._config)
+        headers = await self.call.initial_metadata()
+        return next((str(v) for k, v in headers or () if k == "asr-stream-id"), "")
+
+    async def send(self, data: bytes, chunk_bytes: int = 3200) -> bool:
+        for r in audio_requests(data, chunk_bytes):
+            if not await _write(self.call, r):
+                return False
+        return True
+
+    async def finish(self, half_close: bool = True) -> Outcome:
+        if half_close:
+            with contextlib.suppress(asyncio.InvalidStateError, _CORE_ERROR):
+                await self.call.done_writing()
+        assert self._reader is not None
+        try:
+            await asyncio.wait_for(self._reader, STATUS_WAIT_S)
+        except aio.AioRpcError:
+            pass
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            # the test cancelled the call itself: its status is CANCELLED
+        except TimeoutError:
+            self.call.cancel()
+        code, details = await self.call.code(), await self.call.details()
+        return Outcome(code, details or "", self.responses, ended_at=time.monotonic())
