@@ -213,32 +213,40 @@ class RecognizerClient:
         Leaving the loop early (or closing the generator) cancels the call on the server."""
 
         stop_sending = asyncio.Event()
+        call_over = asyncio.Event()
 
         async def requests() -> AsyncIterator[asr_pb2.StreamingRecognizeRequest]:
+            # grpc.aio reports INTERNAL (or CANCELLED) instead of the server's status when a write or the
+            # half-close races the server ending the call (grpc/grpc#36066). So: audio goes only after
+            # the server's headers say the stream was accepted, and when the server ends the stream
+            # itself (a refusal, RECONNECT, END_OF_SINGLE_UTTERANCE) this side neither writes nor
+            # half-closes, it waits for the end of the call.
             yield asr_pb2.StreamingRecognizeRequest(streaming_config=config)
-            # The server sends headers once it has accepted the config. Audio waits for them: grpc.aio
-            # reports INTERNAL instead of the server's refusal when a write races it (grpc/grpc#36066).
             headers = await call.initial_metadata()
             if not any(key == STREAM_ID_HEADER for key, _ in headers or ()):
-                return  # refused: the call's status says why
+                await call_over.wait()  # refused: the call's status says why
+                return
             if isinstance(chunks, AsyncIterable):
                 async for chunk in chunks:
                     if stop_sending.is_set():
-                        return
+                        break
                     yield asr_pb2.StreamingRecognizeRequest(audio_content=chunk)
             else:
                 for chunk in chunks:
                     if stop_sending.is_set():
-                        return
+                        break
                     yield asr_pb2.StreamingRecognizeRequest(audio_content=chunk)
+            if stop_sending.is_set():
+                await call_over.wait()
 
         call = self.stub.StreamingRecognize(requests(), metadata=self.metadata(), timeout=deadline_s)
         try:
             async for response in call:
                 if response.speech_event_type in _STOP_LISTENING:
-                    stop_sending.set()  # half-close: the server hears no more audio on this stream
+                    stop_sending.set()  # the server hears no more audio on this stream and will end it
                 yield response
         finally:
+            call_over.set()
             call.cancel()  # no-op once the call has ended
 
     async def stream_file(

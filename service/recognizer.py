@@ -36,6 +36,7 @@ from service.session import (
 log = logging.getLogger("service.recognizer")
 
 STREAM_ID_HEADER = "asr-stream-id"  # initial metadata of an accepted stream (see StreamingRecognize)
+FIRST_REQUEST_TIMEOUT_S = 10.0  # a stream that sends no config is not kept waiting for it
 
 # BCP-47 primary subtags that Whisper spells differently.
 _BCP47_TO_WHISPER = {"iw": "he", "jv": "jw", "nb": "no", "fil": "tl"}
@@ -193,6 +194,17 @@ class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
             release((grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED).name)
 
         try:
+            # Refusals come after the first request is read, never before: a grpc.aio client whose first
+            # write races a status reports INTERNAL instead of it (grpc/grpc#36066). The config is the
+            # first thing any client sends, so this is still at once.
+            try:
+                async with asyncio.timeout(FIRST_REQUEST_TIMEOUT_S):
+                    first = await anext(aiter(request_iterator), None)
+            except TimeoutError:
+                raise StreamError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"first request must carry streaming_config; none came within {FIRST_REQUEST_TIMEOUT_S:g} s",
+                ) from None
             engine = self._check_available()
             if self._reserved >= self.config.max_streams:
                 raise StreamError(
@@ -204,7 +216,6 @@ class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
             admitted = True
             metrics.ACTIVE_STREAMS.inc()
             context.add_done_callback(rpc_done)  # type: ignore[arg-type]
-            first = await anext(aiter(request_iterator), None)
             if first is None or first.WhichOneof("streaming_request") != "streaming_config":
                 raise StreamError(
                     grpc.StatusCode.INVALID_ARGUMENT,
@@ -214,8 +225,6 @@ class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
                 settings = stream_settings(first.streaming_config, engine)
             except ValueError as e:  # AudioFormatError and EndpointingError are ValueErrors naming the field
                 raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, _invalid(e)) from e
-            if self.draining:  # drain began while we waited for the config
-                raise StreamError(grpc.StatusCode.UNAVAILABLE, "server is draining; retry on another replica")
             session = StreamSession(f"s{self._prefix}-{next(self._ids)}", settings, engine, self.config)
             self.sessions.add(session)
             # Headers now, not with the first result: they tell the client its stream was accepted, so it
