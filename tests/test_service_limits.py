@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Iterator
 
 import grpc
+import numpy as np
 import pytest
 from asr.v1 import asr_pb2
 from grpc import aio
@@ -100,3 +101,23 @@ async def test_a_failing_stream_does_not_harm_another(limited_server: ServerThre
         finals, code = await asyncio.gather(good(), bad())
     assert code == grpc.StatusCode.INVALID_ARGUMENT
     assert finals and "status of my order" in finals[0].lower()
+
+
+async def test_refusals_reach_the_python_client_as_the_servers_code_every_time(
+    service_engine: Engine,
+) -> None:
+    """grpc.aio can report INTERNAL for a status racing a client write (grpc/grpc#36066): the server
+    refuses only after reading the config, and RecognizerClient sends audio only once accepted."""
+    server = ServerThread(ServerConfig(), service_engine).start()
+    server.server.recognizer.draining = True  # as after SIGTERM
+    codes = []
+    try:
+        async with RecognizerClient(server.target) as client:
+            for _ in range(30):
+                with pytest.raises(aio.AioRpcError) as e:
+                    async for _ in client.stream_file(np.zeros(8000, np.float32), rate=16000):
+                        pass
+                codes.append((e.value.code(), e.value.details()))
+    finally:
+        server.stop()
+    assert set(codes) == {(grpc.StatusCode.UNAVAILABLE, "server is draining; retry on another replica")}
