@@ -648,7 +648,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--wait-ready", type=float, default=120.0, help="seconds to wait for the server to be SERVING"
     )
-    r.add_argument("--out", type=Path, default=Path("loadgen-results"), help="folder for LABEL.json/.md/.png")
+    r.add_argument(
+        "--out", type=Path, default=Path("bench-out/loadgen"), help="folder for LABEL.json/.md/.png"
+    )
     r.add_argument("--label", default="run", help="name of this run (file names, plot legend)")
 
     c = sub.add_parser("compare", help="table of a baseline run against a batched run")

@@ -135,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--with-peers", action="store_true", help="also run scripts/bench_peers.py on the manifest"
     )
-    p.add_argument("--out", type=Path, default=Path("bench-results/ab"))
+    p.add_argument("--out", type=Path, default=Path("bench-out/ab"))
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
 

@@ -167,10 +167,34 @@ def _transformers(system: str, threads: int, batch_size: int) -> Transcriber:
     return run
 
 
-def _engine(system: str, threads: int, batch_size: int) -> Transcriber:
-    from engine import DecodeOptions, Engine, EngineConfig
+def engine_config(threads: int, options: Sequence[str]) -> Any:
+    """EngineConfig for tiny.en on CPU, with `--engine-option key=value` overrides (typed from the
+    field's default: the levers under measurement, e.g. encoder_context=trim, quantize=true)."""
+    import dataclasses
 
-    eng = Engine(EngineConfig(model="tiny.en", device="cpu", threads=threads, warmup=False))
+    from engine import EngineConfig
+
+    cfg = EngineConfig(model="tiny.en", device="cpu", threads=threads, warmup=False)
+    fields = {f.name: f for f in dataclasses.fields(cfg)}
+    for opt in options:
+        key, _, raw = opt.partition("=")
+        key = key.strip().replace("-", "_")
+        if key not in fields:
+            raise SystemExit(f"--engine-option {opt!r}: EngineConfig has no field {key!r}")
+        current = getattr(cfg, key)
+        value: Any = raw
+        if isinstance(current, bool):
+            value = raw.lower() in ("1", "true", "on", "yes")
+        elif isinstance(current, int | float):
+            value = type(current)(raw)
+        setattr(cfg, key, value)
+    return cfg
+
+
+def _engine(system: str, threads: int, options: Sequence[str]) -> Transcriber:
+    from engine import DecodeOptions, Engine
+
+    eng = Engine(engine_config(threads, options))
     eng.start()
     opts = DecodeOptions(language="en")
 
@@ -189,7 +213,9 @@ def _cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def run_one(system: str, manifest: Path, threads: int, batch_size: int) -> dict[str, Any]:
+def run_one(
+    system: str, manifest: Path, threads: int, batch_size: int, engine_options: Sequence[str] = ()
+) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(threads)  # faster-whisper's own pool is sized by cpu_threads
@@ -201,7 +227,7 @@ def run_one(system: str, manifest: Path, threads: int, batch_size: int) -> dict[
     elif system.startswith("hf-"):
         transcribe = _transformers(system, threads, batch_size)
     else:
-        transcribe = _engine(system, threads, batch_size)
+        transcribe = _engine(system, threads, engine_options)
     load_s = time.perf_counter() - t0
     transcribe(audios[:1])  # warm-up: first-call allocations and kernel selection stay untimed
     cpu0, t0 = _cpu_s(), time.perf_counter()
@@ -212,7 +238,8 @@ def run_one(system: str, manifest: Path, threads: int, batch_size: int) -> dict[
     n = len(audios)
     return {
         "system": system,
-        "description": DESCRIPTIONS[system],
+        "description": DESCRIPTIONS[system]
+        + (f" ({', '.join(engine_options)})" if system.startswith("engine") and engine_options else ""),
         "batch_size": 1 if system.endswith("-seq") else (n if system == "engine-all" else batch_size),
         "utterances": n,
         "audio_s": round(audio_s, 3),
@@ -254,13 +281,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, from {', '.join(SYSTEMS)}")
     p.add_argument("--threads", type=int, default=2, help="CPU threads per system (this machine has 2 cores)")
     p.add_argument("--batch-size", type=int, default=8, help="utterances per batch for the batched peers")
-    p.add_argument("--out", type=Path, default=Path("bench-results"))
+    p.add_argument("--out", type=Path, default=Path("bench-out/peers"))
     p.add_argument("--label", default="peers")
+    p.add_argument(
+        "--engine-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="EngineConfig override for the engine-* systems (repeatable), e.g. encoder_context=trim",
+    )
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: run one system, print JSON
     args = p.parse_args(argv)
 
     if args.one:
-        print(json.dumps(run_one(args.one, args.manifest, args.threads, args.batch_size)))
+        print(json.dumps(run_one(args.one, args.manifest, args.threads, args.batch_size, args.engine_option)))
         return 0
 
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
@@ -270,11 +304,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     entries = load_manifest(args.manifest)
     results: list[dict[str, Any]] = []
     load_start = os.getloadavg()[0]  # a busy machine explains slow figures: record how busy it was
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false"}
+    # Passive OpenMP waits, as asr-server sets them: on a shared 2-core machine spinning workers
+    # burn the cores other work needs and inflate CPU time. An operator's own setting wins.
+    env = {
+        "OMP_WAIT_POLICY": "PASSIVE",
+        **os.environ,
+        "OMP_NUM_THREADS": str(args.threads),
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     for s in systems:
         print(f"[{s}] {DESCRIPTIONS[s]} ...", file=sys.stderr, flush=True)
         cmd = [sys.executable, __file__, "--manifest", str(args.manifest), "--one", s,
                "--threads", str(args.threads), "--batch-size", str(args.batch_size)]  # fmt: skip
+        cmd += [f"--engine-option={o}" for o in args.engine_option]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             err = (proc.stderr.strip().splitlines() or ["exit status " + str(proc.returncode)])[-1]
@@ -303,6 +345,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "loadavg_1m_start_end": [round(load_start, 2), round(os.getloadavg()[0], 2)],
         },
         "threads": args.threads,
+        "omp_wait_policy": env["OMP_WAIT_POLICY"],
+        "engine_options": args.engine_option,
         "systems": results,
     }
     args.out.mkdir(parents=True, exist_ok=True)
