@@ -270,7 +270,7 @@ async def test_client_cancel_frees_engine_slots(
             if response.speech_event_type == Event.SPEECH_ACTIVITY_END:
                 break
         await responses.aclose()  # cancels the call
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30  # an encoder pass already running finishes first (slow on a busy CPU)
     stats = engine.stats()
     while time.monotonic() < deadline:
         stats = engine.stats()
@@ -279,7 +279,7 @@ async def test_client_cancel_frees_engine_slots(
         await asyncio.sleep(0.05)
     assert stats["waiting"] == 0 and stats["active"] == 0 and stats["slots_used"] == 0, stats
     assert stats["slots_free"] == engine.config.kv_slots
-    assert metric("asr_utterances_total", outcome="cancelled") > cancelled_before
+    assert metric("asr_utterances_total", outcome="cancelled") > cancelled_before, "nothing was in flight"
 
 
 # --- refusals: a clear status naming the field or the limit ---
