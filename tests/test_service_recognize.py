@@ -8,8 +8,8 @@ from asr.v1 import asr_pb2
 from grpc import aio
 
 from clients.client import RecognizerClient
-from clients.scoring import normalize
-from tests.support.audio import JFK_FLAC, make_conversation, to_linear16_bytes
+from clients.scoring import corpus_wer, normalize
+from tests.support.audio import JFK_FLAC, make_conversation, stereo, to_linear16_bytes
 from tests.support.server import ServerThread
 
 pytestmark = pytest.mark.slow
@@ -76,3 +76,25 @@ async def test_recognize_bad_input_is_invalid_argument_naming_the_field(
             await client.recognize(audio, config)
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert expected in (e.value.details() or "")
+
+
+async def test_recognize_stereo_wav_separate_channels(asr_server: ServerThread) -> None:
+    import io
+
+    import soundfile as sf
+
+    agent, _ = make_conversation(
+        ["Thank you for calling the billing department."], pause_s=0.8, voice="en-us"
+    )
+    customer, _ = make_conversation(
+        ["My internet bill is too high this month."], pause_s=0.8, lead_s=0.9, voice="en-gb"
+    )
+    wav = io.BytesIO()
+    sf.write(wav, stereo(agent, customer).T, 16000, format="WAV", subtype="PCM_16")
+    config = asr_pb2.RecognitionConfig(encoding=asr_pb2.WAV, enable_separate_recognition_per_channel=True)
+    async with RecognizerClient(asr_server.target) as client:
+        response = await client.recognize(wav.getvalue(), config)
+    by_channel = {r.channel_tag: r.alternatives[0].transcript for r in response.results}
+    assert set(by_channel) == {1, 2}
+    assert corpus_wer(["Thank you for calling the billing department."], [by_channel[1]]) <= 0.2, by_channel
+    assert corpus_wer(["My internet bill is too high this month."], [by_channel[2]]) <= 0.2, by_channel
