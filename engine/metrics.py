@@ -60,3 +60,7 @@ ENGINE_REQUESTS = Counter(
 ENGINE_AUDIO_SECONDS = Counter(
     "asr_engine_audio_seconds_total", "Seconds of audio transcribed by the engine", ["kind"]
 )
+ENCODER_FALLBACKS = Counter(
+    "asr_encoder_fallbacks_total",
+    "Windows decoded again with the full 30 s context after a trimmed pass looped (--encoder-context trim)",
+)

@@ -74,6 +74,8 @@ class Request:
     language: str = ""
     window: int = 0  # which 30 s window of the audio is being decoded
     audio_ctx: int = 0  # encoder positions this window uses
+    full_context: bool = False  # a trimmed pass looped: this window falls back to 30 s
+    window_start: tuple[float, int] = (0.0, 0)  # (sum_logprob, sampled) when this window began
     row: int = -1  # KV-cache row while decoding
     length: int = 0  # tokens written to this row's self-attention cache
     max_new: int = 0
@@ -85,6 +87,10 @@ class Request:
     encode_start: float = 0.0
     encoder_batch_size: int = 0
     decode_steps: int = 0
+
+    @property
+    def window_sampled(self) -> int:
+        return self.sampled - self.window_start[1]
 
     @property
     def audio_s(self) -> float:

@@ -82,18 +82,22 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def audio_ctx_for(self, n_samples: int) -> int:
-        full = self.model.dims.n_audio_ctx
-        if self.config.encoder_context == "full":
-            return full
+    @property
+    def full_audio_ctx(self) -> int:
+        return self.model.dims.n_audio_ctx
+
+    def audio_ctx_for(self, n_samples: int, full: bool = False) -> int:
+        """Encoder positions for audio of n_samples: Whisper's 30 s, or trimmed (--encoder-context trim)."""
+        if full or self.config.encoder_context == "full":
+            return self.full_audio_ctx
         # Whole seconds, so a handful of shapes repeat; the margin keeps trailing context.
         seconds = math.ceil(n_samples / SAMPLE_RATE + self.config.trim_margin_s)
-        return min(full, seconds * POSITIONS_PER_SECOND)
+        return min(self.full_audio_ctx, seconds * POSITIONS_PER_SECOND)
 
     @torch.inference_mode()
-    def encode(self, audios: list[np.ndarray], rows: list[int]) -> EncodeTimings:
-        """One encoder pass over `audios`; cross-attention K/V land in cache `rows`."""
-        ctx = [self.audio_ctx_for(len(a)) for a in audios]
+    def encode(self, audios: list[np.ndarray], rows: list[int], ctx: list[int]) -> EncodeTimings:
+        """One encoder pass over `audios` (row i uses ctx[i] encoder positions); cross-attention
+        K/V land in cache `rows`."""
         t0 = time.perf_counter()
         mel = self.logmel(audios, ctx).to(self.dtype)
         ctx_t = torch.tensor(ctx, device=self.device)

@@ -19,6 +19,7 @@ import logging
 import queue
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from concurrent.futures import InvalidStateError
 from typing import Any
@@ -35,6 +36,14 @@ from engine.weights import load
 log = logging.getLogger(__name__)
 
 IDLE_POLL_S = 0.5
+COMPRESSION_RATIO_THRESHOLD = 2.4  # openai/whisper's: text this compressible is a loop
+TRIMMED_TOKENS_PER_SECOND = 12
+TRIMMED_TOKENS_MIN = 16
+
+
+def compression_ratio(text: str) -> float:
+    data = text.encode()
+    return len(data) / len(zlib.compress(data)) if data else 0.0
 
 
 class Scheduler:
@@ -192,7 +201,12 @@ class Scheduler:
         now = time.monotonic()
         for offset, req in enumerate(batch):
             req.row = rows.start + offset
-            if req.window == 0:
+            # Timestamps and prompts lean on Whisper's 30 s framing: trimmed, timestamps looped
+            # and a prompt's spellings were lost on tiny.en; they keep the full context.
+            full = req.full_context or req.options.timestamps or bool(req.options.prompt)
+            req.audio_ctx = self.runner.audio_ctx_for(len(req.window_audio()), full=full)
+            req.window_start = (req.sum_logprob, req.sampled)
+            if not req.encode_start:  # first admission (not a later window or a fallback)
                 req.encode_start = now
                 req.encoder_batch_size = len(batch)
                 m.QUEUE_WAIT_SECONDS.observe(now - req.ready_time)
@@ -231,7 +245,9 @@ class Scheduler:
             for req in reqs:
                 self.fault_hook(req)
         start = time.perf_counter()
-        timings = self.runner.encode([r.window_audio() for r in reqs], [r.row for r in reqs])
+        timings = self.runner.encode(
+            [r.window_audio() for r in reqs], [r.row for r in reqs], [r.audio_ctx for r in reqs]
+        )
         m.ENCODER_SECONDS.observe(time.perf_counter() - start)
         m.ENCODER_BATCH_SIZE.observe(len(reqs))
         m.FEATURE_SECONDS.observe(timings.features_s)
@@ -246,6 +262,10 @@ class Scheduler:
                 req.options.max_new_tokens or self.config.max_tokens,
                 self.config.max_tokens - len(req.prompt_tokens) - len(req.forced) - 2,
             )
+            if req.audio_ctx < self.runner.full_audio_ctx:
+                # Speech rarely passes ~5 tokens/s; a trimmed window far beyond that is looping.
+                budget = TRIMMED_TOKENS_PER_SECOND * len(req.window_audio()) / 16000
+                req.max_new = min(req.max_new, TRIMMED_TOKENS_MIN + int(budget))
         start = time.perf_counter()
         try:
             last, sot = self.runner.prefill(
@@ -318,22 +338,48 @@ class Scheduler:
                 continue
             if (
                 req.generated[-1] == eot
-                or req.sampled >= req.max_new
+                or req.window_sampled >= req.max_new
                 or req.length + 1 >= self.config.max_tokens
             ):
                 done.append(req)
         self._release_all(done)
         for req in done:
+            if self._degenerate(req):
+                self._fall_back_to_full_context(req)
+                continue
             req.window_tokens.append([t for t in req.generated if t != eot])
             if req.window + 1 < req.windows:
                 self._next_window(req)
             else:
                 self._publish(req)
 
+    def _degenerate(self, req: Request) -> bool:
+        """A trimmed encoder context can leave the decoder looping ("Please hold. Please hold.
+        ..."): no end of text within a generous budget, or text that compresses like a loop."""
+        if req.audio_ctx >= self.runner.full_audio_ctx:
+            return False
+        if req.generated[-1] != self.rules.vocab.eot:
+            caller_limit = req.options.max_new_tokens
+            return (
+                caller_limit is None or req.window_sampled < caller_limit
+            )  # the caller's own limit is no loop
+        return compression_ratio(self.rules.text(req.generated)) > COMPRESSION_RATIO_THRESHOLD
+
+    def _fall_back_to_full_context(self, req: Request) -> None:
+        """Decode this window again with Whisper's full 30 s context (greedy, like the rest)."""
+        m.ENCODER_FALLBACKS.inc()
+        req.full_context = True
+        req.generated = []
+        req.sum_logprob, req.sampled = req.window_start
+        if req.window > 0:
+            self.rules.build_prompt(req, self.config.max_tokens, language=req.language)
+        self._waiting.insert(0, req)
+
     def _next_window(self, req: Request) -> None:
         """Audio longer than 30 s: decode the next window as its own pass, same prompt and language."""
         req.window += 1
         req.generated = []
+        req.full_context = False
         self.rules.build_prompt(req, self.config.max_tokens, language=req.language)
         self._waiting.insert(0, req)
 
@@ -381,7 +427,7 @@ class Scheduler:
         for req in self._waiting:
             if req.id == request_id:
                 self._waiting.remove(req)
-                if req.window == 0:
+                if not req.encode_start:
                     with self._lock:
                         self._queued -= 1
                 self._mark_cancelled(req)

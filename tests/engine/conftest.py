@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from engine import Engine
+from engine import Engine, EngineConfig
 from tests.support.engine import random_whisper_folder
 
 
@@ -19,3 +20,12 @@ def random_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_engine(service_engine: Engine) -> Engine:
     """The real bundled tiny.en with default settings (the one behind the test servers)."""
     return service_engine
+
+
+@pytest.fixture(scope="session")
+def full_context_engine() -> Iterator[Engine]:
+    """tiny.en with Whisper's full 30 s encoder context: what transformers' generate runs."""
+    engine = Engine(EngineConfig(model="tiny.en", threads=2, encoder_context="full", kv_slots=8))
+    engine.start()
+    yield engine
+    engine.stop()

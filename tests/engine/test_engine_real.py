@@ -37,8 +37,10 @@ def hf_generate_tokens(clip: np.ndarray) -> list[int]:
     return [t for t in out[0].tolist() if t < eot]
 
 
-def test_jfk_transcribes_and_matches_transformers_generate_token_for_token(tiny_engine: Engine) -> None:
-    result = tiny_engine.submit(jfk_16k()).future.result(timeout=120)
+def test_jfk_transcribes_and_matches_transformers_generate_token_for_token(
+    full_context_engine: Engine,
+) -> None:
+    result = full_context_engine.submit(jfk_16k()).future.result(timeout=120)
     text = normalize(result.text)
     assert "my fellow americans" in text
     assert "ask not what your country can do for you" in text
@@ -46,14 +48,15 @@ def test_jfk_transcribes_and_matches_transformers_generate_token_for_token(tiny_
     assert result.is_speech and 0.5 < result.confidence <= 1.0 and result.no_speech_prob < 0.2
 
 
-def test_batched_equals_alone_with_different_lengths_joining_mid_decode(tiny_engine: Engine) -> None:
+def test_batched_equals_alone_with_different_lengths_joining_mid_decode(full_context_engine: Engine) -> None:
+    engine = full_context_engine
     clips = [jfk_16k(), speak(SENTENCES[0]), jfk_16k()[: 16000 * 4], speak(SENTENCES[4], voice="en-gb+f3")]
-    alone = [tiny_engine.submit(c).future.result(timeout=120).tokens for c in clips]
-    first = [tiny_engine.submit(c) for c in clips[:2]]
-    while tiny_engine.stats()["active"] == 0:
+    alone = [engine.submit(c).future.result(timeout=120).tokens for c in clips]
+    first = [engine.submit(c) for c in clips[:2]]
+    while engine.stats()["active"] == 0:
         time.sleep(0.001)
     time.sleep(0.05)  # a few decode steps in, the others join
-    later = [tiny_engine.submit(c) for c in clips[2:]]
+    later = [engine.submit(c) for c in clips[2:]]
     together = [h.future.result(timeout=120).tokens for h in [*first, *later]]
     assert together == alone
     for clip, tokens in zip(clips[1:2], alone[1:2], strict=True):  # and both equal transformers'

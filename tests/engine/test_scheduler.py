@@ -97,7 +97,7 @@ def test_sequences_join_mid_decode_and_tokens_equal_running_alone(random_model: 
 
 
 def test_cancel_while_decoding_frees_the_slot_at_once(random_model: Path) -> None:
-    with running(random_model, batch_window_ms=1.0, kv_slots=4) as engine:
+    with running(random_model, batch_window_ms=1.0, kv_slots=4, encoder_context="full") as engine:
         handle = engine.submit(noise(2, 0), DecodeOptions(max_new_tokens=200))
         while engine.stats()["active"] == 0:
             time.sleep(0.001)
@@ -156,7 +156,7 @@ def test_admission_queue_bound_refuses_at_once(random_model: Path) -> None:
 
 
 def test_encoder_blocking_is_measured_only_while_sequences_decode(random_model: Path) -> None:
-    with running(random_model, batch_window_ms=1.0) as engine:
+    with running(random_model, batch_window_ms=1.0, encoder_context="full") as engine:
         d = Delta("asr_scheduler_blocked_seconds_count", "asr_scheduler_blocked_seconds_sum")
         engine.submit(noise(1, 0), DecodeOptions(max_new_tokens=3)).future.result(timeout=30)
         assert d["asr_scheduler_blocked_seconds_count"] == 1
@@ -215,3 +215,15 @@ def test_scheduler_death_is_reported_and_refuses_new_work(random_model: Path) ->
 def test_unknown_language_is_refused_naming_the_field(random_model: Path) -> None:
     with running(random_model) as engine, pytest.raises(ValueError, match="language_code"):
         engine.submit(ONE_SECOND, DecodeOptions(language="xx"))
+
+
+def test_a_looping_trimmed_window_falls_back_to_the_full_context(random_model: Path) -> None:
+    # Random weights never say end-of-text: the trimmed pass runs out of its budget
+    # (16 + 12 tokens per second of audio), and the window is decoded again at 30 s.
+    with running(random_model, batch_window_ms=1.0, max_tokens=96) as engine:
+        d = Delta("asr_encoder_fallbacks_total", "asr_encoder_batch_size_count")
+        result = engine.submit(noise(1, 0)).future.result(timeout=120)
+        assert engine.stats()["slots_used"] == 0
+    assert d["asr_encoder_fallbacks_total"] == 1
+    assert d["asr_encoder_batch_size_count"] == 2  # the trimmed pass, then the full one
+    assert len(result.tokens) > 16 + 12  # the full-context pass had the whole slot
