@@ -41,7 +41,7 @@ def _speak_file(text: str, voice: str, speed: int, rate: int) -> Path:
     key = abs(hash((text, voice, speed, rate)))
     raw, out = _workdir() / f"say-{key}-22k.wav", _workdir() / f"say-{key}.wav"
     _run("espeak-ng", "-v", voice, "-s", str(speed), "-w", raw, text)
-    _run("sox", raw, "-r", str(rate), "-c", "1", "-b", "16", out)
+    _run("sox", "-D", raw, "-r", str(rate), "-c", "1", "-b", "16", out)
     return out
 
 
@@ -105,7 +105,7 @@ def _sox_to_raw(audio: np.ndarray, rate: int, out_rate: int, encoding: str) -> b
     src = _workdir() / f"in-{abs(hash(audio.tobytes()))}.wav"
     dst = src.with_suffix(f".{encoding}.raw")
     sf.write(src, np.atleast_2d(audio).T, rate, subtype="PCM_16")
-    _run("sox", src, "-r", str(out_rate), "-e", encoding, "-b", "8", "-t", "raw", dst)
+    _run("sox", "-D", src, "-r", str(out_rate), "-e", encoding, "-b", "8", "-t", "raw", dst)
     return dst.read_bytes()
 
 
