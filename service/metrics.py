@@ -43,6 +43,9 @@ RECOGNIZE_SECONDS = Histogram(
     "asr_recognize_seconds", "Wall time of one Recognize call (whole recording)", buckets=TIME_BUCKETS
 )
 
+SERVING = Gauge(
+    "asr_serving", "1 while health reports SERVING for asr.v1.Recognizer; 0 while loading, draining or failed"
+)
 BUILD_INFO = Gauge("asr_build_info", "Build of the running server (value 1)", ["version", "revision"])
 MODEL_INFO = Gauge("asr_model_info", "Model the server runs (value 1)", ["model", "device", "dtype"])
 

@@ -68,6 +68,7 @@ class AsrServer:
     async def _set_health(self, status: int) -> None:
         for name in ("", SERVICE_NAME):
             await self.health.set(name, status)  # type: ignore[arg-type]
+        metrics.SERVING.set(1 if status == health_pb2.HealthCheckResponse.SERVING else 0)
 
     async def start(self) -> None:
         """Bind and start serving (health NOT_SERVING until `load` is done)."""
@@ -170,6 +171,7 @@ class AsrServer:
         grace = self.config.drain_seconds if grace is None else grace
         deadline = time.monotonic() + grace
         await self.health.enter_graceful_shutdown()  # NOT_SERVING for every service, for good
+        metrics.SERVING.set(0)
         self.recognizer.drain()
         n = len(self.recognizer.sessions)
         log.info("draining", extra={"fields": {"open_streams": n, "drain_seconds": grace}})
@@ -237,6 +239,9 @@ def init_metrics() -> None:
     for outcome in ("final", "empty", "cancelled", "error"):
         metrics.UTTERANCES.labels(outcome)
     metrics.STREAMS.labels(grpc.StatusCode.OK.name)
+    # rate() needs a series before the first call ends, or the error ratio reads NaN at first.
+    for grpc_type, method in (("bidi_stream", "StreamingRecognize"), ("unary", "Recognize")):
+        metrics.GRPC_HANDLED.labels(grpc_type, SERVICE_NAME, method, grpc.StatusCode.OK.name)
 
 
 async def serve(config: ServerConfig) -> int:

@@ -99,9 +99,11 @@ def test_not_serving_until_the_engine_is_ready(service_engine: Engine) -> None:
             check = health_pb2_grpc.HealthStub(channel).Check
             assert check(health_pb2.HealthCheckRequest(service="asr.v1.Recognizer")).status == NOT_SERVING
             assert check(health_pb2.HealthCheckRequest(service="")).status == NOT_SERVING
+            assert REGISTRY.get_sample_value("asr_serving") == 0
             _, code, details = sync_stream(server.target, [])
             assert code == grpc.StatusCode.UNAVAILABLE and "loading" in details
             server.call(server.server.load())
             assert check(health_pb2.HealthCheckRequest(service="asr.v1.Recognizer")).status == SERVING
+            assert REGISTRY.get_sample_value("asr_serving") == 1
     finally:
         server.stop()
