@@ -66,6 +66,12 @@ class _Call:
             self.finish(_code_name(context, grpc.StatusCode.UNKNOWN))
         elif isinstance(exc, asyncio.CancelledError):
             self.finish(grpc.StatusCode.CANCELLED.name)
+        elif isinstance(exc, GeneratorExit):
+            # gRPC ended the RPC (client cancel, deadline) while the handler was parked at `yield`, and
+            # the generator was closed later: the client's doing, not a server error.
+            remaining = context.time_remaining()
+            expired = remaining is not None and remaining <= 0
+            self.finish((grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED).name)
         else:
             self.finish(grpc.StatusCode.UNKNOWN.name)
 
