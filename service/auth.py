@@ -12,6 +12,8 @@ like the Recognizer (it describes the API to whoever asks; grpcurl passes the to
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
 import logging
 import os
@@ -28,6 +30,7 @@ log = logging.getLogger("service.auth")
 
 ENV_VAR = "ASR_AUTH_TOKENS"
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
+FIRST_REQUEST_WAIT_S = 1.0
 REFUSAL_LOG_INTERVAL_S = 10.0  # a client retrying with a bad token must not flood the logs
 
 
@@ -121,13 +124,27 @@ def bearer_token(metadata: Any) -> str | None:
     return None
 
 
+async def _first_request_sent(requests: Any, streaming: bool) -> None:
+    """Let the client's first write complete before the refusal: grpc.aio turns a status that races a
+    write into INTERNAL on the client (grpc/grpc#36066), which would hide why it was refused. Bounded, so
+    that an unauthenticated client holds nothing for long."""
+    if not streaming:
+        return
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(FIRST_REQUEST_WAIT_S):
+            await anext(aiter(requests), None)
+
+
 def _deny_handler(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
     """A handler of the same shape as `handler` that ends the call UNAUTHENTICATED before it runs."""
+    streaming_in = handler.request_streaming
 
     async def deny(request_or_iterator: Any, context: aio.ServicerContext) -> Any:
+        await _first_request_sent(request_or_iterator, streaming_in)
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
     async def deny_stream(request_or_iterator: Any, context: aio.ServicerContext) -> Any:
+        await _first_request_sent(request_or_iterator, streaming_in)
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
         yield  # pragma: no cover - makes this an async generator, as a streaming handler must be
 

@@ -62,7 +62,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 
 
 async def recognize_silence(client: RecognizerClient) -> asr_pb2.RecognizeResponse:
-    return await client.recognize(SILENCE, SILENCE_CONFIG, deadline_s=10)
+    return await client.recognize(SILENCE, SILENCE_CONFIG, deadline_s=30)
 
 
 async def expect_code(coro: object, code: grpc.StatusCode) -> str:
@@ -120,19 +120,19 @@ async def test_streaming_needs_a_token_and_works_with_one(auth_server: ServerThr
 async def test_health_open_for_probes_reflection_protected(auth_server: ServerThread) -> None:
     async with aio.insecure_channel(auth_server.target) as channel:
         reply = await health_pb2_grpc.HealthStub(channel).Check(
-            health_pb2.HealthCheckRequest(service="asr.v1.Recognizer"), timeout=5
+            health_pb2.HealthCheckRequest(service="asr.v1.Recognizer"), timeout=30
         )
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
         stub = reflection_pb2_grpc.ServerReflectionStub(channel)
         request = reflection_pb2.ServerReflectionRequest(list_services="")
         with pytest.raises(aio.AioRpcError) as e:
-            async for _ in stub.ServerReflectionInfo(iter([request]), timeout=5):
+            async for _ in stub.ServerReflectionInfo(iter([request]), timeout=30):
                 pass
         assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
         listed = [
             s.name
             async for r in stub.ServerReflectionInfo(
-                iter([request]), timeout=5, metadata=(("authorization", f"Bearer {TOKEN_A}"),)
+                iter([request]), timeout=30, metadata=(("authorization", f"Bearer {TOKEN_A}"),)
             )
             for s in r.list_services_response.service
         ]
