@@ -29,9 +29,8 @@ from tests.support.audio import make_conversation, to_linear16_bytes
 from tests.support.calls import OpenStream, Request, Response, audio_requests, config_request, run_stream
 from tests.support.server import ServerProcess
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
-
 SOAK_SECONDS = float(os.environ.get("ASR_SOAK_SECONDS", "120"))
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(SOAK_SECONDS + 600)]  # + server start and drain
 STREAMS = 12  # concurrent clients, each opening stream after stream
 # glibc's dynamic mmap threshold lets freed tensor buffers pile up in the heap: RSS then saws between
 # ~1.3 and ~1.75 GiB every ~45 s under this load (measured over 360 s: no trend, pure allocator noise),
@@ -42,7 +41,7 @@ MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131
 # machine: 5 and 8 MiB. A leak of 100 KB per stream (~500 streams per soak) would add ~50 MiB.
 RSS_GROWTH_MEASURED_MIB = 8
 RSS_GROWTH_BOUND_MIB = 40
-SOAK_WER_BOUND = 0.25  # over all finals of complete streams (measured 0.05-0.08: short espeak phrases)
+SOAK_WER_BOUND = 0.25  # over all finals of complete streams (measured 0.11-0.13: short espeak phrases)
 
 PHRASES = [
     "Hello, how can I help you?",
@@ -55,9 +54,9 @@ PHRASES = [
     "Please call us back tomorrow.",
     "Let me check that for you.",
 ]
-# Trimmed encoder context keeps the CPU cost per utterance down; with the default 1 s margin tiny.en
-# loops on 1-2 s phrases ("Thank you very much." x40 to max-tokens), with 8 s it hears them right.
-SERVER_ARGS = ("--encoder-context", "trim", "--trim-margin-s", "8", "--max-streams", "64")
+# Trimmed encoder context (the default, named so the soak keeps it) keeps the CPU cost per utterance
+# down; its fallback to the full context catches the windows tiny.en would loop on.
+SERVER_ARGS = ("--encoder-context", "trim", "--max-streams", "64")
 EventEnd = Response.SpeechEventType.SPEECH_ACTIVITY_END
 
 

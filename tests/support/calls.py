@@ -28,8 +28,8 @@ T = TypeVar("T")
 Request = asr_pb2.StreamingRecognizeRequest
 Response = asr_pb2.StreamingRecognizeResponse
 _CORE_ERROR: type[Exception] = importlib.import_module("grpc._cython.cygrpc").InternalError
-# The status of a call whose write failed can take a moment to arrive; never wait forever for it.
-STATUS_WAIT_S = 30.0
+# Without a deadline, how long to wait for a call's status after the last write: never forever.
+STATUS_WAIT_S = 60.0
 
 
 @dataclass
@@ -122,7 +122,8 @@ async def run_stream(
             with contextlib.suppress(asyncio.InvalidStateError, _CORE_ERROR):
                 await call.done_writing()
         try:
-            await asyncio.wait_for(reader, STATUS_WAIT_S)
+            # the deadline (gRPC's own) ends the call; a bound here only for calls without one
+            await asyncio.wait_for(reader, None if deadline_s else STATUS_WAIT_S)
         except aio.AioRpcError:
             pass  # the status is read below
         except TimeoutError:
@@ -346,6 +347,7 @@ class OpenStream:
         self, channel: aio.Channel, *, deadline_s: float | None = 120.0, config: Request | None = None
     ):
         self.call = asr_pb2_grpc.RecognizerStub(channel).StreamingRecognize(timeout=deadline_s)
+        self.deadline_s = deadline_s
         self.responses: list[Response] = []
         self._config = config or config_request()
         self._reader: asyncio.Task[None] | None = None
@@ -374,7 +376,7 @@ class OpenStream:
                 await self.call.done_writing()
         assert self._reader is not None
         try:
-            await asyncio.wait_for(self._reader, STATUS_WAIT_S)
+            await asyncio.wait_for(self._reader, None if self.deadline_s else STATUS_WAIT_S)
         except aio.AioRpcError:
             pass
         except asyncio.CancelledError:
