@@ -46,7 +46,11 @@ ENV PATH=/opt/asr/bin:/usr/local/nvidia/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     HOME=/tmp \
-    HF_HUB_OFFLINE=1
+    HF_HUB_OFFLINE=1 \
+    MALLOC_MMAP_THRESHOLD_=131072 \
+    MALLOC_TRIM_THRESHOLD_=131072
+# glibc malloc thresholds: the soak test saw RSS swing 1.3-1.75 GiB with the defaults (freed
+# per-utterance buffers kept in the heap) and 1.27-1.39 GiB with these, at the same throughput.
 USER 10001:10001
 EXPOSE 50051 9464
 ENTRYPOINT ["asr-server"]
