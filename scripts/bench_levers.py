@@ -31,8 +31,8 @@ SECTION = "## Engine levers"
 
 LEVERS: list[tuple[str, dict[str, Any]]] = [
     ("full context, fp32 (baseline)", {"encoder_context": "full"}),
-    ("trimmed context (default)", {"encoder_context": "trim"}),
-    ("trimmed, margin 2 s", {"encoder_context": "trim", "trim_margin_s": 2.0}),
+    ("trimmed context, margin 1 s", {"encoder_context": "trim", "trim_margin_s": 1.0}),
+    ("trimmed context, margin 2 s (default)", {"encoder_context": "trim", "trim_margin_s": 2.0}),
     ("trimmed + int8 quantized", {"encoder_context": "trim", "quantize": True}),
     ("full + int8 quantized", {"encoder_context": "full", "quantize": True}),
     (
