@@ -16,20 +16,18 @@ from __future__ import annotations
 import argparse
 import datetime
 import platform
-import re
 import statistics
 import time
 from functools import partial
-from pathlib import Path
 
 import numpy as np
 import torch
+from docs_section import write_section  # beside this script
 
 from engine.config import EngineConfig
 from engine.runner import ModelRunner
 from engine.weights import load
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
 SECTION = "## Engine micro-benchmark"
 
 
@@ -131,14 +129,7 @@ def main() -> None:
     table = "\n".join(lines) + "\n"
     print(table)
     if args.write:
-        text = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n"
-        pattern = re.compile(rf"{re.escape(SECTION)}\n.*?(?=\n## |\Z)", re.S)
-        text = (
-            pattern.sub(table.rstrip("\n"), text)
-            if pattern.search(text)
-            else text.rstrip("\n") + "\n\n" + table
-        )
-        DOCS.write_text(text)
+        write_section(SECTION, "scripts/bench_engine.py", "\n".join(lines[2:]))
 
 
 if __name__ == "__main__":

@@ -14,19 +14,18 @@ import argparse
 import datetime
 import json
 import platform
-import re
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+from docs_section import write_section  # beside this script
 from prometheus_client import REGISTRY
 
 from clients.scoring import corpus_wer
 from engine import Engine, EngineConfig
 from service.audio import decode_file
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
 SECTION = "## Engine levers"
 
 LEVERS: list[tuple[str, dict[str, Any]]] = [
@@ -114,14 +113,7 @@ def main() -> None:
     if args.json_out:
         args.json_out.write_text(json.dumps(dict(results), indent=1))
     if args.write:
-        text = DOCS.read_text()
-        pattern = re.compile(rf"{re.escape(SECTION)}\n.*?(?=\n## |\Z)", re.S)
-        text = (
-            pattern.sub(table.rstrip("\n"), text)
-            if pattern.search(text)
-            else text.rstrip("\n") + "\n\n" + table
-        )
-        DOCS.write_text(text)
+        write_section(SECTION, "scripts/bench_levers.py", "\n".join(lines[2:]))
 
 
 if __name__ == "__main__":

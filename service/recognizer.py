@@ -30,6 +30,7 @@ from service.session import (
     StreamSettings,
     await_transcript,
     duration,
+    engine_refusal,
     segments_of,
 )
 
@@ -295,14 +296,8 @@ class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
             for _, u in jobs:  # all at once: they share micro-batches
                 handles.append(engine.submit(u.audio, options, ready_time=ready))
             transcripts = await asyncio.gather(*(await_transcript(h) for h in handles))
-        except EngineOverloaded as e:
-            raise StreamError(
-                grpc.StatusCode.RESOURCE_EXHAUSTED, f"server is overloaded (engine queue full): {e}"
-            ) from e
-        except EngineStopped as e:
-            raise StreamError(grpc.StatusCode.UNAVAILABLE, f"recognition engine is stopped: {e}") from e
-        except ValueError as e:
-            raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from e
+        except (EngineOverloaded, EngineStopped, ValueError) as e:
+            raise engine_refusal(e) from e
         except asyncio.CancelledError:
             raise
         except Exception as e:

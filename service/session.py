@@ -99,6 +99,17 @@ class StreamError(Exception):
         self.message = message
 
 
+def engine_refusal(e: EngineOverloaded | EngineStopped | ValueError) -> StreamError:
+    """The status a caller gets when the engine refuses an utterance."""
+    if isinstance(e, EngineOverloaded):
+        return StreamError(
+            grpc.StatusCode.RESOURCE_EXHAUSTED, f"server is overloaded (engine queue full): {e}"
+        )
+    if isinstance(e, EngineStopped):
+        return StreamError(grpc.StatusCode.UNAVAILABLE, f"recognition engine is stopped: {e}")
+    return StreamError(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+
+
 @dataclass
 class _Out:
     """A queued response, and what to record once it has been handed to gRPC."""
@@ -344,14 +355,8 @@ class StreamSession:
                 ready_time=ready,
                 request_id=f"{self.id}-{ch.tag}-{utterance.index}",
             )
-        except EngineOverloaded as e:
-            raise StreamError(
-                grpc.StatusCode.RESOURCE_EXHAUSTED, f"server is overloaded (engine queue full): {e}"
-            ) from e
-        except EngineStopped as e:
-            raise StreamError(grpc.StatusCode.UNAVAILABLE, f"recognition engine is stopped: {e}") from e
-        except ValueError as e:
-            raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from e
+        except (EngineOverloaded, EngineStopped, ValueError) as e:
+            raise engine_refusal(e) from e
         pending = _Pending(utterance, handle, ready)
         ch.unsettled.append(pending)
         ch.next_index = utterance.index + 1
