@@ -39,6 +39,14 @@ IDLE_POLL_S = 0.5
 COMPRESSION_RATIO_THRESHOLD = 2.4  # openai/whisper's: text this compressible is a loop
 TRIMMED_TOKENS_PER_SECOND = 12
 TRIMMED_TOKENS_MIN = 16
+MIN_REPEATED_SPAN = 4  # shorter repeats ("no, no") happen in real speech
+
+
+def repeats_at_end(tokens: list[int], min_span: int = MIN_REPEATED_SPAN) -> bool:
+    """True when the text ends with a span of at least `min_span` tokens said twice in a row
+    ("Thank you for your help. Thank you for your help."): too short for the compression
+    ratio to notice, a loop all the same."""
+    return any(tokens[-k:] == tokens[-2 * k : -k] for k in range(min_span, len(tokens) // 2 + 1))
 
 
 def compression_ratio(text: str) -> float:
@@ -363,6 +371,9 @@ class Scheduler:
             return (
                 caller_limit is None or req.window_sampled < caller_limit
             )  # the caller's own limit is no loop
+        text_tokens = [t for t in req.generated if t < self.rules.vocab.eot]
+        if repeats_at_end(text_tokens):
+            return True
         return compression_ratio(self.rules.text(req.generated)) > COMPRESSION_RATIO_THRESHOLD
 
     def _fall_back_to_full_context(self, req: Request) -> None:

@@ -26,7 +26,8 @@ def flag_table() -> str:
             default = action.default
             if isinstance(default, bool):
                 default = "on" if default else "off"
-            help_text = (action.help or "").replace("|", "\\|").replace("%(default)s", str(default))
+            help_text = (action.help or "").replace("%(default)s", str(default)).replace("%%", "%")
+            help_text = help_text.replace("|", "\\|")
             rows.append(f"| `{action.option_strings[-1]}` | `{default}` | {help_text} |")
     return "\n".join(rows)
 

@@ -113,7 +113,7 @@ def _add_fields(group: argparse._ArgumentGroup, cls: type, prefix: str) -> None:
         kwargs: dict[str, Any] = {
             "dest": prefix + f.name,
             "default": default,
-            "help": f.metadata.get("help", ""),
+            "help": f.metadata.get("help", "").replace("%", "%%"),  # argparse formats help with %
         }
         if kind is bool:
             kwargs.update(type=_on_off, metavar="on|off")

@@ -227,3 +227,13 @@ def test_a_looping_trimmed_window_falls_back_to_the_full_context(random_model: P
     assert d["asr_encoder_fallbacks_total"] == 1
     assert d["asr_encoder_batch_size_count"] == 2  # the trimmed pass, then the full one
     assert len(result.tokens) > 16 + 12  # the full-context pass had the whole slot
+
+
+def test_repeated_span_at_the_end_counts_as_a_loop() -> None:
+    from engine.scheduler import repeats_at_end
+
+    sentence = [1, 2, 3, 4, 5, 6]
+    assert repeats_at_end(sentence + sentence)
+    assert repeats_at_end([9, 9, *sentence, *sentence])
+    assert not repeats_at_end(sentence + sentence[:5])
+    assert not repeats_at_end([7, 8, 7, 8])  # a short repeat is speech ("no, no"), not a loop
