@@ -9,6 +9,7 @@ import grpc
 import pytest
 from asr.v1 import asr_pb2
 from grpc import aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from clients.client import RecognizerClient
 from tests.support.audio import make_conversation
@@ -39,6 +40,23 @@ async def test_sigterm_drains_streams_then_exits_zero() -> None:
                     if r.speech_event_type == Event.RECONNECT:
                         reconnected[i].set()
 
+            # Health is watched from before the signal: once the streams end the process exits, so a
+            # health check asked afterwards could only meet a closed port.
+            statuses: list[int] = []
+            not_serving = asyncio.Event()
+
+            async def watch_health() -> None:
+                async with aio.insecure_channel(server.target) as channel:
+                    request = health_pb2.HealthCheckRequest(service="asr.v1.Recognizer")
+                    try:
+                        async for update in health_pb2_grpc.HealthStub(channel).Watch(request):
+                            statuses.append(update.status)
+                            if update.status == health_pb2.HealthCheckResponse.NOT_SERVING:
+                                not_serving.set()
+                    except aio.AioRpcError:
+                        pass  # the server went away after draining
+
+            watcher = asyncio.create_task(watch_health())
             streams = [asyncio.create_task(stream(i)) for i in range(2)]
             await asyncio.wait_for(first_final.wait(), 30)
             # The first sentence's final is in; the second sentence is being spoken right now.
@@ -60,10 +78,12 @@ async def test_sigterm_drains_streams_then_exits_zero() -> None:
             assert refused is not None, "no stream was refused during the drain"
             assert refused.code() == grpc.StatusCode.UNAVAILABLE, server.log()[-3000:]
             assert "draining" in (refused.details() or "")
-            assert await client.health() == "NOT_SERVING"
+            await asyncio.wait_for(not_serving.wait(), 10)
+            assert statuses[0] == health_pb2.HealthCheckResponse.SERVING
             await asyncio.wait_for(asyncio.gather(*(e.wait() for e in reconnected)), 10)
 
             await asyncio.wait_for(asyncio.gather(*streams), DRAIN_SECONDS)  # both end with OK
+            watcher.cancel()
         code = await asyncio.to_thread(server.wait, DRAIN_SECONDS + 10)
         assert code == 0, server.log()
         assert time.monotonic() - terminated_at < DRAIN_SECONDS + 5
