@@ -30,6 +30,8 @@ async def test_sigterm_drains_streams_then_exits_zero() -> None:
         async with RecognizerClient(server.target) as client:
             received: list[list[asr_pb2.StreamingRecognizeResponse]] = [[], []]
             first_final = asyncio.Event()
+            begins = [0, 0]
+            second_sentence = [asyncio.Event(), asyncio.Event()]
             reconnected = [asyncio.Event(), asyncio.Event()]
 
             async def stream(i: int) -> None:
@@ -37,6 +39,10 @@ async def test_sigterm_drains_streams_then_exits_zero() -> None:
                     received[i].append(r)
                     if any(x.is_final for x in r.results):
                         first_final.set()
+                    if r.speech_event_type == Event.SPEECH_ACTIVITY_BEGIN:
+                        begins[i] += 1
+                        if begins[i] == 2:
+                            second_sentence[i].set()
                     if r.speech_event_type == Event.RECONNECT:
                         reconnected[i].set()
 
@@ -59,7 +65,10 @@ async def test_sigterm_drains_streams_then_exits_zero() -> None:
             watcher = asyncio.create_task(watch_health())
             streams = [asyncio.create_task(stream(i)) for i in range(2)]
             await asyncio.wait_for(first_final.wait(), 30)
-            # The first sentence's final is in; the second sentence is being spoken right now.
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in second_sentence)), 30)
+            await asyncio.sleep(0.8)  # a few words into it: enough speech to transcribe
+            # The first sentence's final is in; the second sentence is being spoken right now
+            # (a signal during the pause, as a fixed wait allowed, left nothing to flush).
             terminated_at = time.monotonic()
             server.terminate()
 
