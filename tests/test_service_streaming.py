@@ -7,6 +7,7 @@ latency metric); the rest stream as fast as the wire takes, which costs no wall 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -264,12 +265,24 @@ async def test_client_cancel_frees_engine_slots(
     audio, _ = conversation
     engine = asr_server.engine
     cancelled_before = metric("asr_utterances_total", outcome="cancelled")
-    async with RecognizerClient(asr_server.target) as client:
-        responses = client.stream_file(audio, rate=16000)
-        async for response in responses:  # all audio goes at once; leave when the first utterance ended
-            if response.speech_event_type == Event.SPEECH_ACTIVITY_END:
-                break
-        await responses.aclose()  # cancels the call
+    # Hold the scheduler at its next encoder pass, so the utterances are surely still in flight
+    # when the client cancels (on a fast engine or a slow-reading client they could all finish).
+    gate = threading.Event()
+
+    def hold(request: object) -> None:
+        gate.wait(30)
+
+    engine._scheduler.fault_hook = hold
+    try:
+        async with RecognizerClient(asr_server.target) as client:
+            responses = client.stream_file(audio, rate=16000)
+            async for response in responses:  # all audio goes at once; leave when the first utterance ended
+                if response.speech_event_type == Event.SPEECH_ACTIVITY_END:
+                    break
+            await responses.aclose()  # cancels the call
+    finally:
+        engine._scheduler.fault_hook = None
+        gate.set()
     deadline = time.monotonic() + 30  # an encoder pass already running finishes first (slow on a busy CPU)
     stats = engine.stats()
     while time.monotonic() < deadline:
