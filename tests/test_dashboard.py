@@ -29,6 +29,8 @@ REQUIRED_PANELS = {
     "Recognizer RPCs by method and gRPC code": "grpc_server_handled_total",
     "GPU utilization": "DCGM_FI_DEV_GPU_UTIL",
     "GPU memory": "DCGM_FI_DEV_FB_USED",
+    "GPU graphics/compute engine active": "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+    "GPU SM active": "DCGM_FI_PROF_SM_ACTIVE",
 }
 # Names a query may use that the server does not register itself.
 EXTERNAL = re.compile(r"^(DCGM_FI_\w+|process_\w+)$")

@@ -22,8 +22,10 @@ from grafanalib._gen import DashboardEncoder
 
 DATASOURCE = "${datasource}"
 SEL = 'namespace=~"$namespace", pod=~"$pod"'
-# GKE's DCGM exporter labels each GPU with the pod using it; scraped by a PodMonitoring those
-# labels arrive as exported_namespace/exported_pod, scraped with honor_labels as namespace/pod.
+# DCGM-Exporter (with DCGM_EXPORTER_KUBERNETES) labels each GPU's series with the namespace/pod using
+# it. GMP's PodMonitoring/ClusterPodMonitoring (which GKE's managed DCGM package deploys) adds its own
+# target labels namespace/pod, so the exporter's arrive renamed exported_namespace/exported_pod; a
+# Prometheus scraping with honor_labels keeps them as namespace/pod. Both are queried (deploy/README.md).
 DCGM_SEL = ('exported_namespace=~"$namespace", exported_pod=~"$pod"', SEL)
 RATE = "$__rate_interval"
 RECOGNIZER = 'grpc_service="asr.v1.Recognizer"'
@@ -231,6 +233,25 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 "GPU utilization",
                 [(dcgm("DCGM_FI_DEV_GPU_UTIL"), "{{exported_pod}}{{pod}} GPU {{gpu}}")],
                 unit="percent",
+                description="Coarse: the share of time any kernel ran, however little of the GPU it used.",
+                width=12,
+            ),
+            Panel(
+                "GPU graphics/compute engine active",
+                [(dcgm("DCGM_FI_PROF_GR_ENGINE_ACTIVE"), "{{exported_pod}}{{pod}} GPU {{gpu}}")],
+                unit="percentunit",
+                description="DCGM profiling metric: fraction of cycles the graphics/compute engine was busy "
+                "(0-1). Tracks GPU time better than GPU utilization.",
+                extra={"valueMin": 0, "valueMax": 1},
+                width=12,
+            ),
+            Panel(
+                "GPU SM active",
+                [(dcgm("DCGM_FI_PROF_SM_ACTIVE"), "{{exported_pod}}{{pod}} GPU {{gpu}}")],
+                unit="percentunit",
+                description="DCGM profiling metric: fraction of cycles an SM had at least one warp (0-1). Low "
+                "while engine-active is high means small kernels: larger encoder batches fill the GPU better.",
+                extra={"valueMin": 0, "valueMax": 1},
                 width=12,
             ),
             Panel(
