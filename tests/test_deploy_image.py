@@ -154,3 +154,49 @@ def test_entrypoint_is_the_console_script_and_cmd_flags_are_accepted() -> None:
         assert flag in help_text, flag
     exposed = {int(p) for i in runtime if i["instruction"] == "EXPOSE" for p in i["value"].split()}
     assert exposed == {config.port, config.metrics_port}
+
+
+def test_base_image_is_pinned_by_digest() -> None:
+    """A tag moves with every Debian and Python patch release; the digest makes rebuilds repeatable."""
+    args = {
+        i["value"].split("=", 1)[0]: i["value"].split("=", 1)[1]
+        for i in instructions()
+        if i["instruction"] == "ARG" and "=" in i["value"]
+    }
+    froms = [i["value"].split()[0] for i in instructions() if i["instruction"] == "FROM"]
+    assert froms, "no FROM"
+    for image in froms:
+        resolved = args.get(image.strip("${}"), image) if image.startswith("$") else image
+        assert re.fullmatch(r"[\w./:-]+@sha256:[0-9a-f]{64}", resolved), (
+            f"FROM {image} = {resolved}: not pinned by digest"
+        )
+
+
+def test_the_build_asserts_torch_is_a_cuda_build() -> None:
+    runs = [i["value"] for i in instructions() if i["instruction"] == "RUN"]
+    torch_install = next(r for r in runs if '--index-url "${TORCH_INDEX_URL}"' in r)
+    # The check runs in the same layer as the install, for every CUDA index (all but .../cpu).
+    assert "assert torch.version.cuda," in torch_install
+    assert "*/cpu)" in torch_install
+
+
+def test_dependencies_are_installed_before_the_project_code_is_copied() -> None:
+    """A code change must not invalidate the layer that installs the dependencies."""
+    (build, _runtime) = stages()
+    code_dirs = {"proto/", "engine/", "service/", "clients/"}
+    first_code_copy = next(
+        n for n, i in enumerate(build) if i["instruction"] == "COPY" and i["value"].split()[0] in code_dirs
+    )
+    before = build[:first_code_copy]
+    deps = [n for n, i in enumerate(before) if i["instruction"] == "RUN" and "pip install -r" in i["value"]]
+    assert deps, "no dependency install before the project code is copied"
+    copied_before = [i["value"].split()[:-1] for i in before if i["instruction"] == "COPY"]
+    assert all(set(srcs) <= {"pyproject.toml", "README.md"} for srcs in copied_before), copied_before
+    after = [
+        i["value"]
+        for i in build[first_code_copy:]
+        if i["instruction"] == "RUN" and "pip install" in i["value"]
+    ]
+    assert after and all("--no-deps" in r for r in after), (
+        "the project install must not resolve dependencies again"
+    )
