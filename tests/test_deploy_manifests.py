@@ -36,11 +36,20 @@ OVERLAYS = ["gke-gb300", "cpu-dev"]
 K8S_VERSION = "1.33"
 # gke-gb300 with the Prometheus Operator component added (the ServiceMonitor/PrometheusRule path).
 VARIANT = "gke-gb300+prometheus-operator"
+# CRD schemas vendored from the projects that define them (deploy/tools/vendor_crd_schema.py): GMP's
+# PodMonitoring/Rules, and GKE's own GCPBackendPolicy/HealthCheckPolicy (GoogleCloudPlatform/
+# gke-gateway-api), checked in addition to the npm models.
 GMP_SCHEMAS = {
     ("monitoring.googleapis.com/v1", "PodMonitoring"): TOOLS
     / "schemas"
     / "monitoring.googleapis.com_podmonitorings.json",
     ("monitoring.googleapis.com/v1", "Rules"): TOOLS / "schemas" / "monitoring.googleapis.com_rules.json",
+    ("networking.gke.io/v1", "GCPBackendPolicy"): TOOLS
+    / "schemas"
+    / "networking.gke.io_gcpbackendpolicies.json",
+    ("networking.gke.io/v1", "HealthCheckPolicy"): TOOLS
+    / "schemas"
+    / "networking.gke.io_healthcheckpolicies.json",
 }
 NPM_GROUPS = ("gateway.networking.k8s.io/", "networking.gke.io/", "monitoring.coreos.com/")
 
@@ -144,7 +153,7 @@ def test_custom_resources_validate_against_their_schemas(overlay: str) -> None:
     if overlay != "cpu-dev":
         assert {
             "Gateway",
-            "GRPCRoute",
+            "HTTPRoute",
             "HealthCheckPolicy",
             "GCPBackendPolicy",
             "PodMonitoring",
@@ -152,17 +161,29 @@ def test_custom_resources_validate_against_their_schemas(overlay: str) -> None:
         } <= {d["kind"] for d in docs}
     if overlay == VARIANT:
         assert {"ServiceMonitor", "PrometheusRule"} <= {d["kind"] for d in docs}
+    # GKE's Gateway controller does not accept GRPCRoute: a route it ignores leaves the API unreachable.
+    assert "GRPCRoute" not in {d["kind"] for d in docs}
+
+
+def test_prometheus_adapter_kustomization_validates_strictly() -> None:
+    docs = _kustomize(K8S / "prometheus-adapter")
+    assert {"ConfigMap", "ServiceAccount", "Deployment", "Service"} <= {d["kind"] for d in docs}
+    for doc in docs:
+        try:
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            pytest.fail(f"{doc['kind']}/{doc['metadata']['name']}: {e.message} at {list(e.path)}")
 
 
 def test_schema_checks_can_fail() -> None:
-    """The validators reject a wrong object: a probe with a string port, a GRPCRoute with a string
-    backend port, a PodMonitoring endpoint with no port."""
+    """The validators reject a wrong object: a probe with a string port, an HTTPRoute with a string
+    backend port, a PodMonitoring endpoint with no port, a GRPC health check without its settings."""
     deployment = one(rendered("cpu-dev"), "Deployment")
     bad = json.loads(json.dumps(deployment))
     bad["spec"]["template"]["spec"]["containers"][0]["startupProbe"]["grpc"]["port"] = "grpc"
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(bad, K8S_VERSION, strict=True)
-    route = json.loads(json.dumps(one(rendered("gke-gb300"), "GRPCRoute")))
+    route = json.loads(json.dumps(one(rendered("gke-gb300"), "HTTPRoute")))
     route["spec"]["rules"][0]["backendRefs"][0]["port"] = "grpc"
     (result,) = validate_with_npm_models([route])
     assert result["ok"] is False
@@ -173,6 +194,13 @@ def test_schema_checks_can_fail() -> None:
     ]["v1"]
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(monitoring, schema)
+    health = json.loads(json.dumps(one(rendered("gke-gb300"), "HealthCheckPolicy")))
+    health["spec"]["default"]["config"]["type"] = "GRPC2"
+    schema = json.loads(GMP_SCHEMAS[("networking.gke.io/v1", "HealthCheckPolicy")].read_text())["versions"][
+        "v1"
+    ]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(health, schema)
 
 
 def test_yamllint_is_clean() -> None:
@@ -226,15 +254,43 @@ def test_ports_and_health_service_match_the_server(overlay: str) -> None:
     assert [p["targetPort"] for p in headless["spec"]["ports"]] == ["grpc"]
 
 
+# Room for the last finals to be written and the process to exit after the drain.
+EXIT_MARGIN_S = 5
+
+
+def prestop_pause(docs: list[dict[str, Any]]) -> int:
+    """Seconds of the container's preStop pause: Kubernetes' sleep action, so the image needs no shell."""
+    pre_stop = container(docs)["lifecycle"]["preStop"]
+    assert set(pre_stop) == {"sleep"}, f"preStop must be the native sleep action, not {pre_stop}"
+    return int(pre_stop["sleep"]["seconds"])
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_drain_fits_in_the_grace_period(overlay: str) -> None:
+def test_prestop_pause_then_drain_fit_in_the_grace_period(overlay: str) -> None:
+    """The pod's termination: preStop pause (load balancers and DNS drop the pod while it still
+    serves), SIGTERM, drain; all of it inside the grace period, or the kubelet kills the drain."""
     docs = rendered(overlay)
     config = server_config(docs)
     pod = one(docs, "Deployment")["spec"]["template"]["spec"]
-    # Room for the last finals to be written and the process to exit after the drain.
-    assert pod["terminationGracePeriodSeconds"] >= config.drain_seconds + 5
+    pause = prestop_pause(docs)
+    # Long enough for the readiness probe (and the load balancer's health check) to have noticed.
+    ready = container(docs)["readinessProbe"]
+    assert pause >= ready["periodSeconds"] * ready["failureThreshold"]
+    assert pod["terminationGracePeriodSeconds"] >= pause + config.drain_seconds + EXIT_MARGIN_S
+    # A draining pod (health NOT_SERVING) is not restarted by its liveness probe mid-drain.
     live = container(docs)["livenessProbe"]
     assert live["failureThreshold"] * live["periodSeconds"] > config.drain_seconds
+
+
+def test_load_balancer_draining_covers_the_pause_and_the_drain() -> None:
+    """GKE's load balancer keeps a removed pod's streams for drainingTimeoutSec: shorter than pause +
+    drain cuts streams the server is still finishing; longer than the grace period waits on a pod
+    that is gone."""
+    docs = rendered("gke-gb300")
+    config = server_config(docs)
+    grace = one(docs, "Deployment")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    draining = one(docs, "GCPBackendPolicy")["spec"]["default"]["connectionDraining"]["drainingTimeoutSec"]
+    assert prestop_pause(docs) + config.drain_seconds <= draining <= grace
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -315,19 +371,28 @@ def test_cpu_dev_needs_no_gpu_and_no_custom_resources() -> None:
     assert not any(is_custom(d) for d in docs)
 
 
-def test_gateway_routes_grpc_to_the_service_with_grpc_health_checks() -> None:
+def test_gateway_routes_grpc_over_an_httproute_with_grpc_health_checks() -> None:
     docs = rendered("gke-gb300")
     config = server_config(docs)
     gateway = one(docs, "Gateway")
-    route = one(docs, "GRPCRoute")
+    route = one(docs, "HTTPRoute")
     (listener,) = gateway["spec"]["listeners"]
-    assert listener["protocol"] == "HTTPS" and listener["allowedRoutes"]["kinds"] == [{"kind": "GRPCRoute"}]
+    assert listener["protocol"] == "HTTPS" and listener["allowedRoutes"]["kinds"] == [{"kind": "HTTPRoute"}]
     (parent,) = route["spec"]["parentRefs"]
     assert parent["name"] == gateway["metadata"]["name"] and parent["sectionName"] == listener["name"]
     (rule,) = route["spec"]["rules"]
-    assert rule["matches"][0]["method"]["service"] == SERVICE_NAME
-    service = one(docs, "Service", rule["backendRefs"][0]["name"])
-    assert rule["backendRefs"][0]["port"] in [p["port"] for p in service["spec"]["ports"]]
+    # A gRPC call is a POST to /<service>/<method>: one prefix per service reachable from outside.
+    prefixes = {m["path"]["value"] for m in rule["matches"] if m["path"]["type"] == "PathPrefix"}
+    assert prefixes == {f"/{SERVICE_NAME}/", "/grpc.health.v1.Health/"}
+    assert not any("reflection" in p.lower() for p in prefixes), "reflection stays inside the cluster"
+    (backend_ref,) = rule["backendRefs"]
+    service = one(docs, "Service", backend_ref["name"])
+    (port,) = [p for p in service["spec"]["ports"] if p["port"] == backend_ref["port"]]
+    assert port["targetPort"] == "grpc"
+    # The pods serve plaintext gRPC (the kubelet's gRPC probes have no TLS): the load balancer must
+    # speak HTTP/2 without TLS to them, which the Service port asks for.
+    assert port["appProtocol"] == "kubernetes.io/h2c"
+    assert not config.tls_cert
     health = one(docs, "HealthCheckPolicy")["spec"]
     assert health["default"]["config"]["type"] == "GRPC"
     assert health["default"]["config"]["grpcHealthCheck"]["grpcServiceName"] == SERVICE_NAME
@@ -336,6 +401,34 @@ def test_gateway_routes_grpc_to_the_service_with_grpc_health_checks() -> None:
     backend = one(docs, "GCPBackendPolicy")["spec"]
     assert backend["targetRef"]["name"] == service["metadata"]["name"]
     assert backend["default"]["timeoutSec"] >= 3600, "a stream lasts as long as the call"
+
+
+def readme_gpu_pool() -> tuple[int, int]:
+    """(nodes, GPUs per node) of the gb300 node pool that deploy/README.md tells the operator to create."""
+    text = (DEPLOY / "README.md").read_text(encoding="utf-8")
+    command = text[text.index("gcloud container node-pools create gb300") :]
+    command = command[: command.index("\n\n")]
+    nodes = re.search(r"--num-nodes=(\d+)", command)
+    gpus = re.search(r"--accelerator=type=nvidia-gb300,count=(\d+)", command)
+    assert nodes and gpus, command
+    return int(nodes.group(1)), int(gpus.group(1))
+
+
+def test_gpu_rollouts_need_no_spare_gpu_and_the_hpa_fits_the_pool() -> None:
+    docs = rendered("gke-gb300")
+    deployment = one(docs, "Deployment")
+    rolling = deployment["spec"]["strategy"]["rollingUpdate"]
+    # A surge pod needs a free GPU, which a reservation-bound pool does not have: it would stay
+    # Pending and the rollout would never finish. Replace one pod at a time, as the PDB allows.
+    assert rolling == {"maxSurge": 0, "maxUnavailable": 1}
+    assert one(docs, "PodDisruptionBudget")["spec"]["maxUnavailable"] >= rolling["maxUnavailable"]
+    gpus_per_pod = int(container(docs)["resources"]["limits"]["nvidia.com/gpu"])
+    nodes, gpus_per_node = readme_gpu_pool()
+    hpa = one(docs, "HorizontalPodAutoscaler")["spec"]
+    assert hpa["maxReplicas"] * gpus_per_pod <= nodes * gpus_per_node, (
+        "replicas above the pool's GPUs stay Pending"
+    )
+    assert hpa["minReplicas"] < hpa["maxReplicas"]
 
 
 def test_scrape_targets_match_the_metrics_port_and_the_rules_job() -> None:
@@ -388,3 +481,22 @@ def test_hpa_scales_on_metrics_the_adapter_serves() -> None:
     config_map = one(adapter, "ConfigMap", "adapter-config")
     assert config_map["metadata"]["namespace"] == "monitoring"
     assert yaml.safe_load(config_map["data"]["config.yaml"]) == yaml.safe_load(ADAPTER_CONFIG.read_text())
+
+
+def test_only_the_gmp_frontend_gets_google_credentials() -> None:
+    """The query frontend is the one pod that reads Cloud Monitoring: it runs as its own service
+    account, so the monitoring.viewer grant (deploy/README.md) reaches no other pod."""
+    adapter = _kustomize(K8S / "prometheus-adapter")
+    frontend = one(adapter, "Deployment", "frontend")
+    account = frontend["spec"]["template"]["spec"]["serviceAccountName"]
+    assert account not in ("", "default")
+    sa = one(adapter, "ServiceAccount", account)
+    assert sa["metadata"]["namespace"] == frontend["metadata"]["namespace"]
+    readme = (DEPLOY / "README.md").read_text(encoding="utf-8")
+    member = f"subject/ns/{sa['metadata']['namespace']}/sa/{account}"
+    grants = re.findall(r"--role=roles/monitoring\.viewer[^\n]*\n?[^\n]*", readme)
+    assert grants and all(member in g for g in grants), grants
+    assert "/sa/default" not in readme, "no grant may go to a namespace's default service account"
+    # The adapter (Google's example) queries the frontend at this address.
+    assert frontend["metadata"]["namespace"] == "default"
+    assert one(adapter, "Service", "frontend")["spec"]["ports"][0]["port"] == 9090
