@@ -1,4 +1,10 @@
-"""SIGTERM drain on a real `asr-server` process with streams in flight."""
+"""A pod's termination on a real `asr-server` process with streams in flight, in the order Kubernetes
+runs it (deploy/README.md, "Drain, probes and disruptions"):
+
+1. preStop pause: the pod is leaving the load balancer, but the server is not signalled yet: it keeps
+   serving and keeps accepting the streams a balancer still routes to it;
+2. SIGTERM: health NOT_SERVING, new streams refused, open streams told to RECONNECT;
+3. drain: every stream, the late one included, gets the finals of what it sent; exit 0."""
 
 from __future__ import annotations
 
@@ -18,9 +24,13 @@ from tests.support.server import ServerProcess
 pytestmark = pytest.mark.slow
 Event = asr_pb2.StreamingRecognizeResponse.SpeechEventType
 DRAIN_SECONDS = 20
+# Stands in for the pod's preStop sleep (15 s in deploy/k8s): long enough for a stream opened in it
+# to be accepted and have speech under way when SIGTERM comes.
+PRESTOP_PAUSE_S = 3.0
+LATE = 2  # index of the stream a load balancer still sends during the preStop pause
 
 
-async def test_sigterm_drains_streams_then_exits_zero() -> None:
+async def test_prestop_pause_then_sigterm_drains_streams_then_exits_zero() -> None:
     audio, bounds = make_conversation(
         ["Thank you for calling, how can I help you today?", "I would like to check the status of my order."],
         pause_s=1.0,
@@ -28,11 +38,12 @@ async def test_sigterm_drains_streams_then_exits_zero() -> None:
     server = ServerProcess("--drain-seconds", str(DRAIN_SECONDS)).wait_serving()
     try:
         async with RecognizerClient(server.target) as client:
-            received: list[list[asr_pb2.StreamingRecognizeResponse]] = [[], []]
+            received: list[list[asr_pb2.StreamingRecognizeResponse]] = [[], [], []]
             first_final = asyncio.Event()
-            begins = [0, 0]
-            second_sentence = [asyncio.Event(), asyncio.Event()]
-            reconnected = [asyncio.Event(), asyncio.Event()]
+            begins = [0, 0, 0]
+            began = [asyncio.Event(), asyncio.Event(), asyncio.Event()]
+            second_sentence = [asyncio.Event(), asyncio.Event(), asyncio.Event()]
+            reconnected = [asyncio.Event(), asyncio.Event(), asyncio.Event()]
 
             async def stream(i: int) -> None:
                 async for r in client.stream_file(audio, rate=16000, realtime=True):
@@ -41,12 +52,13 @@ async def test_sigterm_drains_streams_then_exits_zero() -> None:
                         first_final.set()
                     if r.speech_event_type == Event.SPEECH_ACTIVITY_BEGIN:
                         begins[i] += 1
+                        began[i].set()
                         if begins[i] == 2:
                             second_sentence[i].set()
                     if r.speech_event_type == Event.RECONNECT:
                         reconnected[i].set()
 
-            # Health is watched from before the signal: once the streams end the process exits, so a
+            # Health is watched from before the pause: once the streams end the process exits, so a
             # health check asked afterwards could only meet a closed port.
             statuses: list[int] = []
             not_serving = asyncio.Event()
@@ -65,15 +77,26 @@ async def test_sigterm_drains_streams_then_exits_zero() -> None:
             watcher = asyncio.create_task(watch_health())
             streams = [asyncio.create_task(stream(i)) for i in range(2)]
             await asyncio.wait_for(first_final.wait(), 30)
-            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in second_sentence)), 30)
+            await asyncio.wait_for(asyncio.gather(*(second_sentence[i].wait() for i in range(2))), 30)
             await asyncio.sleep(0.8)  # a few words into it: enough speech to transcribe
-            # The first sentence's final is in; the second sentence is being spoken right now
-            # (a signal during the pause, as a fixed wait allowed, left nothing to flush).
+
+            # 1. preStop pause. The kubelet runs the pod's sleep; the server hears nothing yet. A load
+            # balancer that has not yet dropped the pod opens one more call: it must be served.
+            pause_started = time.monotonic()
+            streams.append(asyncio.create_task(stream(LATE)))
+            await asyncio.wait_for(began[LATE].wait(), PRESTOP_PAUSE_S)
+            assert await asyncio.to_thread(server.health) == "SERVING"
+            await asyncio.sleep(max(0.0, PRESTOP_PAUSE_S - (time.monotonic() - pause_started)))
+            assert not not_serving.is_set() and not any(t.done() for t in streams), server.log()[-3000:]
+            assert set(statuses) == {health_pb2.HealthCheckResponse.SERVING}
+
+            # 2. SIGTERM, as the kubelet sends it once preStop returns. The first sentence's finals
+            # are in; the second sentence (the late stream's first) is being spoken right now.
             terminated_at = time.monotonic()
             server.terminate()
 
             # While draining: new streams are refused, health says NOT_SERVING. Asked at once, while
-            # the two streams still hold the drain open (once they end the process exits, and a late
+            # the streams still hold the drain open (once they end the process exits, and a late
             # attempt would only meet a closed port); retried in case the signal is not handled yet.
             refused: aio.AioRpcError | None = None
             for _ in range(40):
@@ -91,7 +114,8 @@ async def test_sigterm_drains_streams_then_exits_zero() -> None:
             assert statuses[0] == health_pb2.HealthCheckResponse.SERVING
             await asyncio.wait_for(asyncio.gather(*(e.wait() for e in reconnected)), 10)
 
-            await asyncio.wait_for(asyncio.gather(*streams), DRAIN_SECONDS)  # both end with OK
+            # 3. Drain: every stream, the late one too, ends with OK.
+            await asyncio.wait_for(asyncio.gather(*streams), DRAIN_SECONDS)
             watcher.cancel()
         code = await asyncio.to_thread(server.wait, DRAIN_SECONDS + 10)
         assert code == 0, server.log()
@@ -99,13 +123,18 @@ async def test_sigterm_drains_streams_then_exits_zero() -> None:
     finally:
         server.stop()
 
-    for responses in received:
+    # No final lost: every utterance that ended got its final, and the one cut short by the drain too.
+    for i, responses in enumerate(received):
         finals = [r for x in responses for r in x.results if r.is_final]
         ended = [x for x in responses if x.speech_event_type == Event.SPEECH_ACTIVITY_END]
-        # every utterance that ended got its final, and the one cut short by the drain too
-        assert len(finals) >= max(len(ended), 2)
-        assert [f.utterance_index for f in finals] == list(range(len(finals)))
-        assert "thank you for calling" in finals[0].alternatives[0].transcript.lower()
-        assert finals[1].start_offset.ToTimedelta().total_seconds() == pytest.approx(bounds[1][0], abs=0.3)
+        began_count = sum(x.speech_event_type == Event.SPEECH_ACTIVITY_BEGIN for x in responses)
+        assert len(finals) >= max(len(ended), began_count), f"stream {i}: a final was lost"
+        assert [f.utterance_index for f in finals] == list(range(len(finals))), f"stream {i}"
+        assert "thank you" in finals[0].alternatives[0].transcript.lower(), f"stream {i}"
         kinds = [x.speech_event_type for x in responses]
-        assert kinds.count(Event.RECONNECT) == 1
+        assert kinds.count(Event.RECONNECT) == 1, f"stream {i}"
+        if i != LATE:
+            assert len(finals) >= 2
+            assert finals[1].start_offset.ToTimedelta().total_seconds() == pytest.approx(
+                bounds[1][0], abs=0.3
+            )
