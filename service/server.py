@@ -3,6 +3,7 @@
 Start-up order: metrics endpoint, gRPC port (health NOT_SERVING), model load and warm-up, SERVING.
 A model that fails to load ends the process with a message naming the path; a scheduler that dies
 turns health NOT_SERVING and ends the process non-zero, so Kubernetes replaces the pod.
+`asr-server` runs one engine process and N of these servers in frontend processes (service/supervisor.py).
 On SIGTERM/SIGINT: NOT_SERVING at once, new calls refused, open streams told to RECONNECT and given
 their pending finals, then exit 0 within --drain-seconds.
 """
@@ -14,10 +15,10 @@ import importlib.metadata
 import logging
 import os
 import signal
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import cast
 
 import grpc
 import prometheus_client
@@ -27,12 +28,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from engine import Engine, EngineConfig
+from engine.client import EngineClient
 from service import metrics
 from service.auth import ENV_VAR, AuthInterceptor, TokenStore
-from service.config import ServerConfig, parse_args
-from service.debug import crash_scheduler_after
+from service.config import ServerConfig
 from service.interceptors import MetricsInterceptor
-from service.logging import setup_logging
 from service.recognizer import RecognizerServicer
 from service.tls import server_credentials
 
@@ -52,11 +52,17 @@ def build_info() -> tuple[str, str]:
 
 
 class AsrServer:
-    """One server: gRPC services, health, and the engine's lifecycle. Usable in-process (tests) too."""
+    """One server: gRPC services, health, and the engine's lifecycle. Usable in-process (tests) too.
 
-    def __init__(self, config: ServerConfig, engine: Engine | None = None) -> None:
+    The engine is an in-process `Engine` (tests, embedding) or an `EngineClient` to the engine process
+    (asr-server's frontend processes, which share the port: `reuse_port`)."""
+
+    def __init__(
+        self, config: ServerConfig, engine: Engine | EngineClient | None = None, *, reuse_port: bool = False
+    ) -> None:
         self.config = config
         self.engine = engine
+        self.reuse_port = reuse_port
         self.port = 0
         self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]
         self.recognizer = RecognizerServicer(config)  # the engine is attached once loaded (load())
@@ -88,8 +94,9 @@ class AsrServer:
                     "grpc.max_receive_message_length",
                     max(c.max_recognize_bytes, c.max_chunk_bytes) + (1 << 16),
                 ),
-                # never share a port silently with another process (gRPC's default is SO_REUSEPORT)
-                ("grpc.so_reuseport", 0),
+                # never share a port silently with another process (gRPC's default is SO_REUSEPORT);
+                # asr-server's frontends do share it, once the supervisor has checked it is free
+                ("grpc.so_reuseport", 1 if self.reuse_port else 0),
             ],
         )
         asr_pb2_grpc.add_RecognizerServicer_to_server(self.recognizer, server)
@@ -128,12 +135,14 @@ class AsrServer:
         """Load (unless given), start and warm the engine, then report SERVING."""
         started = time.perf_counter()
         if self.engine is None:
-            self.engine = await asyncio.to_thread(Engine, self.config.engine)
-            if self.config.debug_crash_scheduler_after:
-                crash_scheduler_after(self.engine, self.config.debug_crash_scheduler_after)
-            self.engine.start(on_failure=self._on_engine_failure)
+            engine = await asyncio.to_thread(Engine, self.config.engine)
+            self.engine = engine
+            engine.start(on_failure=self._on_engine_failure)
             if self.config.engine.warmup:
-                await asyncio.to_thread(self.engine.warmup)
+                await asyncio.to_thread(engine.warmup)
+        elif isinstance(self.engine, EngineClient):
+            # the engine process going away must end this server as a dead scheduler does
+            self.engine.start(on_failure=self._on_engine_failure)
         info = self.engine.info
         metrics.MODEL_INFO.labels(info.name, info.device, info.dtype).set(1)
         log.info(
@@ -148,7 +157,8 @@ class AsrServer:
                 }
             },
         )
-        self.recognizer.engine = self.engine
+        # EngineClient serves the same surface as Engine (submit/cancel/info/validate/alive/stats/stop)
+        self.recognizer.engine = cast(Engine, self.engine)
         if not self._shutdown.is_set():
             await self._set_health(health_pb2.HealthCheckResponse.SERVING)
 
@@ -245,6 +255,8 @@ def init_metrics() -> None:
 
 
 async def serve(config: ServerConfig) -> int:
+    """The whole server in this one process (the engine in-process): for embedding. asr-server itself
+    runs service.supervisor's engine and frontend processes."""
     server = AsrServer(config)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -275,27 +287,9 @@ def preflight_model(config: EngineConfig) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    # torch's OpenMP threads share the cores with the event loop, gRPC and VAD: spinning
-    # workers starve them (a tiny.en decode step went 24 -> 125 ms on a busy 2-core box).
-    # Must be set before torch loads; an operator's own setting wins.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    config = parse_args(argv)
-    setup_logging(config.log_level, config.log_format)
-    try:
-        preflight_model(config.engine)
-    except Exception as e:
-        log.error(
-            f"could not load model {config.engine.model!r}: {e}",
-            extra={"fields": {"model": config.engine.model}},
-        )
-        sys.exit(EXIT_LOAD_FAILED)
-    init_metrics()
-    try:
-        start_metrics_server(config)
-    except OSError as e:
-        log.error(f"could not start the metrics server on port {config.metrics_port}: {e}")
-        sys.exit(EXIT_LOAD_FAILED)
-    sys.exit(asyncio.run(serve(config)))
+    from service import supervisor  # the process model: one engine process, N frontend processes
+
+    supervisor.main(argv)
 
 
 if __name__ == "__main__":
