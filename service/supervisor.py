@@ -354,7 +354,8 @@ class Supervisor:
         deadline = time.monotonic() + self.config.drain_seconds + 1.0
         for p in self.frontends.values():
             p.join(max(0.0, deadline - time.monotonic()))
-        failed = [p.exitcode for p in self.frontends.values() if p.exitcode not in (0, None)]
+        # a frontend still starting when the signal came ends by it (-SIGTERM): it had nothing open
+        failed = [p.exitcode for p in self.frontends.values() if p.exitcode not in (0, None, -signal.SIGTERM)]
         self._stop_all(grace=5.0)
         return EXIT_ENGINE_FAILED if failed else EXIT_OK
 
