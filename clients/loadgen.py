@@ -246,7 +246,10 @@ def cost_per_utterance(
     for key, v in after.items():
         name = key.split("{", 1)[0]
         if name == "process_cpu_seconds_total":
-            out["process_cpu_seconds"] = (v - before.get(key, v)) / utterances
+            # one series per server process (process="engine", "frontend-0", ...): their sum
+            out["process_cpu_seconds"] = (
+                out.get("process_cpu_seconds", 0.0) + (v - before.get(key, v)) / utterances
+            )
             continue
         if not name.endswith("_seconds_sum"):
             continue
