@@ -23,6 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from clients.client import RecognizerClient
+from service.supervisor import default_frontends, usable_cpus
 from tests.support.audio import make_conversation, to_linear16_bytes
 from tests.support.calls import config_request
 from tests.support.server import ServerProcess
@@ -273,3 +274,23 @@ def test_failed_start_leaves_no_process_behind(tmp_path: Path) -> None:
         assert_gone(list(seen))
     finally:
         server.stop()
+
+
+def test_a_second_server_on_the_same_port_is_refused() -> None:
+    """Frontends share the port with SO_REUSEPORT; another server must never join them silently."""
+    first = ServerProcess("--frontends", "2").wait_serving()
+    second = ServerProcess("--port", str(first.port))
+    try:
+        assert second.wait(60) == 2, second.log()
+        assert f"{first.port} is not free" in second.log()
+        assert first.health() == "SERVING"
+    finally:
+        second.stop()
+        first.terminate()
+        first.wait(60)
+        first.stop()
+
+
+def test_default_frontends_leave_one_core_to_the_engine() -> None:
+    assert [default_frontends(cpus) for cpus in (1, 2, 3, 4, 9, 16, 64)] == [1, 1, 2, 3, 8, 8, 8]
+    assert 1 <= usable_cpus() <= len(os.sched_getaffinity(0))
