@@ -142,6 +142,7 @@ def serve(config: EngineConfig, address: str, ready: Connection) -> int:
     context = zmq.Context()
     socket = context.socket(zmq.ROUTER)
     socket.setsockopt(zmq.LINGER, 2000)  # last replies get out before the process ends
+    socket.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting frontend takes its identity back
     socket.bind(address)
     core = EngineCore(engine, socket)
     engine.start(on_failure=core.on_scheduler_failure)

@@ -155,7 +155,8 @@ async def _serve_frontend(index: int, config: ServerConfig, address: str) -> int
 
     init_metrics()
     try:
-        client = await asyncio.to_thread(EngineClient, address, name=f"frontend-{index}")
+        # the pid keeps a restarted frontend's identity and request ids apart from its predecessor's
+        client = await asyncio.to_thread(EngineClient, address, name=f"frontend-{index}-{os.getpid()}")
     except Exception as e:
         log.error(f"frontend-{index} could not reach the engine process: {e!r}")
         return EXIT_ENGINE_FAILED

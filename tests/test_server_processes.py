@@ -143,6 +143,11 @@ def test_two_frontends_one_metrics_scrape_and_a_frontend_crash_is_replaced() -> 
             assert time.monotonic() < deadline, server.log()[-3000:]
             time.sleep(0.2)
         assert "frontend-0 exited" in server.log() or "frontend-1 exited" in server.log()
+        while server.log().count('"message": "listening"') < 3:  # the new frontend is serving too
+            assert time.monotonic() < deadline, server.log()[-3000:]
+            time.sleep(0.2)
+        for _ in range(4):  # own connections, spread over both frontends
+            assert "thank you for calling" in recognize_once(server.target).lower()
         assert server.proc.poll() is None
         pids += [p.pid for p in children(server)]
 
