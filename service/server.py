@@ -1,9 +1,10 @@
-"""`asr-server`: the gRPC server (grpc.aio) with health, reflection, metrics and a graceful drain.
+"""The gRPC server (grpc.aio) with health, reflection, metrics and a graceful drain: `AsrServer`.
 
-Start-up order: metrics endpoint, gRPC port (health NOT_SERVING), model load and warm-up, SERVING.
-A model that fails to load ends the process with a message naming the path; a scheduler that dies
-turns health NOT_SERVING and ends the process non-zero, so Kubernetes replaces the pod.
-`asr-server` runs one engine process and N of these servers in frontend processes (service/supervisor.py).
+`asr-server` runs one engine process and N of these servers in frontend processes, their engine an
+`EngineClient` (service/supervisor.py). In-process (tests, embedding) its engine is an `Engine`:
+gRPC port first (health NOT_SERVING), model load and warm-up, SERVING.
+An engine that dies (its scheduler thread, or its process) turns health NOT_SERVING and ends the
+server non-zero, so Kubernetes replaces the pod.
 On SIGTERM/SIGINT: NOT_SERVING at once, new calls refused, open streams told to RECONNECT and given
 their pending finals, then exit 0 within --drain-seconds.
 """
@@ -14,14 +15,12 @@ import asyncio
 import importlib.metadata
 import logging
 import os
-import signal
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import cast
 
 import grpc
-import prometheus_client
 from asr.v1 import asr_pb2, asr_pb2_grpc
 from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -234,14 +233,6 @@ class AsrServer:
             await asyncio.to_thread(self.engine.stop)
 
 
-def start_metrics_server(config: ServerConfig) -> None:
-    if config.metrics_port == 0:
-        return
-    host = config.host.strip("[]")
-    prometheus_client.start_http_server(config.metrics_port, addr=host or "::")
-    log.info("metrics at /metrics", extra={"fields": {"port": config.metrics_port}})
-
-
 def init_metrics() -> None:
     version, revision = build_info()
     metrics.BUILD_INFO.labels(version, revision).set(1)
@@ -252,16 +243,6 @@ def init_metrics() -> None:
     # rate() needs a series before the first call ends, or the error ratio reads NaN at first.
     for grpc_type, method in (("bidi_stream", "StreamingRecognize"), ("unary", "Recognize")):
         metrics.GRPC_HANDLED.labels(grpc_type, SERVICE_NAME, method, grpc.StatusCode.OK.name)
-
-
-async def serve(config: ServerConfig) -> int:
-    """The whole server in this one process (the engine in-process): for embedding. asr-server itself
-    runs service.supervisor's engine and frontend processes."""
-    server = AsrServer(config)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, server.request_shutdown)
-    return await server.run()
 
 
 def preflight_model(config: EngineConfig) -> None:
