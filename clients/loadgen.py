@@ -277,7 +277,9 @@ class RssSampler:
         except (OSError, ValueError) as exc:
             self.last_error = str(exc)
             return
-        rss = m.get(RSS_METRIC)
+        # one series per server process (process="engine", "frontend-0", ...): the server's is their sum
+        series = [v for k, v in m.items() if k.split("{", 1)[0] == RSS_METRIC]
+        rss = sum(series) if series else None
         if rss is not None:
             self.peak = rss if self.peak is None else max(self.peak, rss)
 
