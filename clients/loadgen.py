@@ -246,7 +246,10 @@ def cost_per_utterance(
     for key, v in after.items():
         name = key.split("{", 1)[0]
         if name == "process_cpu_seconds_total":
-            out["process_cpu_seconds"] = (v - before.get(key, v)) / utterances
+            # one series per server process (process="engine", "frontend-0", ...): their sum
+            out["process_cpu_seconds"] = (
+                out.get("process_cpu_seconds", 0.0) + (v - before.get(key, v)) / utterances
+            )
             continue
         if not name.endswith("_seconds_sum"):
             continue
@@ -274,7 +277,9 @@ class RssSampler:
         except (OSError, ValueError) as exc:
             self.last_error = str(exc)
             return
-        rss = m.get(RSS_METRIC)
+        # one series per server process (process="engine", "frontend-0", ...): the server's is their sum
+        series = [v for k, v in m.items() if k.split("{", 1)[0] == RSS_METRIC]
+        rss = sum(series) if series else None
         if rss is not None:
             self.peak = rss if self.peak is None else max(self.peak, rss)
 

@@ -66,6 +66,10 @@ class Engine:
     def start(self, on_failure: Callable[[BaseException], None] | None = None) -> None:
         """Start the scheduler thread (loads nothing: the model loaded in __init__).
         `on_failure` is called from the scheduler thread if it dies."""
+        if self.config.debug_crash_scheduler_after:
+            from engine.faults import crash_scheduler_after
+
+            crash_scheduler_after(self._scheduler, self.config.debug_crash_scheduler_after)
         self._scheduler.start(on_failure)
 
     def warmup(self) -> None:

@@ -83,3 +83,10 @@ class EngineConfig:
     warmup: bool = field(
         default=True, metadata={"help": "run one utterance through the model before reporting SERVING"}
     )
+    debug_crash_scheduler_after: int = field(
+        default=0,
+        metadata={
+            "hidden": True,  # test only (engine/faults.py): kills the scheduler thread at utterance N+1
+            "help": "TEST ONLY: crash the engine's scheduler thread after N utterances (0: off)",
+        },
+    )

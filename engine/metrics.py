@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+# Gauges name their multiprocess_mode: with asr-server's engine and frontend processes, the values of
+# live processes are combined (prometheus-client multiprocess mode; ignored in a single process).
+
 # Sub-millisecond (a decode step on a GB300) to tens of seconds (a long CPU queue).
 TIME_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -47,11 +50,17 @@ QUEUE_WAIT_SECONDS = Histogram(
 WINDOW_WAIT_SECONDS = Histogram(
     "asr_window_wait_seconds", "How long each micro-batching window stayed open", buckets=TIME_BUCKETS
 )
-UTTERANCES_WAITING = Gauge("asr_utterances_waiting", "Utterances queued for an encoder pass")
-ACTIVE_SEQUENCES = Gauge("asr_active_sequences", "Sequences decoding (holding a KV slot)")
-KV_SLOTS_USED = Gauge("asr_kv_slots_used", "KV-cache slots in use")
-KV_SLOTS_FREE = Gauge("asr_kv_slots_free", "KV-cache slots free")
-KV_CACHE_BYTES = Gauge("asr_kv_cache_bytes", "Bytes preallocated for the KV cache")
+UTTERANCES_WAITING = Gauge(
+    "asr_utterances_waiting", "Utterances queued for an encoder pass", multiprocess_mode="livesum"
+)
+ACTIVE_SEQUENCES = Gauge(
+    "asr_active_sequences", "Sequences decoding (holding a KV slot)", multiprocess_mode="livesum"
+)
+KV_SLOTS_USED = Gauge("asr_kv_slots_used", "KV-cache slots in use", multiprocess_mode="livesum")
+KV_SLOTS_FREE = Gauge("asr_kv_slots_free", "KV-cache slots free", multiprocess_mode="livesum")
+KV_CACHE_BYTES = Gauge(
+    "asr_kv_cache_bytes", "Bytes preallocated for the KV cache", multiprocess_mode="livesum"
+)
 ENGINE_REQUESTS = Counter(
     "asr_engine_requests_total",
     "Engine requests by kind (final, interim) and outcome (text, empty, cancelled, error)",
@@ -63,4 +72,9 @@ ENGINE_AUDIO_SECONDS = Counter(
 ENCODER_FALLBACKS = Counter(
     "asr_encoder_fallbacks_total",
     "Windows decoded again with the full 30 s context after a trimmed pass looped (--encoder-context trim)",
+)
+IPC_SECONDS = Histogram(
+    "asr_ipc_seconds",
+    "Per utterance, time on the wire between a frontend process and the engine process (both ways)",
+    buckets=TIME_BUCKETS,
 )

@@ -21,7 +21,11 @@ def flag_table() -> str:
     rows = ["| flag | default | what it does |", "|---|---|---|"]
     for group in parser._action_groups:
         for action in group._group_actions:
-            if isinstance(action, argparse._HelpAction) or not action.option_strings:
+            if (
+                isinstance(action, argparse._HelpAction)
+                or not action.option_strings
+                or action.help == argparse.SUPPRESS  # test seams stay out of the README as out of --help
+            ):
                 continue
             default = action.default
             if isinstance(default, bool):

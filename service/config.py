@@ -57,6 +57,14 @@ class ServerConfig:
             "(keep below the pod's terminationGracePeriodSeconds)"
         },
     )
+    frontends: int = field(
+        default=0,
+        metadata={
+            "help": "frontend processes serving the gRPC port (SO_REUSEPORT) and doing all per-stream work "
+            "beside the one engine process; 0: max(1, min(usable CPUs - 1, 8)), usable CPUs being the "
+            "affinity mask capped by the cgroup CPU quota (one core is left to the engine process)"
+        },
+    )
     log_level: LogLevel = field(default="info", metadata={"help": "log level"})
     log_format: LogFormat = field(
         default="json", metadata={"help": "json: one JSON object per line; text: for people"}
@@ -79,13 +87,6 @@ class ServerConfig:
     tls_key: str = field(default="", metadata={"help": "server private key (PEM), with --tls-cert"})
     tls_client_ca: str = field(
         default="", metadata={"help": "CA (PEM) that signs client certificates: require mutual TLS"}
-    )
-    debug_crash_scheduler_after: int = field(
-        default=0,
-        metadata={
-            "hidden": True,  # test only: kills the scheduler thread at utterance N+1 (warm-up counts)
-            "help": "TEST ONLY: crash the engine's scheduler thread after N utterances (0: off)",
-        },
     )
     engine: EngineConfig = field(default_factory=EngineConfig)
 
@@ -164,6 +165,8 @@ def validate(config: ServerConfig) -> None:
     for name in ("max_stream_seconds", "max_buffer_seconds", "interim_interval_s"):
         if getattr(config, name) <= 0:
             problems.append(f"{_flag(name)} must be positive")
+    if not 0 <= config.frontends <= 64:
+        problems.append("--frontends must be 0-64 (0: from the CPU count)")
     if config.drain_seconds < 0:
         problems.append("--drain-seconds must not be negative")
     if bool(config.tls_cert) != bool(config.tls_key):
@@ -174,7 +177,7 @@ def validate(config: ServerConfig) -> None:
         path = getattr(config, name)
         if path and not os.access(path, os.R_OK):
             problems.append(f"{_flag(name)} {path!r} is not a readable file")
-    if config.debug_crash_scheduler_after < 0:
+    if config.engine.debug_crash_scheduler_after < 0:
         problems.append("--debug-crash-scheduler-after must not be negative")
     if problems:
         raise SystemExit("asr-server: " + "; ".join(problems))

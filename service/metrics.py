@@ -10,10 +10,13 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from engine.metrics import TIME_BUCKETS
 
+# Gauges name their multiprocess_mode: asr-server's frontend processes each keep their own values and
+# /metrics combines those of the live ones (prometheus-client multiprocess mode; see service/supervisor.py).
+
 # End of speech -> final sent: tens of milliseconds on a GPU to seconds on a busy CPU.
 LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
 
-ACTIVE_STREAMS = Gauge("asr_active_streams", "Open StreamingRecognize calls")
+ACTIVE_STREAMS = Gauge("asr_active_streams", "Open StreamingRecognize calls", multiprocess_mode="livesum")
 STREAMS = Counter("asr_streams_total", "StreamingRecognize calls ended, by gRPC status code", ["grpc_code"])
 UTTERANCE_LATENCY = Histogram(
     "asr_utterance_latency_seconds",
@@ -38,16 +41,30 @@ UTTERANCES = Counter(
 STREAM_BUFFER_SECONDS = Gauge(
     "asr_stream_buffer_seconds",
     "Audio received but not yet transcribed, summed over open streams (clients sending faster than real time)",
+    multiprocess_mode="livesum",
 )
 RECOGNIZE_SECONDS = Histogram(
     "asr_recognize_seconds", "Wall time of one Recognize call (whole recording)", buckets=TIME_BUCKETS
 )
 
+# With frontend processes: SERVING only while every live frontend is (the lowest of them).
 SERVING = Gauge(
-    "asr_serving", "1 while health reports SERVING for asr.v1.Recognizer; 0 while loading, draining or failed"
+    "asr_serving",
+    "1 while health reports SERVING for asr.v1.Recognizer; 0 while loading, draining or failed",
+    multiprocess_mode="livemin",
 )
-BUILD_INFO = Gauge("asr_build_info", "Build of the running server (value 1)", ["version", "revision"])
-MODEL_INFO = Gauge("asr_model_info", "Model the server runs (value 1)", ["model", "device", "dtype"])
+BUILD_INFO = Gauge(
+    "asr_build_info",
+    "Build of the running server (value 1)",
+    ["version", "revision"],
+    multiprocess_mode="livemax",
+)
+MODEL_INFO = Gauge(
+    "asr_model_info",
+    "Model the server runs (value 1)",
+    ["model", "device", "dtype"],
+    multiprocess_mode="livemax",
+)
 
 # The grpc_server_* family, named as go-grpc-prometheus / py-grpc-prometheus name them so the usual
 # dashboards and alerts work unchanged.

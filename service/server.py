@@ -1,8 +1,10 @@
-"""`asr-server`: the gRPC server (grpc.aio) with health, reflection, metrics and a graceful drain.
+"""The gRPC server (grpc.aio) with health, reflection, metrics and a graceful drain: `AsrServer`.
 
-Start-up order: metrics endpoint, gRPC port (health NOT_SERVING), model load and warm-up, SERVING.
-A model that fails to load ends the process with a message naming the path; a scheduler that dies
-turns health NOT_SERVING and ends the process non-zero, so Kubernetes replaces the pod.
+`asr-server` runs one engine process and N of these servers in frontend processes, their engine an
+`EngineClient` (service/supervisor.py). In-process (tests, embedding) its engine is an `Engine`:
+gRPC port first (health NOT_SERVING), model load and warm-up, SERVING.
+An engine that dies (its scheduler thread, or its process) turns health NOT_SERVING and ends the
+server non-zero, so Kubernetes replaces the pod.
 On SIGTERM/SIGINT: NOT_SERVING at once, new calls refused, open streams told to RECONNECT and given
 their pending finals, then exit 0 within --drain-seconds.
 """
@@ -13,26 +15,23 @@ import asyncio
 import importlib.metadata
 import logging
 import os
-import signal
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import cast
 
 import grpc
-import prometheus_client
 from asr.v1 import asr_pb2, asr_pb2_grpc
 from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from engine import Engine, EngineConfig
+from engine.client import EngineClient
 from service import metrics
 from service.auth import ENV_VAR, AuthInterceptor, TokenStore
-from service.config import ServerConfig, parse_args
-from service.debug import crash_scheduler_after
+from service.config import ServerConfig
 from service.interceptors import MetricsInterceptor
-from service.logging import setup_logging
 from service.recognizer import RecognizerServicer
 from service.tls import server_credentials
 
@@ -52,11 +51,17 @@ def build_info() -> tuple[str, str]:
 
 
 class AsrServer:
-    """One server: gRPC services, health, and the engine's lifecycle. Usable in-process (tests) too."""
+    """One server: gRPC services, health, and the engine's lifecycle. Usable in-process (tests) too.
 
-    def __init__(self, config: ServerConfig, engine: Engine | None = None) -> None:
+    The engine is an in-process `Engine` (tests, embedding) or an `EngineClient` to the engine process
+    (asr-server's frontend processes, which share the port: `reuse_port`)."""
+
+    def __init__(
+        self, config: ServerConfig, engine: Engine | EngineClient | None = None, *, reuse_port: bool = False
+    ) -> None:
         self.config = config
         self.engine = engine
+        self.reuse_port = reuse_port
         self.port = 0
         self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]
         self.recognizer = RecognizerServicer(config)  # the engine is attached once loaded (load())
@@ -88,8 +93,9 @@ class AsrServer:
                     "grpc.max_receive_message_length",
                     max(c.max_recognize_bytes, c.max_chunk_bytes) + (1 << 16),
                 ),
-                # never share a port silently with another process (gRPC's default is SO_REUSEPORT)
-                ("grpc.so_reuseport", 0),
+                # never share a port silently with another process (gRPC's default is SO_REUSEPORT);
+                # asr-server's frontends do share it, once the supervisor has checked it is free
+                ("grpc.so_reuseport", 1 if self.reuse_port else 0),
             ],
         )
         asr_pb2_grpc.add_RecognizerServicer_to_server(self.recognizer, server)
@@ -128,12 +134,14 @@ class AsrServer:
         """Load (unless given), start and warm the engine, then report SERVING."""
         started = time.perf_counter()
         if self.engine is None:
-            self.engine = await asyncio.to_thread(Engine, self.config.engine)
-            if self.config.debug_crash_scheduler_after:
-                crash_scheduler_after(self.engine, self.config.debug_crash_scheduler_after)
-            self.engine.start(on_failure=self._on_engine_failure)
+            engine = await asyncio.to_thread(Engine, self.config.engine)
+            self.engine = engine
+            engine.start(on_failure=self._on_engine_failure)
             if self.config.engine.warmup:
-                await asyncio.to_thread(self.engine.warmup)
+                await asyncio.to_thread(engine.warmup)
+        elif isinstance(self.engine, EngineClient):
+            # the engine process going away must end this server as a dead scheduler does
+            self.engine.start(on_failure=self._on_engine_failure)
         info = self.engine.info
         metrics.MODEL_INFO.labels(info.name, info.device, info.dtype).set(1)
         log.info(
@@ -148,7 +156,8 @@ class AsrServer:
                 }
             },
         )
-        self.recognizer.engine = self.engine
+        # EngineClient serves the same surface as Engine (submit/cancel/info/validate/alive/stats/stop)
+        self.recognizer.engine = cast(Engine, self.engine)
         if not self._shutdown.is_set():
             await self._set_health(health_pb2.HealthCheckResponse.SERVING)
 
@@ -224,14 +233,6 @@ class AsrServer:
             await asyncio.to_thread(self.engine.stop)
 
 
-def start_metrics_server(config: ServerConfig) -> None:
-    if config.metrics_port == 0:
-        return
-    host = config.host.strip("[]")
-    prometheus_client.start_http_server(config.metrics_port, addr=host or "::")
-    log.info("metrics at /metrics", extra={"fields": {"port": config.metrics_port}})
-
-
 def init_metrics() -> None:
     version, revision = build_info()
     metrics.BUILD_INFO.labels(version, revision).set(1)
@@ -242,14 +243,6 @@ def init_metrics() -> None:
     # rate() needs a series before the first call ends, or the error ratio reads NaN at first.
     for grpc_type, method in (("bidi_stream", "StreamingRecognize"), ("unary", "Recognize")):
         metrics.GRPC_HANDLED.labels(grpc_type, SERVICE_NAME, method, grpc.StatusCode.OK.name)
-
-
-async def serve(config: ServerConfig) -> int:
-    server = AsrServer(config)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, server.request_shutdown)
-    return await server.run()
 
 
 def preflight_model(config: EngineConfig) -> None:
@@ -275,27 +268,9 @@ def preflight_model(config: EngineConfig) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    # torch's OpenMP threads share the cores with the event loop, gRPC and VAD: spinning
-    # workers starve them (a tiny.en decode step went 24 -> 125 ms on a busy 2-core box).
-    # Must be set before torch loads; an operator's own setting wins.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    config = parse_args(argv)
-    setup_logging(config.log_level, config.log_format)
-    try:
-        preflight_model(config.engine)
-    except Exception as e:
-        log.error(
-            f"could not load model {config.engine.model!r}: {e}",
-            extra={"fields": {"model": config.engine.model}},
-        )
-        sys.exit(EXIT_LOAD_FAILED)
-    init_metrics()
-    try:
-        start_metrics_server(config)
-    except OSError as e:
-        log.error(f"could not start the metrics server on port {config.metrics_port}: {e}")
-        sys.exit(EXIT_LOAD_FAILED)
-    sys.exit(asyncio.run(serve(config)))
+    from service import supervisor  # the process model: one engine process, N frontend processes
+
+    supervisor.main(argv)
 
 
 if __name__ == "__main__":

@@ -431,6 +431,10 @@ class StreamSession:
                 self._settle(ch, pending, "error", None)
                 self._fail(StreamError(grpc.StatusCode.UNAVAILABLE, f"recognition engine stopped: {e}"))
                 return
+            except EngineOverloaded as e:  # an engine in another process refuses on the future
+                self._settle(ch, pending, "error", None)
+                self._fail(engine_refusal(e))
+                return
             except Exception as e:
                 log.exception("utterance failed", extra={"fields": {"stream_id": self.id, "channel": ch.tag}})
                 self._settle(ch, pending, "error", None)

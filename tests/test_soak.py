@@ -146,7 +146,9 @@ async def _first_final(stream: OpenStream) -> None:
 
 
 def _rss_mib(server: ServerProcess) -> float:
-    return scrape(f"http://127.0.0.1:{server.metrics_port}/metrics")["process_resident_memory_bytes"] / 2**20
+    samples = scrape(f"http://127.0.0.1:{server.metrics_port}/metrics")
+    # one series per server process (supervisor, engine, frontend-N): the server's memory is their sum
+    return sum(v for k, v in samples.items() if k.split("{", 1)[0] == "process_resident_memory_bytes") / 2**20
 
 
 def test_soak() -> None:

@@ -1,0 +1,422 @@
+"""asr-server's process model: a supervisor, one engine process, N frontend processes.
+
+                 ┌──────────────── supervisor (signals, /metrics, restarts) ───────────────┐
+  gRPC :50051 ──►│ frontend-0 ─┐                                                          │
+  (SO_REUSEPORT) │ frontend-1 ─┼── ZeroMQ (ipc://, audio as raw float32) ──► engine process │
+                 │ frontend-N ─┘   per-stream work: gRPC, decoding,          model, scheduler,│
+                 │                 resampling, VAD, results                  KV cache, device │
+                 └──────────────────────────────────────────────────────────────────────────┘
+
+Why processes: one interpreter lock shared by gRPC, per-chunk audio work and the scheduler loop is
+the ceiling (issue 12); frontends scale across cores and the scheduler keeps its own interpreter.
+
+- Children are started with 'spawn' (torch + threads + fork is unsafe) and die with the supervisor
+  (PR_SET_PDEATHSIG), however it ends: no orphan survives a SIGKILL of the supervisor.
+- The engine process is started first; frontends only once the model is loaded and warm.
+- The engine process dies: each frontend sees its socket close, reports NOT_SERVING, ends its open
+  streams UNAVAILABLE and exits; the supervisor exits 1 (the pod restarts; no model, no service).
+- A frontend dies: the others keep serving and the supervisor starts a new one in its place (a
+  frontend holds no model: it is back in about a second), unless frontends keep dying (more than
+  MAX_RESTARTS within RESTART_WINDOW_S), which is a bug a restart will not fix: then it exits 1.
+- SIGTERM/SIGINT: every frontend drains (health NOT_SERVING, open streams get their finals) while the
+  engine keeps serving them; then the engine stops; exit 0 within --drain-seconds.
+- /metrics: prometheus-client's multiprocess mode (each process writes its own values to a fresh
+  directory; the supervisor serves their combination). Chosen over the supervisor gathering values
+  over IPC: every existing metric keeps its name, type and meaning with no code at the call sites,
+  and a process's counters survive its death until the next restart of the server. Gauges state
+  how they combine (multiprocess_mode). Per-process CPU and memory come from /proc at scrape time
+  as process_cpu_seconds_total / process_resident_memory_bytes with a `process` label.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import math
+import multiprocessing
+import multiprocessing.connection
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+
+import prometheus_client
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from engine.config import EngineConfig
+from service.config import ServerConfig
+from service.logging import setup_logging
+
+log = logging.getLogger("service.supervisor")
+
+EXIT_OK, EXIT_ENGINE_FAILED, EXIT_LOAD_FAILED = 0, 1, 2
+MAX_RESTARTS, RESTART_WINDOW_S = 5, 60.0
+_PR_SET_PDEATHSIG = 1
+
+
+# --- how many frontends ---
+
+
+def usable_cpus() -> int:
+    """CPUs this process may use: its affinity mask, capped by a cgroup CPU quota (a pod's limit)."""
+    cpus = len(os.sched_getaffinity(0))
+    quota: float | None = None
+    with contextlib.suppress(OSError, ValueError):
+        text = (
+            Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        )  # cgroup v2: "max 100000" or "200000 100000"
+        if text[0] != "max":
+            quota = int(text[0]) / int(text[1])
+    if quota is None:
+        with contextlib.suppress(OSError, ValueError):  # cgroup v1
+            us = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())
+            period = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text())
+            if us > 0:
+                quota = us / period
+    if quota is not None:
+        cpus = min(cpus, max(1, math.ceil(quota)))
+    return cpus
+
+
+def default_frontends(cpus: int | None = None) -> int:
+    """One core for the engine process, the rest for frontends, at least one and at most 8."""
+    return max(1, min((usable_cpus() if cpus is None else cpus) - 1, 8))
+
+
+# --- the port ---
+
+
+def reserve_port(host: str, port: int) -> socket.socket:
+    """Check that nothing listens on (host, port) (a bind without SO_REUSEPORT fails if anything holds
+    it), then hold it with an SO_REUSEPORT socket that never listens, so a second server's own check
+    fails while this one runs. Frontends bind the same port with SO_REUSEPORT; only listening sockets
+    take connections. Port 0 picks a free port."""
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host.strip("[]") or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    with socket.socket(family, kind, proto) as probe:
+        if family == socket.AF_INET6:
+            probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        probe.bind(address)
+        port = probe.getsockname()[1]
+    holder = socket.socket(family, kind, proto)
+    if family == socket.AF_INET6:
+        holder.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    holder.bind((address[0], port, *address[2:]))
+    return holder
+
+
+# --- children ---
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """SIGKILL this process when the supervisor ends, however it ends (Linux PR_SET_PDEATHSIG)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent_pid:  # the supervisor died before prctl took effect
+        os._exit(EXIT_ENGINE_FAILED)
+
+
+def engine_main(
+    config: EngineConfig, address: str, ready: Connection, parent_pid: int, log_level: str, log_format: str
+) -> None:
+    """The engine process (see engine/core_process.py)."""
+    _die_with_parent(parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the supervisor decides
+    setup_logging(log_level, log_format)
+    from engine.core_process import serve
+
+    sys.exit(serve(config, address, ready))
+
+
+def frontend_main(index: int, config: ServerConfig, address: str, parent_pid: int) -> None:
+    """A frontend process: gRPC server on the shared port, its engine an EngineClient."""
+    _die_with_parent(parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    setup_logging(config.log_level, config.log_format)
+    sys.exit(asyncio.run(_serve_frontend(index, config, address)))
+
+
+async def _serve_frontend(index: int, config: ServerConfig, address: str) -> int:
+    from engine.client import EngineClient
+    from service.server import AsrServer, init_metrics
+
+    init_metrics()
+    try:
+        # the pid keeps a restarted frontend's identity and request ids apart from its predecessor's
+        client = await asyncio.to_thread(EngineClient, address, name=f"frontend-{index}-{os.getpid()}")
+    except Exception as e:
+        log.error(f"frontend-{index} could not reach the engine process: {e!r}")
+        return EXIT_ENGINE_FAILED
+    server = AsrServer(config, client, reuse_port=True)
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, server.request_shutdown)
+    return await server.run()
+
+
+# --- /metrics ---
+
+
+class ProcessTreeCollector(Collector):
+    """CPU seconds and resident memory of every process of the server, labelled by its role."""
+
+    def __init__(self, processes: Callable[[], dict[str, int]]) -> None:
+        self._processes = processes
+        self._tick = os.sysconf("SC_CLK_TCK")
+        self._page = os.sysconf("SC_PAGE_SIZE")
+
+    def collect(self) -> Iterator[Metric]:
+        cpu = CounterMetricFamily(
+            "process_cpu_seconds", "User and system CPU time of each server process", labels=["process"]
+        )
+        rss = GaugeMetricFamily(
+            "process_resident_memory_bytes", "Resident memory of each server process", labels=["process"]
+        )
+        for name, pid in self._processes().items():
+            try:
+                # fields after the command name (which may hold spaces): utime=11, stime=12, rss=21
+                stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # it just exited
+            cpu.add_metric([name], (int(stat[11]) + int(stat[12])) / self._tick)
+            rss.add_metric([name], int(stat[21]) * self._page)
+        yield cpu
+        yield rss
+
+
+def metrics_registry(
+    metrics_dir: Path, processes: Callable[[], dict[str, int]]
+) -> prometheus_client.CollectorRegistry:
+    from prometheus_client import multiprocess
+
+    registry = prometheus_client.CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=str(metrics_dir))
+    registry.register(ProcessTreeCollector(processes))
+    return registry
+
+
+# --- the supervisor ---
+
+
+class Supervisor:
+    def __init__(self, config: ServerConfig, workdir: Path) -> None:
+        self.config = config
+        self.frontend_count = config.frontends or default_frontends()
+        self.metrics_dir = workdir / "metrics"
+        self.address = f"ipc://{workdir / 'engine.sock'}"
+        self.ctx = multiprocessing.get_context("spawn")
+        self.engine: BaseProcess | None = None
+        self.frontends: dict[int, BaseProcess] = {}
+        self.restarts: list[float] = []
+        self.stop_signal: int | None = None
+
+    def processes(self) -> dict[str, int]:
+        out = {"supervisor": os.getpid()}
+        if self.engine is not None and self.engine.pid is not None:
+            out["engine"] = self.engine.pid
+        for i, p in self.frontends.items():
+            if p.pid is not None:
+                out[f"frontend-{i}"] = p.pid
+        return out
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self.stop_signal = signum
+
+    def _reaped(self, p: BaseProcess) -> None:
+        from prometheus_client import multiprocess
+
+        if p.pid is not None:
+            multiprocess.mark_process_dead(p.pid, str(self.metrics_dir))
+
+    def _start_frontend(self, index: int) -> None:
+        p = self.ctx.Process(
+            target=frontend_main,
+            args=(index, self.config, self.address, os.getpid()),
+            name=f"asr-frontend-{index}",
+        )
+        p.start()
+        self.frontends[index] = p
+
+    def run(self) -> int:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        c = self.config
+        try:
+            holder = reserve_port(c.host, c.port)
+        except OSError as e:
+            log.error(f"could not start the gRPC server: {c.host}:{c.port} is not free: {e}")
+            return EXIT_LOAD_FAILED
+        with holder:
+            c.port = holder.getsockname()[1]
+            try:
+                return self._run()
+            finally:
+                self._stop_all(grace=0)
+
+    def _run(self) -> int:
+        c = self.config
+        ready, child_end = self.ctx.Pipe(duplex=False)
+        self.engine = self.ctx.Process(
+            target=engine_main,
+            args=(c.engine, self.address, child_end, os.getpid(), c.log_level, c.log_format),
+            name="asr-engine",
+        )
+        self.engine.start()
+        child_end.close()
+        message = None
+        while message is None:
+            if self.stop_signal is not None:  # told to stop while loading: nothing is open yet
+                return EXIT_OK
+            waited = multiprocessing.connection.wait([ready, self.engine.sentinel], timeout=0.1)
+            if ready in waited:
+                try:
+                    message = ready.recv()
+                except EOFError:
+                    message = ("failed", f"the engine process exited with {self.engine.exitcode}")
+            elif self.engine.sentinel in waited:
+                message = ("failed", f"the engine process exited with {self.engine.exitcode}")
+        if message[0] != "ready":
+            log.error(
+                f"could not load model {c.engine.model!r}: {message[1]}",
+                extra={"fields": {"model": c.engine.model, "error": message[1]}},
+            )
+            return EXIT_LOAD_FAILED
+        info, load_s = message[1], message[2]
+        log.info(
+            "engine process ready",
+            extra={
+                "fields": {
+                    "model": info.name,
+                    "device": info.device,
+                    "pid": self.engine.pid,
+                    "load_s": round(load_s, 2),
+                    "frontends": self.frontend_count,
+                }
+            },
+        )
+        for i in range(self.frontend_count):
+            self._start_frontend(i)
+        return self._watch()
+
+    def _watch(self) -> int:
+        assert self.engine is not None
+        while True:
+            waited = multiprocessing.connection.wait(
+                [self.engine.sentinel, *(p.sentinel for p in self.frontends.values())], timeout=0.1
+            )
+            if self.stop_signal is not None:
+                return self._drain()
+            if self.engine.sentinel in waited or not self.engine.is_alive():
+                log.critical(
+                    "engine process exited; exiting", extra={"fields": {"exitcode": self.engine.exitcode}}
+                )
+                self._reaped(self.engine)
+                # the frontends have seen its socket close: they fail their streams UNAVAILABLE and exit
+                self._stop_all(grace=5.0)
+                return EXIT_ENGINE_FAILED
+            for i, p in list(self.frontends.items()):
+                if p.is_alive():
+                    continue
+                p.join()
+                self._reaped(p)
+                now = time.monotonic()
+                self.restarts = [t for t in self.restarts if now - t < RESTART_WINDOW_S] + [now]
+                if len(self.restarts) > MAX_RESTARTS:
+                    log.critical(
+                        f"frontend-{i} exited with {p.exitcode}; frontends keep dying "
+                        f"({len(self.restarts)} in {RESTART_WINDOW_S:.0f} s): exiting"
+                    )
+                    self._stop_all(grace=5.0)
+                    return EXIT_ENGINE_FAILED
+                log.error(f"frontend-{i} exited with {p.exitcode}; starting a new one")
+                self._start_frontend(i)
+
+    def _drain(self) -> int:
+        """Frontends drain (each gives its open streams their finals within --drain-seconds) while the
+        engine still serves them; then the engine stops."""
+        log.info(
+            "draining",
+            extra={"fields": {"signal": self.stop_signal, "drain_seconds": self.config.drain_seconds}},
+        )
+        for p in self.frontends.values():
+            with contextlib.suppress(ProcessLookupError):
+                p.terminate()
+        deadline = time.monotonic() + self.config.drain_seconds + 1.0
+        for p in self.frontends.values():
+            p.join(max(0.0, deadline - time.monotonic()))
+        # a frontend still starting when the signal came ends by it (-SIGTERM): it had nothing open
+        failed = [p.exitcode for p in self.frontends.values() if p.exitcode not in (0, None, -signal.SIGTERM)]
+        self._stop_all(grace=5.0)
+        return EXIT_ENGINE_FAILED if failed else EXIT_OK
+
+    def _stop_all(self, grace: float) -> None:
+        """SIGTERM what still runs, frontends first, then SIGKILL what outlives `grace`."""
+        children = [*self.frontends.values(), *([self.engine] if self.engine is not None else [])]
+        for p in children:
+            if p.is_alive():
+                with contextlib.suppress(ProcessLookupError):
+                    p.terminate()
+                p.join(grace)
+            if p.is_alive():
+                log.warning(f"{p.name} did not stop; killing it")
+                p.kill()
+                p.join(5)
+            self._reaped(p)
+
+
+def run(config: ServerConfig) -> int:
+    """asr-server's whole life as a supervisor of its processes; returns the exit code."""
+    workdir = Path(tempfile.mkdtemp(prefix="asr-server-"))  # 0700: the IPC socket and metric files
+    metrics_dir = workdir / "metrics"
+    metrics_dir.mkdir()
+    # Read by prometheus-client as each child imports it (spawn starts them with this environment).
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
+    supervisor = Supervisor(config, workdir)
+    try:
+        if config.metrics_port:
+            registry = metrics_registry(metrics_dir, supervisor.processes)
+            host = config.host.strip("[]")
+            try:
+                prometheus_client.start_http_server(config.metrics_port, addr=host or "::", registry=registry)
+            except OSError as e:
+                log.error(f"could not start the metrics server on port {config.metrics_port}: {e}")
+                return EXIT_LOAD_FAILED
+            log.info("metrics at /metrics", extra={"fields": {"port": config.metrics_port}})
+        return supervisor.run()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`asr-server`. This module is the console script's entry point so that the children that 'spawn'
+    starts (which import the parent's main module again) import no more than it: not the service's
+    metrics, whose gauges an engine process must not hold."""
+    # torch's OpenMP threads share the cores with the event loops, gRPC and VAD: spinning workers
+    # starve them (a tiny.en decode step went 24 -> 125 ms on a busy 2-core box). Set before any
+    # process loads torch (children inherit it); an operator's own setting wins.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    from service.config import parse_args
+    from service.server import preflight_model
+
+    config = parse_args(argv)
+    setup_logging(config.log_level, config.log_format)
+    try:
+        preflight_model(config.engine)
+    except Exception as e:
+        log.error(
+            f"could not load model {config.engine.model!r}: {e}",
+            extra={"fields": {"model": config.engine.model}},
+        )
+        sys.exit(EXIT_LOAD_FAILED)
+    sys.exit(run(config))

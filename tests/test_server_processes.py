@@ -1,0 +1,301 @@
+"""asr-server as a supervisor, an engine process and frontend processes (real subprocesses, real
+tiny.en, real audio): the engine dies, a frontend dies, SIGTERM drains two frontends, the supervisor
+is killed, the model cannot load. After each way of exiting no process of the server remains."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import psutil
+import pytest
+from asr.v1 import asr_pb2, asr_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
+
+from clients.client import RecognizerClient
+from service.supervisor import default_frontends, usable_cpus
+from tests.support.audio import make_conversation, to_linear16_bytes
+from tests.support.calls import config_request
+from tests.support.server import ServerProcess
+
+pytestmark = pytest.mark.slow
+Event = asr_pb2.StreamingRecognizeResponse.SpeechEventType
+SENTENCES = [
+    "Thank you for calling, how can I help you today?",
+    "I would like to check the status of my order.",
+]
+
+
+def children(server: ServerProcess) -> list[psutil.Process]:
+    return psutil.Process(server.proc.pid).children(recursive=True)
+
+
+def engine_pid(server: ServerProcess) -> int:
+    for line in server.log().splitlines():
+        with contextlib.suppress(ValueError):
+            entry = json.loads(line)
+            if entry.get("message") == "engine process ready":
+                return int(entry["pid"])
+    raise AssertionError(f"no 'engine process ready' line:\n{server.log()}")
+
+
+def frontend_pids(server: ServerProcess) -> set[int]:
+    """Frontends: the children that are neither the engine nor multiprocessing's resource tracker."""
+    engine = engine_pid(server)
+    return {
+        p.pid
+        for p in children(server)
+        if p.pid != engine and not any("resource_tracker" in part for part in p.cmdline())
+    }
+
+
+def assert_gone(pids: list[int], within_s: float = 15.0) -> None:
+    """None of these processes is left (a zombie still waiting for its parent counts as gone only once
+    that parent is gone too: then init reaps it)."""
+    deadline = time.monotonic() + within_s
+    left = pids
+    while time.monotonic() < deadline:
+        left = [pid for pid in pids if psutil.pid_exists(pid) and _not_reaped(pid)]
+        if not left:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"processes left behind: {[(p, _describe(p)) for p in left]}")
+
+
+def _not_reaped(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _describe(pid: int) -> str:
+    with contextlib.suppress(psutil.Error):
+        return " ".join(psutil.Process(pid).cmdline())[:120]
+    return "?"
+
+
+def scrape(server: ServerProcess) -> dict[str, list[tuple[dict[str, str], float]]]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out.setdefault(s.name, []).append((s.labels, s.value))
+    return out
+
+
+def speech() -> bytes:
+    audio, _ = make_conversation([SENTENCES[0]], pause_s=0.8, lead_s=0.3)
+    return to_linear16_bytes(audio)
+
+
+def recognize_once(target: str) -> str:
+    with grpc.insecure_channel(target) as channel:
+        responses = list(
+            asr_pb2_grpc.RecognizerStub(channel).StreamingRecognize(
+                iter([config_request(), asr_pb2.StreamingRecognizeRequest(audio_content=speech())]),
+                timeout=60,
+            )
+        )
+    return " ".join(r.alternatives[0].transcript for x in responses for r in x.results if r.is_final)
+
+
+def test_two_frontends_one_metrics_scrape_and_a_frontend_crash_is_replaced() -> None:
+    server = ServerProcess("--frontends", "2").wait_serving()
+    try:
+        pids = [p.pid for p in children(server)]
+        frontends = frontend_pids(server)
+        assert len(frontends) == 2, server.log()
+        assert "thank you for calling" in recognize_once(server.target).lower()
+
+        metrics = scrape(server)
+        processes = {labels["process"] for labels, _ in metrics["process_cpu_seconds_total"]}
+        assert processes == {"supervisor", "engine", "frontend-0", "frontend-1"}
+        memory = {labels["process"]: v for labels, v in metrics["process_resident_memory_bytes"]}
+        assert memory["engine"] > memory["frontend-0"] > 0  # the engine holds the model
+        assert metrics["asr_ipc_seconds_count"][0][1] >= 1  # the stream's utterance (warm-up is in-engine)
+        assert metrics["asr_engine_requests_total"]  # the engine process's series
+        handled = [v for labels, v in metrics["grpc_server_handled_total"] if labels["grpc_code"] == "OK"]
+        assert sum(handled) >= 1  # a frontend's series
+        assert [v for _, v in metrics["asr_serving"]] == [1.0]  # one series, not one per process
+        assert [v for _, v in metrics["asr_kv_slots_free"]] == [32.0]
+
+        # A frontend dies: the other keeps serving, and a new one takes its place.
+        victim = min(frontends)
+        os.kill(victim, signal.SIGKILL)
+        # (a connection caught in the dying listener's queue is reset, as with any SO_REUSEPORT group:
+        # clients retry; this test asks once it is gone)
+        assert_gone([victim])
+        assert "thank you for calling" in recognize_once(server.target).lower()
+        deadline = time.monotonic() + 60
+        while len(frontend_pids(server) - {victim}) < 2:
+            assert time.monotonic() < deadline, server.log()[-3000:]
+            time.sleep(0.2)
+        assert "frontend-0 exited" in server.log() or "frontend-1 exited" in server.log()
+        while server.log().count('"message": "listening"') < 3:  # the new frontend is serving too
+            assert time.monotonic() < deadline, server.log()[-3000:]
+            time.sleep(0.2)
+        for _ in range(4):  # own connections, spread over both frontends
+            assert "thank you for calling" in recognize_once(server.target).lower()
+        assert server.proc.poll() is None
+        pids += [p.pid for p in children(server)]
+
+        server.terminate()
+        assert server.wait(60) == 0, server.log()[-3000:]
+        assert_gone(pids)
+    finally:
+        server.stop()
+
+
+async def test_sigterm_drains_two_frontends_and_loses_no_final() -> None:
+    drain_seconds = 20
+    audio, _ = make_conversation(SENTENCES, pause_s=1.0)
+    server = ServerProcess("--frontends", "2", "--drain-seconds", str(drain_seconds)).wait_serving()
+    n = 4  # own connections each, spread over the two frontends by SO_REUSEPORT
+    received: list[list[asr_pb2.StreamingRecognizeResponse]] = [[] for _ in range(n)]
+    second_sentence = [asyncio.Event() for _ in range(n)]
+    try:
+        pids = [p.pid for p in children(server)]
+
+        async def stream(i: int) -> None:
+            async with RecognizerClient(server.target) as client:
+                begins = 0
+                async for r in client.stream_file(audio, rate=16000, realtime=True):
+                    received[i].append(r)
+                    if r.speech_event_type == Event.SPEECH_ACTIVITY_BEGIN:
+                        begins += 1
+                        if begins == 2:
+                            second_sentence[i].set()
+
+        streams = [asyncio.create_task(stream(i)) for i in range(n)]
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in second_sentence)), 60)
+        await asyncio.sleep(0.8)  # a few words into the second sentence
+        server.terminate()
+        await asyncio.wait_for(asyncio.gather(*streams), drain_seconds)
+        code = await asyncio.to_thread(server.wait, drain_seconds + 10)
+        assert code == 0, server.log()[-3000:]
+        assert_gone(pids)
+    finally:
+        server.stop()
+    for responses in received:
+        finals = [r for x in responses for r in x.results if r.is_final]
+        # the first sentence's final and the one cut short by the drain: none lost
+        assert len(finals) == 2, responses
+        assert "thank you for calling" in finals[0].alternatives[0].transcript.lower()
+        assert [x.speech_event_type for x in responses].count(Event.RECONNECT) == 1
+
+
+def test_engine_process_death_fails_streams_unavailable_and_exits_non_zero() -> None:
+    server = ServerProcess("--frontends", "2").wait_serving()
+    try:
+        pids = [p.pid for p in children(server)]
+        statuses: list[str] = []
+        watching = threading.Event()
+
+        def watch() -> None:
+            with grpc.insecure_channel(server.target) as channel:
+                stub = health_pb2_grpc.HealthStub(channel)
+                with contextlib.suppress(grpc.RpcError):
+                    for reply in stub.Watch(health_pb2.HealthCheckRequest(service="asr.v1.Recognizer")):
+                        statuses.append(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+                        watching.set()
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        assert watching.wait(10)
+
+        # an open stream (it never half-closes) whose utterance is in the engine, or just done, when it dies
+        long_speech, _ = make_conversation([" ".join(SENTENCES * 3)], pause_s=0.8, lead_s=0.3)
+        result: dict[str, object] = {}
+        ended = threading.Event()
+
+        def requests() -> Iterator[asr_pb2.StreamingRecognizeRequest]:
+            yield config_request()
+            yield asr_pb2.StreamingRecognizeRequest(audio_content=to_linear16_bytes(long_speech))
+            ended.wait(60)
+
+        def call() -> None:
+            with grpc.insecure_channel(server.target) as channel:
+                c = asr_pb2_grpc.RecognizerStub(channel).StreamingRecognize(requests(), timeout=60)
+                with contextlib.suppress(grpc.RpcError):
+                    list(c)
+                result.update(code=c.code(), details=c.details() or "")
+                ended.set()
+
+        caller = threading.Thread(target=call)
+        caller.start()
+        time.sleep(1.0)  # the audio is in; its utterance reaches the engine as the stream ends speech
+        os.kill(engine_pid(server), signal.SIGKILL)
+        caller.join(60)
+        assert server.wait(30) == 1, server.log()[-3000:]
+        watcher.join(10)
+        assert result["code"] in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED), result
+        if result["code"] == grpc.StatusCode.UNAVAILABLE:
+            assert "engine" in str(result["details"]) or "Socket closed" in str(result["details"]), result
+        assert statuses[0] == "SERVING" and "NOT_SERVING" in statuses[1:], statuses
+        assert "engine process exited; exiting" in server.log()
+        assert_gone(pids)
+    finally:
+        server.stop()
+
+
+def test_sigkill_of_the_supervisor_leaves_no_process_behind() -> None:
+    server = ServerProcess("--frontends", "2").wait_serving()
+    try:
+        pids = [p.pid for p in children(server)]
+        assert len(pids) >= 3  # engine and two frontends (and multiprocessing's resource tracker)
+        server.proc.kill()
+        server.proc.wait(10)
+        assert_gone(pids)
+    finally:
+        server.stop()
+
+
+def test_failed_start_leaves_no_process_behind(tmp_path: Path) -> None:
+    """A model folder without weights: the engine process fails to load, the server exits 2 without
+    ever starting a frontend, and its engine process is gone too."""
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "whisper"}))
+    server = ServerProcess("--model", str(tmp_path), "--frontends", "2")
+    try:
+        seen: set[int] = set()
+        while server.proc.poll() is None:
+            with contextlib.suppress(psutil.Error):
+                seen |= {p.pid for p in children(server)}
+            time.sleep(0.05)
+        assert server.proc.returncode == 2, server.log()
+        assert f"could not load model '{tmp_path}'" in server.log()
+        assert seen, "the engine process was never seen"
+        assert_gone(list(seen))
+    finally:
+        server.stop()
+
+
+def test_a_second_server_on_the_same_port_is_refused() -> None:
+    """Frontends share the port with SO_REUSEPORT; another server must never join them silently."""
+    first = ServerProcess("--frontends", "2").wait_serving()
+    second = ServerProcess("--port", str(first.port))
+    try:
+        assert second.wait(60) == 2, second.log()
+        assert f"{first.port} is not free" in second.log()
+        assert first.health() == "SERVING"
+    finally:
+        second.stop()
+        first.terminate()
+        first.wait(60)
+        first.stop()
+
+
+def test_default_frontends_leave_one_core_to_the_engine() -> None:
+    assert [default_frontends(cpus) for cpus in (1, 2, 3, 4, 9, 16, 64)] == [1, 1, 2, 3, 8, 8, 8]
+    assert 1 <= usable_cpus() <= len(os.sched_getaffinity(0))
