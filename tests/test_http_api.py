@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import ssl
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ from engine import Engine
 from service.config import ServerConfig
 from service.http_api import _has_config_field
 from tests.support.audio import JFK_FLAC, RATE, speak
+from tests.support.certs import Pem, make_pki
 from tests.support.server import ServerThread
 
 pytestmark = pytest.mark.slow
@@ -63,9 +65,11 @@ def curl(*args: str) -> tuple[int, str]:
 
 def test_json_is_the_same_text_as_grpc_recognize(client: openai.OpenAI, http_server: ServerThread) -> None:
     before = http_count("200")
+    recognized = REGISTRY.get_sample_value("asr_recognize_seconds_count") or 0.0
     result = transcribe(client)
     assert ASK_NOT in normalize(result.text)  # type: ignore[attr-defined]
     assert http_count("200") == before + 1
+    assert REGISTRY.get_sample_value("asr_recognize_seconds_count") == recognized + 1  # as a gRPC Recognize
 
     async def grpc_text() -> str:
         async with RecognizerClient(http_server.target, token=TOKEN) as c:
@@ -202,3 +206,41 @@ def test_upload_over_max_recognize_bytes_is_413_naming_the_limit(
 
 def test_models_lists_the_served_model(client: openai.OpenAI, service_engine: Engine) -> None:
     assert [m.id for m in client.models.list()] == [service_engine.info.name]
+
+
+def test_mutual_tls_on_the_http_door(service_engine: Engine, tmp_path: Path) -> None:
+    """With --tls-cert/--tls-key/--tls-client-ca the door is HTTPS with the gRPC port's certificate and
+    asks for a client certificate from the same CA."""
+    pki = make_pki(tmp_path / "pki")
+    config = ServerConfig(
+        tls_cert=str(pki.server.cert), tls_key=str(pki.server.key), tls_client_ca=str(pki.ca)
+    )
+    server = ServerThread(config, service_engine, http=True).start()
+    try:
+        base_url = server.http_url.replace("http://", "https://") + "/v1"
+
+        def client_with(cert: Pem | None) -> openai.OpenAI:
+            context = ssl.create_default_context(cafile=str(pki.ca))
+            if cert is not None:
+                context.load_cert_chain(str(cert.cert), str(cert.key))
+            return openai.OpenAI(
+                base_url=base_url,
+                api_key="unused",
+                max_retries=0,
+                http_client=openai.DefaultHttpxClient(verify=context),
+            )
+
+        result = transcribe(client_with(pki.client))
+        assert ASK_NOT in normalize(result.text)  # type: ignore[attr-defined]
+        for cert in (None, pki.rogue_client):  # no client certificate; one from another CA
+            with pytest.raises(openai.APIConnectionError):
+                transcribe(client_with(cert))
+        plain = subprocess.run(
+            ["curl", "-sS", "-F", f"file=@{JFK_FLAC}", server.http_url + "/v1/audio/transcriptions"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert plain.returncode != 0 or "ask not" not in normalize(plain.stdout)  # plaintext gets nothing
+    finally:
+        server.stop()
