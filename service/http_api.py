@@ -390,7 +390,8 @@ class HttpApi:
     async def stop(self, grace: float) -> None:
         """Stop listening; requests still running after `grace` seconds are cancelled."""
         if self._runner is not None:
-            self._runner._shutdown_timeout = grace  # aiohttp reads it at cleanup
+            # aiohttp reads it at cleanup; it takes 0 as "no limit", so a grace of 0 becomes 1 ms
+            self._runner._shutdown_timeout = max(grace, 0.001)
             await self._runner.cleanup()
             self._runner = None
 

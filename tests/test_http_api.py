@@ -8,13 +8,18 @@ import json
 import re
 import ssl
 import subprocess
+import threading
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import openai
 import pytest
 import soundfile as sf
 from prometheus_client import REGISTRY
+from prometheus_client.parser import text_string_to_metric_families
 
 from clients.client import RecognizerClient
 from clients.scoring import normalize
@@ -23,7 +28,7 @@ from service.config import ServerConfig
 from service.http_api import _has_config_field
 from tests.support.audio import JFK_FLAC, RATE, speak
 from tests.support.certs import Pem, make_pki
-from tests.support.server import ServerThread
+from tests.support.server import ServerProcess, ServerThread
 
 pytestmark = pytest.mark.slow
 TOKEN = "http-test-token"
@@ -242,5 +247,52 @@ def test_mutual_tls_on_the_http_door(service_engine: Engine, tmp_path: Path) -> 
             timeout=60,
         )
         assert plain.returncode != 0 or "ask not" not in normalize(plain.stdout)  # plaintext gets nothing
+    finally:
+        server.stop()
+
+
+def test_draining_refuses_new_http_calls_with_503(service_engine: Engine) -> None:
+    server = ServerThread(ServerConfig(), service_engine, http=True).start()
+    try:
+        server.loop.call_soon_threadsafe(server.server.recognizer.drain)
+        status, body = curl("-F", f"file=@{JFK_FLAC}", server.http_url + "/v1/audio/transcriptions")
+        error = json.loads(body)["error"]
+        assert status == 503 and "draining" in error["message"] and error["type"] == "server_error"
+    finally:
+        server.stop()
+
+
+def _audio_seconds(metrics_port: int) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
+        families = text_string_to_metric_families(r.read().decode())
+        return sum(s.value for f in families if f.name == "asr_audio_seconds" for s in f.samples)
+
+
+def test_sigterm_lets_an_http_call_in_flight_finish(tmp_path: Path) -> None:
+    """A recording being transcribed when the pod is told to stop still gets its whole transcript."""
+    audio, rate = sf.read(JFK_FLAC, dtype="float32")
+    long_call = tmp_path / "three-jfk.wav"
+    sf.write(long_call, np.concatenate([audio, audio, audio]), rate, subtype="PCM_16")
+    server = ServerProcess(http=True).wait_serving()
+    try:
+        outcome: dict[str, object] = {}
+
+        def call() -> None:
+            client = openai.OpenAI(
+                base_url=server.http_url + "/v1", api_key="unused", max_retries=0, timeout=120
+            )
+            with open(long_call, "rb") as f:
+                outcome["text"] = client.audio.transcriptions.create(model="whisper-1", file=f).text
+
+        thread = threading.Thread(target=call)
+        thread.start()
+        deadline = time.monotonic() + 60
+        while _audio_seconds(server.metrics_port) == 0:  # the server has decoded the upload: it is in flight
+            assert time.monotonic() < deadline and thread.is_alive(), outcome
+            time.sleep(0.05)
+        server.terminate()
+        thread.join(120)
+        assert server.wait(60) == 0, server.log()
+        assert normalize(str(outcome.get("text", ""))).count("your country") >= 3, (outcome, server.log())
     finally:
         server.stop()
