@@ -14,7 +14,15 @@ import pytest
 import soundfile as sf
 
 from clients.scoring import normalize
-from tests.support.audio import JFK_FLAC, RATE, make_conversation, speak, stereo, to_mulaw_8k_bytes
+from tests.support.audio import (
+    JFK_FLAC,
+    RATE,
+    _sox_to_raw,
+    make_conversation,
+    speak,
+    stereo,
+    to_mulaw_8k_bytes,
+)
 from tests.support.server import ServerThread
 
 pytestmark = pytest.mark.slow
@@ -120,3 +128,15 @@ def test_files_over_max_recognize_bytes_are_streamed(asr_server: ServerThread, t
 def test_a_folder_needs_out(asr_server: ServerThread, tmp_path: Path) -> None:
     proc = run_client(str(tmp_path), "--server", asr_server.target)
     assert proc.returncode != 0 and "--out" in proc.stderr
+
+
+def test_raw_alaw_at_the_rate_flag(asr_server: ServerThread, tmp_path: Path) -> None:
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "wideband.alaw").write_bytes(_sox_to_raw(speak(HOLD), RATE, 16000, "a-law"))
+    out = tmp_path / "out"
+    proc = bulk(folder, out, asr_server.target, "--rate", "16000")
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads((out / "wideband.alaw.json").read_text())
+    assert "transfer your call" in normalize(record["text"])
+    assert 2.0 < float(record["total_audio_duration"].rstrip("s")) < 4.0  # read at 16 kHz, not 8 kHz
