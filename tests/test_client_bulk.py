@@ -140,3 +140,20 @@ def test_raw_alaw_at_the_rate_flag(asr_server: ServerThread, tmp_path: Path) -> 
     record = json.loads((out / "wideband.alaw.json").read_text())
     assert "transfer your call" in normalize(record["text"])
     assert 2.0 < float(record["total_audio_duration"].rstrip("s")) < 4.0  # read at 16 kHz, not 8 kHz
+
+
+def test_progress_bar_on_a_terminal(asr_server: ServerThread, tmp_path: Path) -> None:
+    """On a terminal (a pseudo-terminal from util-linux `script`, 100x30) the bar counts the recordings."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for i in range(3):
+        sf.write(folder / f"hold{i}.wav", speak(HOLD), RATE, subtype="PCM_16")
+    command = (
+        f"stty cols 100 rows 30; {CLIENT} {folder} --out {tmp_path / 'out'} --server {asr_server.target}"
+    )
+    proc = subprocess.run(
+        ["script", "-qec", command, "/dev/null"], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stdout
+    assert re.search(r"100%\|.*\| 3/3 \[", proc.stdout), proc.stdout
+    assert "3 recordings: 3 transcribed" in proc.stdout
