@@ -3,9 +3,12 @@
     asr-client call.wav --server 127.0.0.1:50051 --realtime --interim
     asr-client call.ulaw --separate-channels --json-out results.jsonl
     asr-client jfk.flac --recognize
+    asr-client recordings/ --out transcripts/ --concurrency 8 --separate-channels
 
 WAV/FLAC go as LINEAR16 at their own rate; .ulaw/.alaw (or --encoding MULAW|ALAW) as G.711 at 8 kHz.
 On a terminal interim hypotheses overwrite one line; otherwise every result is its own line.
+A folder is transcribed in bulk (clients/bulk.py): JSON and SRT per recording into --out, with a
+progress bar; a rerun skips recordings already done.
 """
 
 from __future__ import annotations
@@ -16,11 +19,13 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import IO, Any
 
 from asr.v1 import asr_pb2
 from grpc import aio
 
+from clients.bulk import DEFAULT_MAX_RECOGNIZE_BYTES, BulkOptions, transcribe_folder
 from clients.client import RecognizerClient, Tls
 
 EventType = asr_pb2.StreamingRecognizeResponse.SpeechEventType
@@ -40,7 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="asr-client", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
     p.add_argument(
-        "file", help="WAV/FLAC (sent as LINEAR16), .ulaw/.alaw (G.711 8 kHz), or raw PCM with --rate"
+        "file",
+        help="WAV/FLAC (sent as LINEAR16), .ulaw/.alaw (G.711 8 kHz), or raw PCM with --rate; "
+        "or a folder of them (bulk, with --out)",
     )
     p.add_argument("--server", default="127.0.0.1:50051", help="host:port (default: %(default)s)")
     p.add_argument("--realtime", action="store_true", help="send audio at its own pace, like a live call")
@@ -74,7 +81,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--client-cert", help="client certificate (PEM) for mutual TLS (with --client-key)")
     p.add_argument("--client-key", help="client private key (PEM) for mutual TLS")
     p.add_argument("--timeout", type=float, default=None, help="deadline for the whole call in seconds")
+    bulk = p.add_argument_group("bulk (FILE is a folder)")
+    bulk.add_argument("--out", help="folder for <recording>.json and <recording>.srt (required for a folder)")
+    bulk.add_argument(
+        "--concurrency",
+        type=_positive_int,
+        default=4,
+        help="recordings in flight at once (default: %(default)s)",
+    )
+    bulk.add_argument(
+        "--max-recognize-bytes",
+        type=_positive_int,
+        default=DEFAULT_MAX_RECOGNIZE_BYTES,
+        help="the server's --max-recognize-bytes: larger files are streamed instead (default: %(default)s)",
+    )
+    bulk.add_argument(
+        "--stream-speed",
+        type=float,
+        default=2.0,
+        help="files streamed instead: send at this many times real time, 0 = as fast as the server reads "
+        "(keep it below what the server transcribes, or it refuses past --max-buffer-seconds; default: %(default)s)",
+    )
+    bulk.add_argument(
+        "--channel-names",
+        default="agent,customer",
+        help="with --separate-channels: names of channels 1, 2, ... in the outputs (default: %(default)s)",
+    )
     return p
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 class Printer:
@@ -164,6 +204,11 @@ async def run(args: argparse.Namespace, printer: Printer) -> None:
     use_tls = args.tls or args.ca_cert or args.client_cert
     tls = Tls(args.ca_cert, args.client_cert, args.client_key) if use_tls else None
     async with RecognizerClient(args.server, token=args.token, tls=tls) as client:
+        if args.bulk:
+            outcomes = await transcribe_folder(client, Path(args.file), bulk_options(args))
+            if any(o.status == "failed" for o in outcomes):
+                raise BulkFailed(sum(o.status == "failed" for o in outcomes))
+            return
         if args.recognize:
             response = await client.recognize_file(
                 args.file,
@@ -199,13 +244,39 @@ async def run(args: argparse.Namespace, printer: Printer) -> None:
             printer.stream_response(response)
 
 
+class BulkFailed(Exception):
+    """Some recordings of a folder failed (each was reported as it failed)."""
+
+
+def bulk_options(args: argparse.Namespace) -> BulkOptions:
+    if not args.out:
+        raise ValueError(f"{args.file} is a folder: give --out FOLDER for the transcripts")
+    return BulkOptions(
+        out_dir=Path(args.out),
+        concurrency=args.concurrency,
+        encoding=args.encoding,
+        rate=args.rate,
+        channels=args.channels,
+        separate_channels=args.separate_channels,
+        channel_names=[n.strip() for n in args.channel_names.split(",")],
+        language=args.language,
+        prompt=args.prompt,
+        max_recognize_bytes=args.max_recognize_bytes,
+        stream_speed=args.stream_speed,
+        timeout_s=args.timeout,
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    args.bulk = os.path.isdir(args.file)
     json_out = open(args.json_out, "w", encoding="utf-8") if args.json_out else None  # noqa: SIM115
     try:
         asyncio.run(run(args, Printer(sys.stdout, json_out)))
     except aio.AioRpcError as e:
         sys.exit(f"asr-client: {e.code().name}: {e.details()}")
+    except BulkFailed as e:
+        sys.exit(f"asr-client: {e.args[0]} recording(s) failed (listed above)")
     except (OSError, ValueError) as e:
         sys.exit(f"asr-client: {e}")
     except KeyboardInterrupt:

@@ -26,6 +26,13 @@ class ServerConfig:
     host: str = field(default="[::]", metadata={"help": "address to bind the gRPC server to"})
     port: int = field(default=50051, metadata={"help": "gRPC port"})
     metrics_port: int = field(default=9464, metadata={"help": "Prometheus /metrics HTTP port (0: off)"})
+    http_port: int = field(
+        default=8000,
+        metadata={
+            "help": "OpenAI-compatible HTTP port: POST /v1/audio/transcriptions, same tokens, limits and TLS "
+            "as gRPC (0: off)"
+        },
+    )
     max_streams: int = field(
         default=256,
         metadata={"help": "most concurrent StreamingRecognize calls; beyond it RESOURCE_EXHAUSTED"},
@@ -159,6 +166,8 @@ def validate(config: ServerConfig) -> None:
         problems.append("--port must be 0-65535")
     if not 0 <= config.metrics_port <= 65535:
         problems.append("--metrics-port must be 0-65535")
+    if not 0 <= config.http_port <= 65535:
+        problems.append("--http-port must be 0-65535")
     for name in ("max_streams", "max_chunk_bytes", "max_recognize_bytes"):
         if getattr(config, name) < 1:
             problems.append(f"{_flag(name)} must be at least 1")

@@ -98,3 +98,8 @@ GRPC_HANDLING_SECONDS = Histogram(
 )
 GRPC_MSG_RECEIVED = Counter("grpc_server_msg_received_total", "Messages received from clients", GRPC_LABELS)
 GRPC_MSG_SENT = Counter("grpc_server_msg_sent_total", "Messages sent to clients", GRPC_LABELS)
+
+# The OpenAI-compatible HTTP door (service/http_api.py); its recognitions also count in the asr_* set above.
+HTTP_REQUESTS = Counter(
+    "asr_http_requests_total", "HTTP requests to the OpenAI-compatible door ended, by HTTP status", ["code"]
+)

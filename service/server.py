@@ -31,6 +31,7 @@ from engine.client import EngineClient
 from service import metrics
 from service.auth import ENV_VAR, AuthInterceptor, TokenStore
 from service.config import ServerConfig
+from service.http_api import HttpApi
 from service.interceptors import MetricsInterceptor
 from service.recognizer import RecognizerServicer
 from service.tls import server_credentials
@@ -69,6 +70,8 @@ class AsrServer:
         self._shutdown = asyncio.Event()
         self._failure: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.http: HttpApi | None = None  # the OpenAI-compatible door (--http-port), same loop
+        self.http_port = 0
 
     async def _set_health(self, status: int) -> None:
         for name in ("", SERVICE_NAME):
@@ -118,12 +121,16 @@ class AsrServer:
             raise OSError(f"could not bind the gRPC port {address}")
         await server.start()
         self._server = server
+        if c.http_port:  # the OpenAI-compatible HTTP door: the same recognizer, tokens and TLS
+            self.http = HttpApi(c, self.recognizer, tokens, reuse_port=self.reuse_port)
+            self.http_port = await self.http.start()
         log.info(
             "listening",
             extra={
                 "fields": {
                     "address": c.host,
                     "port": self.port,
+                    "http_port": self.http_port,
                     "tls": "mutual" if c.tls_client_ca else ("on" if credentials else "off"),
                     "auth": "bearer" if tokens.enabled else "off",
                 }
@@ -188,11 +195,19 @@ class AsrServer:
         idle = await self.recognizer.wait_idle(max(0.0, deadline - time.monotonic() - 0.5))
         if not idle:
             log.warning("drain deadline reached with streams still open; they are cancelled")
-        if self._server is not None:
-            await self._server.stop(max(0.0, deadline - time.monotonic()))
+        if self.http is not None:  # HTTP requests in flight get what is left of the grace, as gRPC calls do
+            await asyncio.gather(
+                self.http.stop(max(0.0, deadline - time.monotonic())), self._stop_grpc(deadline)
+            )
+        else:
+            await self._stop_grpc(deadline)
         if self.engine is not None:
             await asyncio.to_thread(self.engine.stop)
         log.info("stopped")
+
+    async def _stop_grpc(self, deadline: float) -> None:
+        if self._server is not None:
+            await self._server.stop(max(0.0, deadline - time.monotonic()))
 
     async def run(self) -> int:
         """The whole life of the process; returns its exit code."""
@@ -227,6 +242,8 @@ class AsrServer:
 
     async def stop(self, grace: float = 1.0, *, stop_engine: bool = True) -> None:
         """Stop at once: calls still open after `grace` seconds are cancelled."""
+        if self.http is not None:
+            await self.http.stop(grace)
         if self._server is not None:
             await self._server.stop(grace)
         if stop_engine and self.engine is not None:
@@ -240,6 +257,7 @@ def init_metrics() -> None:
     for outcome in ("final", "empty", "cancelled", "error"):
         metrics.UTTERANCES.labels(outcome)
     metrics.STREAMS.labels(grpc.StatusCode.OK.name)
+    metrics.HTTP_REQUESTS.labels("200")
     # rate() needs a series before the first call ends, or the error ratio reads NaN at first.
     for grpc_type, method in (("bidi_stream", "StreamingRecognize"), ("unary", "Recognize")):
         metrics.GRPC_HANDLED.labels(grpc_type, SERVICE_NAME, method, grpc.StatusCode.OK.name)

@@ -257,8 +257,17 @@ class Supervisor:
         except OSError as e:
             log.error(f"could not start the gRPC server: {c.host}:{c.port} is not free: {e}")
             return EXIT_LOAD_FAILED
-        with holder:
+        with contextlib.ExitStack() as held:
+            held.enter_context(holder)
             c.port = holder.getsockname()[1]
+            if c.http_port:  # the OpenAI-compatible door is served by every frontend too
+                try:
+                    http_holder = reserve_port(c.host, c.http_port)
+                except OSError as e:
+                    log.error(f"could not start the HTTP server: {c.host}:{c.http_port} is not free: {e}")
+                    return EXIT_LOAD_FAILED
+                held.enter_context(http_holder)
+                c.http_port = http_holder.getsockname()[1]
             try:
                 return self._run()
             finally:

@@ -457,7 +457,7 @@ def _run_until_exit(
 def test_missing_model_exits_non_zero_before_opening_any_port() -> None:
     port, metrics_port = free_port(), free_port()
     argv = [str(Path(sys.executable).with_name("asr-server")), "--model", "/nonexistent/whisper"]
-    argv += ["--host", HOST, "--port", str(port), "--metrics-port", str(metrics_port)]
+    argv += ["--host", HOST, "--port", str(port), "--metrics-port", str(metrics_port), "--http-port", "0"]
     code, stderr, listened, _ = _run_until_exit(argv, [port, metrics_port])
     assert code == 2, stderr
     assert "/nonexistent/whisper" in stderr and "no such folder" in stderr
@@ -470,7 +470,7 @@ def test_broken_model_folder_never_serves_and_exits_non_zero(tmp_path: Path) -> 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "whisper"}))
     port = free_port()
     argv = [str(Path(sys.executable).with_name("asr-server")), "--model", str(tmp_path)]
-    argv += ["--host", HOST, "--port", str(port), "--metrics-port", "0"]
+    argv += ["--host", HOST, "--port", str(port), "--metrics-port", "0", "--http-port", "0"]
     code, stderr, _, health = _run_until_exit(argv, [port], watch_health_port=port)
     assert code == 2, stderr
     assert f"could not load model '{tmp_path}'" in stderr

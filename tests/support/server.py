@@ -41,10 +41,12 @@ def free_port() -> int:
 
 
 class ServerThread:
-    """An in-process server on 127.0.0.1 (a free port), backed by an already started engine."""
+    """An in-process server on 127.0.0.1 (a free port), backed by an already started engine.
+    The HTTP door is off unless `http` (then on a free port: parallel tests never meet on 8000)."""
 
-    def __init__(self, config: ServerConfig, engine: Engine) -> None:
+    def __init__(self, config: ServerConfig, engine: Engine, *, http: bool = False) -> None:
         config.host, config.port, config.metrics_port = HOST, 0, 0
+        config.http_port = free_port() if http else 0
         self.config = config
         self.engine = engine
         self.loop = asyncio.new_event_loop()
@@ -55,6 +57,10 @@ class ServerThread:
     @property
     def target(self) -> str:
         return f"{HOST}:{self.server.port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{HOST}:{self.server.http_port}"
 
     def call(self, coro: Coroutine[Any, Any, T], timeout: float = 60) -> T:
         """Run a coroutine on the server's loop (to start, stop, or look inside it)."""
@@ -79,15 +85,18 @@ class ServerThread:
 
 
 class ServerProcess:
-    """`asr-server` in a subprocess with free ports; its log goes to a file (see `log()`)."""
+    """`asr-server` in a subprocess with free ports; its log goes to a file (see `log()`). The HTTP door
+    is off unless `http` (then on a free port: never the default 8000, which parallel tests would share)."""
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, *args: str, env: dict[str, str] | None = None, http: bool = False) -> None:
         self.port = free_port()
         self.metrics_port = free_port()
+        self.http_port = free_port() if http else 0
         self._log = tempfile.NamedTemporaryFile(prefix="asr-server-", suffix=".log", delete=False)  # noqa: SIM115
         argv = [
             str(Path(sys.executable).with_name("asr-server")),
             *("--host", HOST, "--port", str(self.port), "--metrics-port", str(self.metrics_port)),
+            *("--http-port", str(self.http_port)),
             *("--threads", "2", "--log-format", "json"),
             *args,
         ]
@@ -98,6 +107,10 @@ class ServerProcess:
     @property
     def target(self) -> str:
         return f"{HOST}:{self.port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{HOST}:{self.http_port}"
 
     def log(self) -> str:
         return Path(self._log.name).read_text(errors="replace")

@@ -1,0 +1,513 @@
+"""The OpenAI-compatible HTTP door: `POST /v1/audio/transcriptions` (and `GET /v1/models`).
+
+Served by aiohttp in the same event loop as the grpc.aio server, and through the same path as gRPC
+`Recognize`: the same bearer tokens (service/auth.py TokenStore), the same limits (the upload may be
+at most --max-recognize-bytes; every Recognize check applies to the audio), the same engine, and the
+same metrics (asr_recognize_seconds, asr_utterances_total, asr_audio_seconds_total) plus
+asr_http_requests_total{code}. Refusals use OpenAI's error body, {"error": {"message", "type",
+"param", "code"}}, with a message naming the field and the limit.
+
+Form fields (multipart/form-data, as OpenAI's SDKs send them):
+- `file`: a WAV or FLAC recording (the header says rate and channels; channels are mixed down).
+- `model`: accepted and ignored whatever its value: the server runs one model (`GET /v1/models`
+  names it), so clients written for `whisper-1` work unchanged.
+- `language` (ISO-639-1 or BCP-47), `prompt`: as RecognitionConfig.language_code / prompt.
+- `response_format`: json (default), text, verbose_json (segments; words when asked and available),
+  srt, vtt.
+- `timestamp_granularities[]`: segment, word (verbose_json only, as in OpenAI's API).
+- `stream=true`: server-sent events, `transcript.text.delta` per utterance in time order, then
+  `transcript.text.done` with the whole text. Events are sent once the recording is transcribed
+  (Recognize answers a recording as a whole).
+- `redact` (repeatable or comma-separated: pci, ssn, numbers): as RecognitionConfig.redact.
+- `temperature` and fields this server does not know are ignored (decoding is greedy, temperature 0).
+
+`word` granularity and `redact` pass straight into RecognitionConfig's `enable_word_time_offsets` and
+`redact` when the proto has those fields; a server built without them refuses the field with 400.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import ssl
+import time
+import zlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from aiohttp import BodyPartReader, web
+from asr.v1 import asr_pb2
+
+from service import metrics
+from service.auth import TokenStore, bearer_token
+from service.config import ServerConfig
+from service.recognizer import RecognizerServicer, whisper_language
+from service.session import StreamError
+from service.subtitles import Cue, srt, vtt
+
+log = logging.getLogger("service.http_api")
+
+TRANSCRIPTIONS_PATH = "/v1/audio/transcriptions"
+MODELS_PATH = "/v1/models"
+RESPONSE_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
+GRANULARITIES = ("segment", "word")
+MAX_FIELD_BYTES = 64 << 10  # a text form field (prompt, language, ...): far above any real one
+FORM_OVERHEAD_BYTES = 1 << 20  # multipart boundaries and text fields on top of the file itself
+READ_CHUNK_BYTES = 1 << 16
+
+# A gRPC status from the shared Recognize core -> the HTTP status OpenAI's clients expect for it.
+HTTP_STATUS = {
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.OUT_OF_RANGE: 413,  # a recording longer than the Recognize bound
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+    grpc.StatusCode.CANCELLED: 499,
+}
+_ERROR_TYPE = {
+    401: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "server_error",
+    500: "server_error",
+}
+
+
+def _has_config_field(name: str) -> bool:
+    """True once the proto carries `name` (word timings and redaction come with issue 14's proto)."""
+    return name in asr_pb2.RecognitionConfig.DESCRIPTOR.fields_by_name
+
+
+class ApiError(Exception):
+    """An HTTP refusal in OpenAI's error shape; `param` names the form field to blame."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    def response(self) -> web.Response:
+        body = {
+            "error": {
+                "message": self.message,
+                "type": _ERROR_TYPE.get(self.status, "invalid_request_error"),
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
+        return web.json_response(body, status=self.status, headers=headers)
+
+
+@dataclass
+class TranscriptionRequest:
+    """The parsed form of one `POST /v1/audio/transcriptions`."""
+
+    audio: bytes = b""
+    filename: str = ""
+    model: str = ""
+    language: str = ""
+    prompt: str = ""
+    response_format: str = "json"
+    granularities: set[str] = field(default_factory=set)
+    stream: bool = False
+    redact: list[str] = field(default_factory=list)
+
+
+def _on_off(name: str, value: str) -> bool:
+    v = value.strip().lower()
+    if v in ("true", "1", "yes", "on"):
+        return True
+    if v in ("false", "0", "no", "off", ""):
+        return False
+    raise ApiError(400, f"{name} must be true or false, got {value!r}", name)
+
+
+async def read_form(request: web.Request, max_file_bytes: int) -> TranscriptionRequest:
+    """Read the multipart form, refusing an upload over `max_file_bytes` as soon as it is (413)."""
+    limit_note = f"the limit of {max_file_bytes} bytes (max_recognize_bytes)"
+    if request.content_length is not None and request.content_length > max_file_bytes + FORM_OVERHEAD_BYTES:
+        raise ApiError(
+            413, f"file: the request of {request.content_length} bytes is over {limit_note}", "file"
+        )
+    if not request.content_type.startswith("multipart/"):
+        raise ApiError(
+            400, f"send multipart/form-data with a 'file' field (got Content-Type {request.content_type})"
+        )
+    form = TranscriptionRequest()
+    seen_file = False
+    reader = await request.multipart()
+    while (part := await reader.next()) is not None:
+        if not isinstance(part, BodyPartReader):
+            raise ApiError(400, "nested multipart bodies are not accepted")
+        name = part.name or ""
+        if name == "file":
+            seen_file = True
+            form.filename = part.filename or ""
+            data = bytearray()
+            while chunk := await part.read_chunk(READ_CHUNK_BYTES):
+                data += chunk
+                if len(data) > max_file_bytes:
+                    raise ApiError(413, f"file is over {limit_note}", "file")
+            form.audio = bytes(data)
+            continue
+        raw = await part.read()  # bounded: the whole request is (client_max_size)
+        if len(raw) > MAX_FIELD_BYTES:
+            raise ApiError(400, f"{name} is over the limit of {MAX_FIELD_BYTES} bytes for a form field", name)
+        value = raw.decode("utf-8", errors="replace")
+        if name == "model":
+            form.model = value
+        elif name == "language":
+            form.language = value
+        elif name == "prompt":
+            form.prompt = value
+        elif name == "response_format":
+            form.response_format = value.strip() or "json"
+        elif name in ("timestamp_granularities[]", "timestamp_granularities"):
+            form.granularities.update(g.strip() for g in value.split(",") if g.strip())
+        elif name == "stream":
+            form.stream = _on_off("stream", value)
+        elif name in ("redact", "redact[]"):
+            form.redact.extend(r.strip().lower() for r in value.split(",") if r.strip())
+        # anything else (temperature, include[], chunking_strategy, ...) is ignored, as documented
+    if not seen_file or not form.audio:
+        raise ApiError(400, "file is required: a WAV or FLAC recording in the 'file' form field", "file")
+    if form.response_format not in RESPONSE_FORMATS:
+        raise ApiError(
+            400,
+            f"response_format must be one of {', '.join(RESPONSE_FORMATS)}, got {form.response_format!r}",
+            "response_format",
+        )
+    unknown = sorted(form.granularities - set(GRANULARITIES))
+    if unknown:
+        raise ApiError(
+            400,
+            f"timestamp_granularities[] must be segment or word, got {', '.join(map(repr, unknown))}",
+            "timestamp_granularities[]",
+        )
+    if form.granularities and form.response_format != "verbose_json":
+        raise ApiError(
+            400,
+            "timestamp_granularities[] needs response_format=verbose_json",
+            "timestamp_granularities[]",
+        )
+    if "word" in form.granularities and not _has_config_field("enable_word_time_offsets"):
+        raise ApiError(
+            400,
+            "timestamp_granularities[]=word is not supported by this server yet (no word timings); use segment",
+            "timestamp_granularities[]",
+        )
+    if form.redact and not _has_config_field("redact"):
+        raise ApiError(400, "redact is not supported by this server yet", "redact")
+    if form.stream and form.response_format not in ("json", "text"):
+        raise ApiError(
+            400,
+            f"stream=true sends text events; it takes response_format json or text, not {form.response_format}",
+            "stream",
+        )
+    return form
+
+
+def encoding_of(audio: bytes) -> int:
+    """The file's container from its first bytes (the server reads rate and channels from the header)."""
+    if audio[:4] == b"fLaC":
+        return asr_pb2.FLAC
+    if audio[:4] == b"RIFF" and audio[8:12] == b"WAVE":
+        return asr_pb2.WAV
+    raise ApiError(
+        400,
+        f"file: unsupported audio format (first bytes {audio[:4]!r}); send a WAV or FLAC recording",
+        "file",
+    )
+
+
+def recognition_config(form: TranscriptionRequest, language_code: str) -> asr_pb2.RecognitionConfig:
+    """The RecognitionConfig that gRPC Recognize would get for this form."""
+    config = asr_pb2.RecognitionConfig(
+        encoding=encoding_of(form.audio),  # type: ignore[arg-type]
+        language_code=language_code,
+        prompt=form.prompt,
+        # segments for verbose_json and captions; plain text needs none
+        enable_segment_time_offsets=form.response_format in ("verbose_json", "srt", "vtt"),
+    )
+    if "word" in form.granularities:
+        config.enable_word_time_offsets = True  # type: ignore[attr-defined]
+    for name in form.redact:
+        try:
+            value = asr_pb2.Redaction.Value(name.upper())  # type: ignore[attr-defined]
+        except ValueError:
+            raise ApiError(400, f"redact must be pci, ssn or numbers, got {name!r}", "redact") from None
+        config.redact.append(value)  # type: ignore[attr-defined]
+    return config
+
+
+# --- rendering a RecognizeResponse ---
+
+
+def _s(d: Any) -> float:
+    return round(d.seconds + d.nanos / 1e9, 3)
+
+
+def transcript_text(response: asr_pb2.RecognizeResponse) -> str:
+    return " ".join(r.alternatives[0].transcript for r in response.results if r.alternatives).strip()
+
+
+def cues(response: asr_pb2.RecognizeResponse) -> list[Cue]:
+    """Whisper's segments where the results carry them, else one cue per utterance."""
+    out: list[Cue] = []
+    for r in response.results:
+        alt = r.alternatives[0]
+        if alt.segments:
+            out.extend(Cue(_s(s.start_offset), _s(s.end_offset), s.text) for s in alt.segments if s.text)
+        else:
+            out.append(Cue(_s(r.start_offset), _s(r.end_offset), alt.transcript))
+    return out
+
+
+def _compression_ratio(text: str) -> float:
+    data = text.encode()
+    return round(len(data) / len(zlib.compress(data)), 3) if data else 0.0
+
+
+def verbose_json(response: asr_pb2.RecognizeResponse, with_words: bool) -> dict[str, Any]:
+    """OpenAI's verbose_json. Per segment: times, text, the utterance's avg_logprob (Whisper's mean token
+    log-probability) and compression_ratio; `tokens` and `no_speech_prob` are left out (the server's VAD,
+    not Whisper's no-speech token, decides what is speech)."""
+    segments: list[dict[str, Any]] = []
+    words: list[dict[str, Any]] = []
+    language = ""
+    for r in response.results:
+        alt = r.alternatives[0]
+        language = language or r.language_code
+        avg_logprob = round(math.log(alt.confidence), 4) if alt.confidence > 0 else None
+        parts = [(s.text, _s(s.start_offset), _s(s.end_offset)) for s in alt.segments] or [
+            (alt.transcript, _s(r.start_offset), _s(r.end_offset))
+        ]
+        for text, start, end in parts:
+            segments.append(
+                {
+                    "id": len(segments),
+                    "seek": round(start * 100),  # in 10 ms frames, as Whisper counts
+                    "start": start,
+                    "end": end,
+                    "text": text,
+                    "temperature": 0.0,
+                    "avg_logprob": avg_logprob,
+                    "compression_ratio": _compression_ratio(text),
+                }
+            )
+        if with_words:
+            for w in getattr(alt, "words", ()):
+                words.append({"word": w.word, "start": _s(w.start_offset), "end": _s(w.end_offset)})
+    body: dict[str, Any] = {
+        "task": "transcribe",
+        "language": language_name(language),
+        "duration": _s(response.total_audio_duration),
+        "text": transcript_text(response),
+        "segments": segments,
+        "usage": usage(response),
+    }
+    if with_words:
+        body["words"] = words
+    return body
+
+
+def language_name(code: str) -> str:
+    """Whisper's code -> the English name OpenAI's verbose_json gives ("en" -> "english")."""
+    from transformers.models.whisper.tokenization_whisper import LANGUAGES
+
+    return str(LANGUAGES.get(code, code))
+
+
+def usage(response: asr_pb2.RecognizeResponse) -> dict[str, Any]:
+    return {"type": "duration", "seconds": math.ceil(_s(response.total_audio_duration))}
+
+
+def _sse(event: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(event, ensure_ascii=False)}\n\n".encode()
+
+
+# --- the app ---
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class HttpApi:
+    """The aiohttp application and its site, bound to `config.host:config.http_port`."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        recognizer: RecognizerServicer,
+        tokens: TokenStore,
+        *,
+        reuse_port: bool = False,
+    ) -> None:
+        self.config = config
+        self.recognizer = recognizer
+        self.tokens = tokens
+        self.reuse_port = reuse_port
+        self.port = 0
+        self._runner: web.AppRunner | None = None
+        self.app = web.Application(
+            middlewares=[self._count, self._errors],
+            client_max_size=config.max_recognize_bytes + FORM_OVERHEAD_BYTES,
+        )
+        self.app.router.add_post(TRANSCRIPTIONS_PATH, self.transcriptions)
+        self.app.router.add_get(MODELS_PATH, self.models)
+
+    # --- lifecycle ---
+
+    async def start(self) -> int:
+        # handler_cancellation: a client that hangs up cancels its recognition (the engine frees its slots)
+        self._runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        host = self.config.host.strip("[]") or None
+        # asr-server's frontend processes share the port (SO_REUSEPORT), as they share the gRPC port;
+        # the supervisor checked it was free first (service/supervisor.py reserve_port).
+        site = web.TCPSite(
+            self._runner, host, self.config.http_port, ssl_context=self._ssl(), reuse_port=self.reuse_port
+        )
+        await site.start()
+        self.port = self.config.http_port  # never 0 here: 0 turns the door off
+        log.info(
+            "HTTP listening",
+            extra={
+                "fields": {
+                    "port": self.port,
+                    "path": TRANSCRIPTIONS_PATH,
+                    "tls": site.name.startswith("https"),
+                }
+            },
+        )
+        return self.port
+
+    def _ssl(self) -> ssl.SSLContext | None:
+        """HTTPS with the gRPC port's certificate (and client CA: mutual TLS) when TLS is configured."""
+        c = self.config
+        if not c.tls_cert:
+            return None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(c.tls_cert, c.tls_key)
+        if c.tls_client_ca:
+            context.load_verify_locations(c.tls_client_ca)
+            context.verify_mode = ssl.CERT_REQUIRED
+        return context
+
+    async def stop(self, grace: float) -> None:
+        """Stop listening; requests still running after `grace` seconds are cancelled."""
+        if self._runner is not None:
+            # aiohttp reads it at cleanup; it takes 0 as "no limit", so a grace of 0 becomes 1 ms
+            self._runner._shutdown_timeout = max(grace, 0.001)
+            await self._runner.cleanup()
+            self._runner = None
+
+    # --- middlewares ---
+
+    @web.middleware
+    async def _count(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        status = 500
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        except web.HTTPException as e:
+            status = e.status
+            raise
+        finally:
+            metrics.HTTP_REQUESTS.labels(str(status)).inc()
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except ApiError as e:
+            return e.response()
+        except web.HTTPRequestEntityTooLarge as e:
+            limit = self.config.max_recognize_bytes
+            return ApiError(
+                413, f"file is over the limit of {limit} bytes (max_recognize_bytes) ({e.text})", "file"
+            ).response()
+        except web.HTTPException as e:  # 404, 405: OpenAI's shape too
+            return ApiError(e.status, f"{request.method} {request.path}: {e.reason}").response()
+
+    def _authenticate(self, request: web.Request) -> None:
+        if not self.tokens.enabled:
+            return
+        token = bearer_token(request.headers.items())
+        if token is None:
+            reason = "missing credentials: send the header 'Authorization: Bearer <token>'"
+        elif not token:
+            reason = "malformed Authorization header: expected 'Bearer <token>'"
+        elif not self.tokens.check(token):
+            reason = "invalid bearer token"
+        else:
+            return
+        raise ApiError(401, reason, code="invalid_api_key")
+
+    # --- handlers ---
+
+    async def models(self, request: web.Request) -> web.Response:
+        self._authenticate(request)
+        engine = self.recognizer.engine
+        data = (
+            []
+            if engine is None
+            else [{"id": engine.info.name, "object": "model", "owned_by": "callcenter-asr"}]
+        )
+        return web.json_response({"object": "list", "data": data})
+
+    async def transcriptions(self, request: web.Request) -> web.StreamResponse:
+        self._authenticate(request)  # before a byte of the body is read
+        form = await read_form(request, self.config.max_recognize_bytes)
+        engine = self.recognizer.engine
+        language_code = form.language.strip()
+        if engine is not None and language_code:
+            try:
+                language_code = whisper_language(language_code, engine.info) or ""
+            except ValueError as e:
+                raise ApiError(400, str(e).replace("language_code", "language", 1), "language") from e
+        recognize = asr_pb2.RecognizeRequest(
+            config=recognition_config(form, language_code), audio_content=form.audio
+        )
+        started = time.perf_counter()
+        try:
+            # The gRPC Recognize core itself: same checks, engine, metrics.
+            response = await self.recognizer._recognize(recognize)
+        except StreamError as e:
+            status = HTTP_STATUS.get(e.code, 500)
+            raise ApiError(status, e.message, "file" if status in (400, 413) else None) from e
+        finally:
+            metrics.RECOGNIZE_SECONDS.observe(time.perf_counter() - started)
+        if form.stream:
+            return await self._stream(request, response)
+        return self._render(form, response)
+
+    def _render(self, form: TranscriptionRequest, response: asr_pb2.RecognizeResponse) -> web.Response:
+        fmt = form.response_format
+        if fmt == "json":
+            return web.json_response({"text": transcript_text(response), "usage": usage(response)})
+        if fmt == "verbose_json":
+            return web.json_response(verbose_json(response, "word" in form.granularities))
+        if fmt == "srt":
+            return web.Response(text=srt(cues(response)), content_type="application/x-subrip")
+        if fmt == "vtt":
+            return web.Response(text=vtt(cues(response)), content_type="text/vtt")
+        return web.Response(text=transcript_text(response) + "\n", content_type="text/plain")
+
+    async def _stream(self, request: web.Request, response: asr_pb2.RecognizeResponse) -> web.StreamResponse:
+        sse = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await sse.prepare(request)
+        first = True
+        for r in response.results:
+            text = r.alternatives[0].transcript
+            if not text:
+                continue
+            await sse.write(_sse({"type": "transcript.text.delta", "delta": text if first else " " + text}))
+            first = False
+        await sse.write(_sse({"type": "transcript.text.done", "text": transcript_text(response)}))
+        await sse.write_eof()
+        return sse

@@ -1,0 +1,298 @@
+"""The OpenAI-compatible HTTP door, end to end through a real server on loopback: the official `openai`
+client (which nobody here wrote) and curl, against the same engine, tokens and limits as gRPC."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import ssl
+import subprocess
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import openai
+import pytest
+import soundfile as sf
+from prometheus_client import REGISTRY
+from prometheus_client.parser import text_string_to_metric_families
+
+from clients.client import RecognizerClient
+from clients.scoring import normalize
+from engine import Engine
+from service.config import ServerConfig
+from service.http_api import _has_config_field
+from tests.support.audio import JFK_FLAC, RATE, speak
+from tests.support.certs import Pem, make_pki
+from tests.support.server import ServerProcess, ServerThread
+
+pytestmark = pytest.mark.slow
+TOKEN = "http-test-token"
+ASK_NOT = "ask not what your country can do for you"
+
+
+@pytest.fixture(scope="module")
+def http_server(service_engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
+    tokens = tmp_path_factory.mktemp("auth") / "tokens"
+    tokens.write_text(f"{TOKEN}\n")
+    server = ServerThread(ServerConfig(auth_tokens_file=str(tokens)), service_engine, http=True).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(http_server: ServerThread) -> openai.OpenAI:
+    return openai.OpenAI(base_url=http_server.http_url + "/v1", api_key=TOKEN, max_retries=0, timeout=120)
+
+
+def transcribe(client: openai.OpenAI, **kwargs: object) -> object:
+    with open(JFK_FLAC, "rb") as f:
+        return client.audio.transcriptions.create(model="whisper-1", file=f, **kwargs)  # type: ignore[call-overload]
+
+
+def http_count(code: str) -> float:
+    return REGISTRY.get_sample_value("asr_http_requests_total", {"code": code}) or 0.0
+
+
+def curl(*args: str) -> tuple[int, str]:
+    """(HTTP status, body) of one curl call."""
+    proc = subprocess.run(
+        ["curl", "-sS", "-o", "-", "-w", "\n%{http_code}", *args], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    body, _, status = proc.stdout.rpartition("\n")
+    return int(status), body
+
+
+def test_json_is_the_same_text_as_grpc_recognize(client: openai.OpenAI, http_server: ServerThread) -> None:
+    before = http_count("200")
+    recognized = REGISTRY.get_sample_value("asr_recognize_seconds_count") or 0.0
+    result = transcribe(client)
+    assert ASK_NOT in normalize(result.text)  # type: ignore[attr-defined]
+    assert http_count("200") == before + 1
+    assert REGISTRY.get_sample_value("asr_recognize_seconds_count") == recognized + 1  # as a gRPC Recognize
+
+    async def grpc_text() -> str:
+        async with RecognizerClient(http_server.target, token=TOKEN) as c:
+            response = await c.recognize_file(JFK_FLAC)
+        return " ".join(r.alternatives[0].transcript for r in response.results)
+
+    # one path for both doors: the same recording gives the same words
+    assert normalize(result.text) == normalize(http_server.call(grpc_text(), timeout=120))  # type: ignore[attr-defined]
+
+
+def test_text_format(client: openai.OpenAI) -> None:
+    text = transcribe(client, response_format="text")
+    assert isinstance(text, str)
+    assert ASK_NOT in normalize(text)
+
+
+def test_verbose_json_has_timed_segments(client: openai.OpenAI) -> None:
+    result = transcribe(client, response_format="verbose_json", timestamp_granularities=["segment"])
+    assert result.language == "english"  # type: ignore[attr-defined]
+    assert 10.5 < result.duration < 11.5  # type: ignore[attr-defined]
+    segments = result.segments  # type: ignore[attr-defined]
+    assert segments and [s.id for s in segments] == list(range(len(segments)))
+    assert all(0 <= s.start < s.end <= result.duration + 0.1 for s in segments)  # type: ignore[attr-defined]
+    assert all(a.end <= b.start + 0.05 for a, b in itertools.pairwise(segments))
+    assert normalize(" ".join(s.text for s in segments)) == normalize(result.text)  # type: ignore[attr-defined]
+    assert all(s.avg_logprob < 0 for s in segments)
+
+
+def test_srt_and_vtt(client: openai.OpenAI) -> None:
+    srt = transcribe(client, response_format="srt")
+    vtt = transcribe(client, response_format="vtt")
+    assert isinstance(srt, str) and isinstance(vtt, str)
+    stamp = r"(\d\d):(\d\d):(\d\d)[,.](\d{3})"
+    srt_cues = re.findall(rf"^(\d+)\n{stamp} --> {stamp}\n(.+)$", srt, re.M)
+    assert srt_cues and [int(c[0]) for c in srt_cues] == list(range(1, len(srt_cues) + 1))
+    assert ASK_NOT in normalize(" ".join(c[-1] for c in srt_cues))
+    assert vtt.startswith("WEBVTT\n\n")
+    vtt_cues = re.findall(rf"^{stamp} --> {stamp}\n(.+)$", vtt, re.M)
+    assert [c[-1] for c in vtt_cues] == [c[-1] for c in srt_cues]
+    assert "." in vtt.splitlines()[2] and "," in srt.splitlines()[1]  # each format's own separator
+
+
+def test_stream_sends_deltas_then_done(client: openai.OpenAI) -> None:
+    events = list(transcribe(client, stream=True))  # type: ignore[call-overload]
+    types = [e.type for e in events]
+    assert types[-1] == "transcript.text.done" and set(types[:-1]) == {"transcript.text.delta"}
+    assert "".join(e.delta for e in events[:-1]) == events[-1].text
+    assert ASK_NOT in normalize(events[-1].text)
+
+
+def test_wrong_token_is_refused_in_openai_shape(http_server: ServerThread) -> None:
+    before = http_count("401")
+    bad = openai.OpenAI(base_url=http_server.http_url + "/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as e:
+        transcribe(bad)
+    assert e.value.status_code == 401
+    assert "invalid bearer token" in str(e.value)
+    status, body = curl(
+        "-F", f"file=@{JFK_FLAC}", "-F", "model=whisper-1", http_server.http_url + "/v1/audio/transcriptions"
+    )
+    assert status == 401
+    error = json.loads(body)["error"]
+    assert "missing credentials" in error["message"] and error["code"] == "invalid_api_key"
+    assert http_count("401") == before + 2
+
+
+def test_curl_transcribes_and_refuses_bad_fields_by_name(http_server: ServerThread, tmp_path: Path) -> None:
+    url = http_server.http_url + "/v1/audio/transcriptions"
+    auth = ("-H", f"Authorization: Bearer {TOKEN}")
+    status, body = curl(
+        *auth, "-F", f"file=@{JFK_FLAC}", "-F", "model=whisper-1", "-F", "response_format=text", url
+    )
+    assert status == 200 and ASK_NOT in normalize(body)
+
+    status, body = curl(*auth, "-F", f"file=@{JFK_FLAC}", "-F", "response_format=xml", url)
+    error = json.loads(body)["error"]
+    assert status == 400 and error["param"] == "response_format"
+    assert "response_format must be one of json, text, verbose_json, srt, vtt" in error["message"]
+
+    status, body = curl(*auth, "-F", f"file=@{JFK_FLAC}", "-F", "language=xx", url)
+    error = json.loads(body)["error"]
+    assert status == 400 and error["param"] == "language" and "'xx'" in error["message"]
+
+    not_audio = tmp_path / "notes.txt"
+    not_audio.write_text("this is not a recording\n")
+    status, body = curl(*auth, "-F", f"file=@{not_audio}", url)
+    error = json.loads(body)["error"]
+    assert status == 400 and error["param"] == "file" and "WAV or FLAC" in error["message"]
+
+    status, body = curl(*auth, "-F", "model=whisper-1", url)
+    assert status == 400 and json.loads(body)["error"]["param"] == "file"
+
+
+def test_word_granularity_and_redact_follow_the_proto(http_server: ServerThread) -> None:
+    """Words and redaction pass through to RecognitionConfig; a server whose proto lacks them says so."""
+    url = http_server.http_url + "/v1/audio/transcriptions"
+    auth = ("-H", f"Authorization: Bearer {TOKEN}")
+    status, body = curl(
+        *auth, "-F", f"file=@{JFK_FLAC}", "-F", "response_format=verbose_json",
+        "-F", "timestamp_granularities[]=word", url,
+    )  # fmt: skip
+    if _has_config_field("enable_word_time_offsets"):
+        assert status == 200 and json.loads(body)["words"]
+    else:
+        error = json.loads(body)["error"]
+        assert status == 400 and error["param"] == "timestamp_granularities[]" and "word" in error["message"]
+    status, body = curl(*auth, "-F", f"file=@{JFK_FLAC}", "-F", "redact=pci", url)
+    if _has_config_field("redact"):
+        assert status == 200
+    else:
+        assert status == 400 and json.loads(body)["error"]["param"] == "redact"
+
+
+def test_upload_over_max_recognize_bytes_is_413_naming_the_limit(
+    service_engine: Engine, tmp_path: Path
+) -> None:
+    limit = JFK_FLAC.stat().st_size // 2
+    server = ServerThread(ServerConfig(max_recognize_bytes=limit), service_engine, http=True).start()
+    try:
+        url = server.http_url + "/v1/audio/transcriptions"
+        status, body = curl("-F", f"file=@{JFK_FLAC}", url)
+        error = json.loads(body)["error"]
+        assert status == 413 and error["param"] == "file"
+        assert f"limit of {limit} bytes (max_recognize_bytes)" in error["message"]
+        # what fits still goes through on the same server
+        short = tmp_path / "short.wav"
+        sf.write(short, speak("Thank you for calling."), RATE, subtype="PCM_16")
+        assert short.stat().st_size < limit
+        status, body = curl("-F", f"file=@{short}", "-F", "response_format=text", url)
+        assert status == 200 and "thank you for calling" in normalize(body)
+    finally:
+        server.stop()
+
+
+def test_models_lists_the_served_model(client: openai.OpenAI, service_engine: Engine) -> None:
+    assert [m.id for m in client.models.list()] == [service_engine.info.name]
+
+
+def test_mutual_tls_on_the_http_door(service_engine: Engine, tmp_path: Path) -> None:
+    """With --tls-cert/--tls-key/--tls-client-ca the door is HTTPS with the gRPC port's certificate and
+    asks for a client certificate from the same CA."""
+    pki = make_pki(tmp_path / "pki")
+    config = ServerConfig(
+        tls_cert=str(pki.server.cert), tls_key=str(pki.server.key), tls_client_ca=str(pki.ca)
+    )
+    server = ServerThread(config, service_engine, http=True).start()
+    try:
+        base_url = server.http_url.replace("http://", "https://") + "/v1"
+
+        def client_with(cert: Pem | None) -> openai.OpenAI:
+            context = ssl.create_default_context(cafile=str(pki.ca))
+            if cert is not None:
+                context.load_cert_chain(str(cert.cert), str(cert.key))
+            return openai.OpenAI(
+                base_url=base_url,
+                api_key="unused",
+                max_retries=0,
+                http_client=openai.DefaultHttpxClient(verify=context),
+            )
+
+        result = transcribe(client_with(pki.client))
+        assert ASK_NOT in normalize(result.text)  # type: ignore[attr-defined]
+        for cert in (None, pki.rogue_client):  # no client certificate; one from another CA
+            with pytest.raises(openai.APIConnectionError):
+                transcribe(client_with(cert))
+        plain = subprocess.run(
+            ["curl", "-sS", "-F", f"file=@{JFK_FLAC}", server.http_url + "/v1/audio/transcriptions"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert plain.returncode != 0 or "ask not" not in normalize(plain.stdout)  # plaintext gets nothing
+    finally:
+        server.stop()
+
+
+def test_draining_refuses_new_http_calls_with_503(service_engine: Engine) -> None:
+    server = ServerThread(ServerConfig(), service_engine, http=True).start()
+    try:
+        server.loop.call_soon_threadsafe(server.server.recognizer.drain)
+        status, body = curl("-F", f"file=@{JFK_FLAC}", server.http_url + "/v1/audio/transcriptions")
+        error = json.loads(body)["error"]
+        assert status == 503 and "draining" in error["message"] and error["type"] == "server_error"
+    finally:
+        server.stop()
+
+
+def _audio_seconds(metrics_port: int) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
+        families = text_string_to_metric_families(r.read().decode())
+        return sum(s.value for f in families if f.name == "asr_audio_seconds" for s in f.samples)
+
+
+def test_sigterm_lets_an_http_call_in_flight_finish(tmp_path: Path) -> None:
+    """A recording being transcribed when the pod is told to stop still gets its whole transcript."""
+    audio, rate = sf.read(JFK_FLAC, dtype="float32")
+    long_call = tmp_path / "three-jfk.wav"
+    sf.write(long_call, np.concatenate([audio, audio, audio]), rate, subtype="PCM_16")
+    server = ServerProcess(http=True).wait_serving()
+    try:
+        outcome: dict[str, object] = {}
+
+        def call() -> None:
+            client = openai.OpenAI(
+                base_url=server.http_url + "/v1", api_key="unused", max_retries=0, timeout=120
+            )
+            with open(long_call, "rb") as f:
+                outcome["text"] = client.audio.transcriptions.create(model="whisper-1", file=f).text
+
+        thread = threading.Thread(target=call)
+        thread.start()
+        deadline = time.monotonic() + 60
+        while _audio_seconds(server.metrics_port) == 0:  # the server has decoded the upload: it is in flight
+            assert time.monotonic() < deadline and thread.is_alive(), outcome
+            time.sleep(0.05)
+        server.terminate()
+        thread.join(120)
+        assert server.wait(60) == 0, server.log()
+        assert normalize(str(outcome.get("text", ""))).count("your country") >= 3, (outcome, server.log())
+    finally:
+        server.stop()
