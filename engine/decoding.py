@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from engine.constants import CHUNK_SECONDS
 from engine.request import DecodeOptions, Request, Segment
 
 NO_SPEECH_THRESHOLD = 0.6  # openai/whisper's defaults for dropping silent windows
@@ -199,7 +200,9 @@ class DecodingRules:
                 text_tokens.append(t)
         if text_tokens:  # unclosed final segment
             segments.append(
-                Segment(self.text(text_tokens), start if start is not None else offset_s, offset_s + 30.0)
+                Segment(
+                    self.text(text_tokens), start if start is not None else offset_s, offset_s + CHUNK_SECONDS
+                )
             )
         return segments
 

@@ -64,3 +64,9 @@ ENCODER_FALLBACKS = Counter(
     "asr_encoder_fallbacks_total",
     "Windows decoded again with the full 30 s context after a trimmed pass looped (--encoder-context trim)",
 )
+ENGINE_FAILURES = Counter(
+    "asr_engine_failures_total",
+    "Utterances failed alone by an error in one stage (encoder, prefill, decode_step, prompt, rules, "
+    "loop_check, result); the engine went on serving the others",
+    ["stage"],
+)

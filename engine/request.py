@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from engine.constants import N_SAMPLES, SAMPLE_RATE
+
 
 @dataclass(frozen=True)
 class DecodeOptions:
@@ -94,11 +96,11 @@ class Request:
 
     @property
     def audio_s(self) -> float:
-        return len(self.audio) / 16000.0
+        return len(self.audio) / SAMPLE_RATE
 
     @property
     def windows(self) -> int:
-        return max(1, -(-len(self.audio) // 480000))
+        return max(1, -(-len(self.audio) // N_SAMPLES))
 
     def window_audio(self) -> np.ndarray:
-        return self.audio[self.window * 480000 : (self.window + 1) * 480000]
+        return self.audio[self.window * N_SAMPLES : (self.window + 1) * N_SAMPLES]
