@@ -38,6 +38,9 @@ class Engine:
     def __init__(self, config: EngineConfig) -> None:
         from engine.scheduler import Scheduler  # heavy imports (torch) only when used
 
+        problems = config.validate()
+        if problems:
+            raise ValueError("; ".join(problems))
         self.config = config
         self._ids = itertools.count()
         self._scheduler = Scheduler(config)
