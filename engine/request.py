@@ -73,6 +73,9 @@ class Request:
     sot_index: int = 0  # where <|startoftranscript|> sits in the prompt (no-speech probability)
     forced: list[int] = field(default_factory=list)  # tokens to emit next regardless of logits
     detect_language: bool = False
+    # Where sampling begins in `generated`: after the detected language token and the forced task
+    # tokens (openai/whisper's sample_begin). The first-token rules apply to the token at this index.
+    sample_begin: int = 0
     language: str = ""
     window: int = 0  # which 30 s window of the audio is being decoded
     audio_ctx: int = 0  # encoder positions this window uses
