@@ -13,8 +13,8 @@ from torch import Tensor
 
 from engine.constants import FRAMES_PER_POSITION, HOP_LENGTH, N_FFT, SAMPLE_RATE
 
-# torch.stft(center=True) reflect-pads n_fft // 2 samples on each side of the signal it is given.
-STFT_PAD_SAMPLES = N_FFT // 2
+# torch.stft(center=True) below reflect-pads n_fft // 2 samples on each side of the signal it is given:
+# the reason for --trim-margin-s's lower bound (engine/config.py MIN_TRIM_MARGIN_S).
 
 
 class LogMel:
