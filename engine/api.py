@@ -16,27 +16,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.config import EngineConfig
+from engine.constants import SAMPLE_RATE
+from engine.errors import EngineOverloaded, EngineStopped, ModelInfo
 from engine.request import DecodeOptions, Request, Transcript
 
-SAMPLE_RATE = 16000
-
-
-class EngineOverloaded(Exception):
-    """The admission queue is full: the caller should answer RESOURCE_EXHAUSTED."""
-
-
-class EngineStopped(Exception):
-    """The engine is stopped or its scheduler died."""
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    name: str
-    device: str
-    dtype: str
-    multilingual: bool
-    languages: frozenset[str]
-    kv_cache_bytes: int
+__all__ = ["Engine", "EngineOverloaded", "EngineStopped", "ModelInfo", "UtteranceHandle"]
 
 
 @dataclass
@@ -54,6 +38,9 @@ class Engine:
     def __init__(self, config: EngineConfig) -> None:
         from engine.scheduler import Scheduler  # heavy imports (torch) only when used
 
+        problems = config.validate()
+        if problems:
+            raise ValueError("; ".join(problems))
         self.config = config
         self._ids = itertools.count()
         self._scheduler = Scheduler(config)

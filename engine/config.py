@@ -2,10 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
+from engine.constants import N_FFT, SAMPLE_RATE
+
 EncoderContext = Literal["full", "trim"]
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+WHISPER_TEXT_POSITIONS = 448  # every Whisper size's decoder context
+# The smallest slot that can hold a prompt and still generate: <|startoftranscript|>, language,
+# task, <|notimestamps|> (4 on a multilingual model), 2 kept free, at least 1 new token.
+MIN_MAX_TOKENS = 7
+# Trim margin lower bound. The log-mel frontend runs torch.stft(center=True), which reflect-pads
+# n_fft // 2 samples past the end of the signal it is given: alone, a row's signal ends with its
+# own trimmed window and its last frames see the reflection of its last n_fft // 2 samples; in a
+# batch with a longer row, they see zeros instead. The two agree (batched == alone) only if those
+# samples are already zeros, i.e. the padding after the audio is at least n_fft // 2 samples.
+MIN_TRIM_MARGIN_S = (N_FFT // 2) / SAMPLE_RATE  # 200 samples = 0.0125 s
+MAX_TRIM_MARGIN_S = 30.0  # Whisper's whole window
 
 
 @dataclass
@@ -58,8 +73,8 @@ class EngineConfig:
         metadata={
             "help": "trim: encoder context trimmed to the utterance plus a margin (utterances asking for "
             "timestamps or with a prompt keep the full context), falling back to the full "
-            "context for a window whose trimmed decode loops (3.2x faster than full on CPU, WER no worse on "
-            "our sets; docs/benchmarks.md); full: every utterance pays Whisper's 30 s window, tokens "
+            "context for a window whose trimmed decode loops (2.26-2.57x the throughput of full in "
+            "docs/benchmarks.md's levers table, WER no worse on our sets); full: every utterance pays Whisper's 30 s window, tokens "
             "identical to transformers' generate"
         },
     )
@@ -67,7 +82,8 @@ class EngineConfig:
         default=2.0,
         metadata={
             "help": "with --encoder-context trim: seconds of padding kept after the audio (2 s beat 1 s on "
-            "WER, 34.2 vs 39.3%, and speed, fewer fallbacks, in one run: docs/benchmarks.md)"
+            "WER, 34.2 vs 39.3%, and speed, fewer fallbacks, in one run: docs/benchmarks.md); at least "
+            "0.0125 (the log-mel's reflect padding, n_fft/2 samples), at most 30"
         },
     )
     max_encoder_batch_while_decoding: int = field(
@@ -90,3 +106,32 @@ class EngineConfig:
             "help": "TEST ONLY: crash the engine's scheduler thread after N utterances (0: off)",
         },
     )
+
+    def validate(self) -> list[str]:
+        """Each setting outside its range, as a message naming its flag and the range ([] if all
+        are fine). The one place the ranges live: the service's flag check and Engine use it."""
+        problems: list[str] = []
+
+        def check(name: str, low: float, high: float, unit: str = "") -> None:
+            value = getattr(self, name)
+            if not low <= value <= high:
+                flag = "--" + name.replace("_", "-")
+                problems.append(f"{flag} must be {low}-{high}{unit} (got {value})")
+
+        check("batch_window_ms", 0, 60_000, " ms")  # 0: no window, each pass takes what is ready
+        check("max_batch", 1, 1024)
+        check("kv_slots", 1, 4096)
+        check("max_tokens", MIN_MAX_TOKENS, WHISPER_TEXT_POSITIONS)
+        check("max_queue", 1, 1_000_000)  # beyond it, memory for queued audio
+        check("trim_margin_s", MIN_TRIM_MARGIN_S, MAX_TRIM_MARGIN_S, " s")
+        check("max_encoder_batch_while_decoding", 0, 1024)  # 0: no bound beyond --max-batch
+        check("threads", 0, 1024)  # 0: torch's default
+        check("debug_crash_scheduler_after", 0, 1_000_000)  # test seam (engine/faults.py); 0: off
+        if self.dtype not in DTYPES:
+            problems.append(f"--dtype must be one of {', '.join(DTYPES)} (got {self.dtype!r})")
+        if self.encoder_context not in ("full", "trim"):
+            problems.append(f"--encoder-context must be full or trim (got {self.encoder_context!r})")
+        return problems
+
+
+FLAGS_WITH_RANGES = [f.name for f in dataclasses.fields(EngineConfig) if f.type in ("int", "float")]

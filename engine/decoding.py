@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from engine.constants import CHUNK_SECONDS
 from engine.request import DecodeOptions, Request, Segment
 
 NO_SPEECH_THRESHOLD = 0.6  # openai/whisper's defaults for dropping silent windows
@@ -117,12 +118,14 @@ class DecodingRules:
             req.prompt_tokens = [*prefix, v.sot]
             req.forced = tail
             req.detect_language = True
+            req.sample_begin = 1 + len(tail)  # the language token, then the forced ones
         else:
             language = language or "en"
             lang = [v.languages[language]] if v.multilingual else []
             req.prompt_tokens = [*prefix, v.sot, *lang, *tail]
             req.forced = []
             req.detect_language = False
+            req.sample_begin = 0
             req.language = language
 
     # --- logits -> next tokens ---
@@ -130,7 +133,9 @@ class DecodingRules:
         """Apply the rules to logits [B, V] (in place) and pick greedy tokens.
         Returns (tokens [B], their log-probabilities [B])."""
         logits[:, self.suppress] = float("-inf")
-        first = torch.tensor([not r.generated and not r.forced for r in reqs], device=logits.device)
+        first = torch.tensor(
+            [len(r.generated) == r.sample_begin and not r.forced for r in reqs], device=logits.device
+        )
         if bool(first.any()):
             logits[first[:, None] & self.suppress_begin[None, :]] = float("-inf")
         for i, r in enumerate(reqs):
@@ -154,7 +159,7 @@ class DecodingRules:
         """openai/whisper's ApplyTimestampRules for one sequence."""
         v = self.vocab
         ts = v.timestamp_begin
-        seq = req.generated
+        seq = req.generated[req.sample_begin :]  # sampled tokens only: not the language or task
         logits[v.no_timestamps] = float("-inf")
         last_was_ts = len(seq) >= 1 and seq[-1] >= ts
         penultimate_was_ts = len(seq) < 2 or seq[-2] >= ts
@@ -199,7 +204,9 @@ class DecodingRules:
                 text_tokens.append(t)
         if text_tokens:  # unclosed final segment
             segments.append(
-                Segment(self.text(text_tokens), start if start is not None else offset_s, offset_s + 30.0)
+                Segment(
+                    self.text(text_tokens), start if start is not None else offset_s, offset_s + CHUNK_SECONDS
+                )
             )
         return segments
 

@@ -11,10 +11,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-SAMPLE_RATE = 16000
-N_FFT = 400
-HOP_LENGTH = 160
-FRAMES_PER_POSITION = 2  # conv2 has stride 2: one encoder position = 2 mel frames = 20 ms
+from engine.constants import FRAMES_PER_POSITION, HOP_LENGTH, N_FFT, SAMPLE_RATE
+
+# torch.stft(center=True) below reflect-pads n_fft // 2 samples on each side of the signal it is given:
+# the reason for --trim-margin-s's lower bound (engine/config.py MIN_TRIM_MARGIN_S).
 
 
 class LogMel:

@@ -78,3 +78,9 @@ IPC_SECONDS = Histogram(
     "Per utterance, time on the wire between a frontend process and the engine process (both ways)",
     buckets=TIME_BUCKETS,
 )
+ENGINE_FAILURES = Counter(
+    "asr_engine_failures_total",
+    "Utterances failed alone by an error in one stage (encoder, prefill, decode_step, prompt, rules, "
+    "loop_check, result); the engine went on serving the others",
+    ["stage"],
+)

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from engine.constants import N_SAMPLES, SAMPLE_RATE
+
 
 @dataclass(frozen=True)
 class DecodeOptions:
@@ -71,6 +73,9 @@ class Request:
     sot_index: int = 0  # where <|startoftranscript|> sits in the prompt (no-speech probability)
     forced: list[int] = field(default_factory=list)  # tokens to emit next regardless of logits
     detect_language: bool = False
+    # Where sampling begins in `generated`: after the detected language token and the forced task
+    # tokens (openai/whisper's sample_begin). The first-token rules apply to the token at this index.
+    sample_begin: int = 0
     language: str = ""
     window: int = 0  # which 30 s window of the audio is being decoded
     audio_ctx: int = 0  # encoder positions this window uses
@@ -94,11 +99,11 @@ class Request:
 
     @property
     def audio_s(self) -> float:
-        return len(self.audio) / 16000.0
+        return len(self.audio) / SAMPLE_RATE
 
     @property
     def windows(self) -> int:
-        return max(1, -(-len(self.audio) // 480000))
+        return max(1, -(-len(self.audio) // N_SAMPLES))
 
     def window_audio(self) -> np.ndarray:
-        return self.audio[self.window * 480000 : (self.window + 1) * 480000]
+        return self.audio[self.window * N_SAMPLES : (self.window + 1) * N_SAMPLES]

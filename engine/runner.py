@@ -13,15 +13,14 @@ import torch
 from torch import Tensor
 
 from engine.config import EngineConfig
+from engine.constants import POSITIONS_PER_SECOND, SAMPLE_RATE
 from engine.decoding import DecodingRules
-from engine.features import SAMPLE_RATE, LogMel
+from engine.features import LogMel
 from engine.kv_cache import KVCache
 from engine.model import Whisper, from_transformers
 from engine.weights import LoadedWeights
 
 log = logging.getLogger(__name__)
-
-POSITIONS_PER_SECOND = 50
 
 
 def resolve_device(name: str) -> torch.device:

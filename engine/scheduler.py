@@ -27,8 +27,9 @@ from typing import Any
 import torch
 
 from engine import metrics as m
-from engine.api import EngineOverloaded, EngineStopped, ModelInfo
 from engine.config import EngineConfig
+from engine.constants import CHUNK_SECONDS, SAMPLE_RATE
+from engine.errors import EngineOverloaded, EngineStopped, ModelInfo
 from engine.request import DecodeOptions, Request, Transcript, UtteranceStats
 from engine.runner import ModelRunner
 from engine.weights import load
@@ -47,6 +48,20 @@ def repeats_at_end(tokens: list[int], min_span: int = MIN_REPEATED_SPAN) -> bool
     ("Thank you for your help. Thank you for your help."): too short for the compression
     ratio to notice, a loop all the same."""
     return any(tokens[-k:] == tokens[-2 * k : -k] for k in range(min_span, len(tokens) // 2 + 1))
+
+
+def leaves_engine_unknown(exc: BaseException) -> bool:
+    """An error after which the engine's state cannot be trusted: not an ordinary Exception (a
+    crash, an interrupt), or the accelerator itself failing (a lost device, an illegal memory
+    access, a device-side assert), after which every tensor on it is suspect. Anything else stays
+    with the utterance that raised it."""
+    if not isinstance(exc, Exception):
+        return True
+    accelerator_error = getattr(torch, "AcceleratorError", None)
+    if accelerator_error is not None and isinstance(exc, accelerator_error):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("CUDA error" in text or "device-side assert" in text)
 
 
 def compression_ratio(text: str) -> float:
@@ -78,14 +93,23 @@ class Scheduler:
         self._queued = 0  # submitted, not yet in a slot: what the admission bound counts
         self._lock = threading.Lock()
         self._stopping = threading.Event()
+        # Set (under _lock) when the scheduler drains its inbox for the last time: a submit either
+        # enqueues before that drain (and is failed by it) or sees this flag and is refused.
+        self._closed = False
         self._thread: threading.Thread | None = None
         self._dead: BaseException | None = None
         # When the current window opened: the first moment an utterance waited with a slot free
         # (time spent waiting for a slot is queueing, measured by asr_queue_wait_seconds).
         self._window_opened: float | None = None
         self._on_failure: Callable[[BaseException], None] | None = None
-        # Test seam: called for each request as its encoder pass begins (raise to inject a fault).
+        # Test seams. fault_hook: called for each request as its encoder pass begins (raise to
+        # inject a fault). stage_hook: called with (stage, requests) as each stage begins for those
+        # requests: "encoder" once per encoder call with its whole batch, then per request "prompt",
+        # "rules", "loop_check", "result" (raise to inject a fault into that stage).
+        # enqueue_hook: called in submit() just before the request enters the inbox.
         self.fault_hook: Callable[[Request], None] | None = None
+        self.stage_hook: Callable[[str, list[Request]], None] | None = None
+        self.enqueue_hook: Callable[[Request], None] | None = None
         self._update_gauges()
 
     # --- any thread ---
@@ -109,9 +133,13 @@ class Scheduler:
                 raise EngineOverloaded(
                     f"engine admission queue is full ({self.config.max_queue} utterances waiting; --max-queue)"
                 )
+            req.submitted = time.monotonic()
+            if self.enqueue_hook is not None:
+                self.enqueue_hook(req)
+            if self._closed:
+                raise EngineStopped("the engine is not running")
             self._queued += 1
-        req.submitted = time.monotonic()
-        self._inbox.put(("submit", req))
+            self._inbox.put(("submit", req))
 
     def cancel(self, request_id: str) -> None:
         self._inbox.put(("cancel", request_id))
@@ -237,18 +265,26 @@ class Scheduler:
             try:
                 self._encode_call(batch)
                 return []
-            except Exception:
+            except Exception as exc:
+                if leaves_engine_unknown(exc):
+                    raise
                 log.exception("batched encoder pass failed; retrying each utterance alone")
         failed = []
         for req in batch:
             try:
                 self._encode_call([req])
             except Exception as exc:
+                if leaves_engine_unknown(exc):
+                    raise
+                log.error("utterance %s failed in stage encoder", req.id, exc_info=exc)
+                m.ENGINE_FAILURES.labels("encoder").inc()
                 self._fail(req, exc)
                 failed.append(req)
         return failed
 
     def _encode_call(self, reqs: list[Request]) -> None:
+        if self.stage_hook is not None:
+            self.stage_hook("encoder", reqs)
         if self.fault_hook is not None:
             for req in reqs:
                 self.fault_hook(req)
@@ -262,25 +298,42 @@ class Scheduler:
         m.CROSS_KV_SECONDS.observe(timings.cross_kv_s)
 
     def _prefill(self, reqs: list[Request]) -> None:
-        rows = slice(reqs[0].row, reqs[-1].row + 1)  # admitted together: contiguous
-        for req in reqs:
+        for req in list(reqs):
             if req.window == 0:
-                self.rules.build_prompt(req, self.config.max_tokens)
+                try:
+                    self._stage("prompt", [req])
+                    self.rules.build_prompt(req, self.config.max_tokens)
+                except Exception as exc:
+                    self._fail_in_stage(req, "prompt", exc)
+                    reqs.remove(req)
+                    continue
             req.max_new = min(
                 req.options.max_new_tokens or self.config.max_tokens,
                 self.config.max_tokens - len(req.prompt_tokens) - len(req.forced) - 2,
             )
             if req.audio_ctx < self.runner.full_audio_ctx:
                 # Speech rarely passes ~5 tokens/s; a trimmed window far beyond that is looping.
-                budget = TRIMMED_TOKENS_PER_SECOND * len(req.window_audio()) / 16000
+                budget = TRIMMED_TOKENS_PER_SECOND * len(req.window_audio()) / SAMPLE_RATE
                 req.max_new = min(req.max_new, TRIMMED_TOKENS_MIN + int(budget))
+        if not reqs:
+            return
+        # Releasing a failed row moves the last row into its place, so the survivors are no longer
+        # in admission order; but they still fill the block at the end of the cache that their
+        # window was given (rows below it never move). Address that block in row order.
+        reqs = sorted(reqs, key=lambda r: r.row)
+        rows = slice(reqs[0].row, reqs[-1].row + 1)
+        if [r.row for r in reqs] != list(range(rows.start, rows.stop)):
+            raise RuntimeError(f"KV-cache rows of an admitted window are not dense: {[r.row for r in reqs]}")
         start = time.perf_counter()
         try:
             last, sot = self.runner.prefill(
                 [r.prompt_tokens for r in reqs], [r.sot_index for r in reqs], rows
             )
         except Exception as exc:
+            if leaves_engine_unknown(exc):
+                raise
             log.exception("prefill failed")
+            m.ENGINE_FAILURES.labels("prefill").inc(len(reqs))
             for req in reqs:
                 self._fail(req, exc)
             self._release_all(reqs)
@@ -288,20 +341,40 @@ class Scheduler:
         m.PREFILL_SECONDS.observe(time.perf_counter() - start)
         for req in reqs:
             req.length = len(req.prompt_tokens)
-        no_speech = self.rules.no_speech_prob(sot).tolist()
+        failed: list[tuple[Request, Exception]] = []
+        try:
+            self._first_token_rules(reqs, list(range(len(reqs))), last, sot)
+        except Exception as exc:
+            if leaves_engine_unknown(exc):
+                raise
+            for i, req in enumerate(reqs):  # find the sequence(s) at fault: each alone
+                try:
+                    self._first_token_rules([req], [i], last, sot)
+                except Exception as alone_exc:
+                    failed.append((req, alone_exc))
+        rest = [i for i, r in enumerate(reqs) if not r.detect_language and all(r is not f for f, _ in failed)]
+        if rest:
+            self._choose([reqs[i] for i in rest], last[rest])
+        # Released only now: a release moves rows, and `last` was indexed by position above.
+        for req, error in failed:
+            self._fail_in_stage(req, "rules", error)
+        self._finish_done(reqs)
+
+    def _first_token_rules(
+        self, reqs: list[Request], index: list[int], last: torch.Tensor, sot: torch.Tensor
+    ) -> None:
+        """No-speech probability and language detection for reqs (rows `index` of the prefill logits)."""
+        self._stage("rules", reqs)
+        no_speech = self.rules.no_speech_prob(sot[index]).tolist()
+        detect = [j for j, r in enumerate(reqs) if r.detect_language]
+        languages = self.rules.detect_language(last[[index[j] for j in detect]]).tolist() if detect else []
+        codes = [self.rules.language_code(token) for token in languages]
         for req, p in zip(reqs, no_speech, strict=True):
             if req.window == 0:
                 req.no_speech_prob = p
-        detect = [i for i, r in enumerate(reqs) if r.detect_language]
-        if detect:
-            languages = self.rules.detect_language(last[detect]).tolist()
-            for i, token in zip(detect, languages, strict=True):
-                reqs[i].language = self.rules.language_code(token)
-                reqs[i].generated.append(token)
-        rest = [i for i in range(len(reqs)) if i not in detect]
-        if rest:
-            self._choose([reqs[i] for i in rest], last[rest])
-        self._finish_done(reqs)
+        for j, token, code in zip(detect, languages, codes, strict=True):
+            reqs[j].language = code
+            reqs[j].generated.append(token)
 
     def _decode_step(self) -> None:
         active = self._active
@@ -309,7 +382,10 @@ class Scheduler:
         try:
             logits = self.runner.step([r.generated[-1] for r in active], [r.length for r in active])
         except Exception as exc:
+            if leaves_engine_unknown(exc):
+                raise
             log.exception("decode step failed; failing the %d sequences in it", len(active))
+            m.ENGINE_FAILURES.labels("decode_step").inc(len(active))
             for req in active:
                 self._fail(req, exc)
             self._release_all(list(active))
@@ -319,7 +395,7 @@ class Scheduler:
         for req in active:
             req.length += 1
             req.decode_steps += 1
-        self._choose(active, logits)
+        self._choose(list(active), logits)
         self._finish_done(list(active))
 
     def _choose(self, reqs: list[Request], logits: torch.Tensor) -> None:
@@ -330,13 +406,32 @@ class Scheduler:
                 r.generated.append(r.forced.pop(0))
         if not free:
             return
-        tokens, logprobs = self.rules.next_tokens(logits[free], [reqs[i] for i in free])
-        for i, token, logprob in zip(free, tokens.tolist(), logprobs.tolist(), strict=True):
-            req = reqs[i]
+        chosen: list[tuple[Request, int, float]] = []
+        failed: list[tuple[Request, Exception]] = []
+        try:
+            self._stage("rules", [reqs[i] for i in free])
+            # logits[free] is a copy: the rules' in-place edits never reach `logits`.
+            tokens, logprobs = self.rules.next_tokens(logits[free], [reqs[i] for i in free])
+            chosen = list(zip([reqs[i] for i in free], tokens.tolist(), logprobs.tolist(), strict=True))
+        except Exception as exc:
+            if leaves_engine_unknown(exc):
+                raise
+            # Find the sequence(s) at fault: each alone, from its own untouched logits.
+            for i in free:
+                try:
+                    self._stage("rules", [reqs[i]])
+                    one_token, one_logprob = self.rules.next_tokens(logits[[i]], [reqs[i]])
+                    chosen.append((reqs[i], int(one_token.item()), float(one_logprob.item())))
+                except Exception as alone_exc:
+                    failed.append((reqs[i], alone_exc))
+        for req, token, logprob in chosen:
             req.generated.append(token)
             req.sum_logprob += logprob
             req.sampled += 1
-        m.TOKENS_GENERATED.inc(len(free))
+        m.TOKENS_GENERATED.inc(len(chosen))
+        # Released only now: a release moves rows, and `logits` was indexed by them above.
+        for req, error in failed:
+            self._fail_in_stage(req, "rules", error)
 
     def _finish_done(self, reqs: list[Request]) -> None:
         eot = self.rules.vocab.eot
@@ -352,14 +447,30 @@ class Scheduler:
                 done.append(req)
         self._release_all(done)
         for req in done:
-            if self._degenerate(req):
-                self._fall_back_to_full_context(req)
+            try:
+                self._stage("loop_check", [req])
+                degenerate = self._degenerate(req)
+            except Exception as exc:
+                self._fail_in_stage(req, "loop_check", exc)
+                continue
+            if degenerate or req.window + 1 < req.windows:
+                if not degenerate:
+                    req.window_tokens.append([t for t in req.generated if t != eot])
+                try:
+                    self._stage("prompt", [req])
+                    if degenerate:
+                        self._fall_back_to_full_context(req)
+                    else:
+                        self._next_window(req)
+                except Exception as exc:
+                    self._fail_in_stage(req, "prompt", exc)
                 continue
             req.window_tokens.append([t for t in req.generated if t != eot])
-            if req.window + 1 < req.windows:
-                self._next_window(req)
-            else:
+            try:
+                self._stage("result", [req])
                 self._publish(req)
+            except Exception as exc:
+                self._fail_in_stage(req, "result", exc)
 
     def _degenerate(self, req: Request) -> bool:
         """A trimmed encoder context can leave the decoder looping ("Please hold. Please hold.
@@ -403,7 +514,7 @@ class Scheduler:
         segments: list = []
         if req.options.timestamps:
             for i, window in enumerate(req.window_tokens):
-                segments.extend(self.rules.segments(window, offset_s=30.0 * i))
+                segments.extend(self.rules.segments(window, offset_s=float(CHUNK_SECONDS * i)))
         now = time.monotonic()
         transcript = Transcript(
             text=text if is_speech else "",
@@ -454,6 +565,20 @@ class Scheduler:
         m.ENGINE_REQUESTS.labels(kind, "cancelled").inc()
         req.future.cancel()
 
+    def _stage(self, stage: str, reqs: list[Request]) -> None:
+        if self.stage_hook is not None:
+            self.stage_hook(stage, reqs)
+
+    def _fail_in_stage(self, req: Request, stage: str, exc: BaseException) -> None:
+        """Fail this one utterance (freeing its slot) for an error in `stage`; re-raise an error that
+        leaves the engine's state unknown, which stops the engine."""
+        if leaves_engine_unknown(exc):
+            raise exc
+        log.error("utterance %s failed in stage %s", req.id, stage, exc_info=exc)
+        m.ENGINE_FAILURES.labels(stage).inc()
+        self._fail(req, exc)
+        self._release_all([req])
+
     def _fail(self, req: Request, exc: BaseException) -> None:
         kind = "interim" if req.options.interim else "final"
         m.ENGINE_REQUESTS.labels(kind, "error").inc()
@@ -476,6 +601,9 @@ class Scheduler:
             self._fail(req, exc)
         self._release_all(list(self._active))
         self._waiting.clear()
+        with self._lock:
+            self._closed = True
+        # Nothing can enter the inbox from here on (submit checks _closed under the lock).
         with contextlib.suppress(queue.Empty):
             while True:
                 kind, payload = self._inbox.get_nowait()

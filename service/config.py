@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import sys
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -186,7 +187,19 @@ def validate(config: ServerConfig) -> None:
         path = getattr(config, name)
         if path and not os.access(path, os.R_OK):
             problems.append(f"{_flag(name)} {path!r} is not a readable file")
-    if config.engine.debug_crash_scheduler_after < 0:
-        problems.append("--debug-crash-scheduler-after must not be negative")
+    problems += config.engine.validate()
     if problems:
-        raise SystemExit("asr-server: " + "; ".join(problems))
+        message = "asr-server: " + "; ".join(problems)
+        print(message, file=sys.stderr)
+        raise InvalidConfig(message)
+
+
+class InvalidConfig(SystemExit):
+    """Exit status 2, as argparse's own usage errors; str() keeps the message for callers."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(2)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message

@@ -2,8 +2,9 @@
 deadlines, a slow reader, an exception inside one utterance, a dead scheduler, overload, a model that
 cannot load. After each, nothing is left behind: engine stats back to zero, no stream open.
 
-Where timing would decide the outcome, the engine's own test seam (`Scheduler.fault_hook`, called per
-request at its encoder pass) holds the scheduler thread still, so each case happens exactly as named:
+Where timing would decide the outcome, the engine's own test seams (`Scheduler.fault_hook`, called per
+request at its encoder pass; `Scheduler.stage_hook`, called as each stage begins, which also records each
+encoder call's requests) hold the scheduler thread still, so each case happens exactly as named:
 an utterance cancelled while it waits in the window, one cancelled while it holds a KV slot, two
 utterances that share one encoder pass.
 """
@@ -89,8 +90,10 @@ class Hook:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.seen: list[tuple[str, int]] = []  # (request id, size of its encoder batch)
+        self.encoder_calls: list[list[str]] = []  # the request ids of each encoder call, in order
         self.hold_on: Callable[[str], bool] = lambda rid: False
         self.fail_prefix: str | None = None
+        self.fail_stage = "encoder"  # where fail_prefix's utterances fail
         self.held = threading.Event()
         self.release = threading.Event()
         self.gate_id = f"gate-{uuid.uuid4().hex[:8]}"
@@ -101,8 +104,20 @@ class Hook:
             self.held.set()
             if not self.release.wait(30):
                 raise RuntimeError("test hook never released")
-        if self.fail_prefix and req.id.startswith(self.fail_prefix):
+        if self.fail_stage == "encoder" and self.fail_prefix and req.id.startswith(self.fail_prefix):
             raise RuntimeError("fault injected by the test into this one utterance")
+
+    def stage(self, stage: str, reqs: list[EngineRequest]) -> None:
+        if stage == "encoder":
+            self.encoder_calls.append([r.id for r in reqs])
+        elif stage == self.fail_stage and any(
+            self.fail_prefix and r.id.startswith(self.fail_prefix) for r in reqs
+        ):
+            raise RuntimeError(f"fault injected by the test into this one utterance at stage {stage}")
+
+    def shared_encoder_call(self, *prefixes: str) -> bool:
+        """Whether one encoder call held an utterance of each prefix."""
+        return any(all(any(r.startswith(p) for r in call) for p in prefixes) for call in self.encoder_calls)
 
     def queued(self) -> int:
         """Utterances submitted and not yet in a slot (what --max-queue bounds)."""
@@ -124,14 +139,14 @@ class Hook:
 @pytest.fixture
 def hook(service_engine: Engine) -> Iterator[Hook]:
     scheduler = service_engine._scheduler
-    assert scheduler.fault_hook is None
+    assert scheduler.fault_hook is None and scheduler.stage_hook is None
     h = Hook(service_engine)
-    scheduler.fault_hook = h
+    scheduler.fault_hook, scheduler.stage_hook = h, h.stage
     try:
         yield h
     finally:
         h.release.set()
-        scheduler.fault_hook = None
+        scheduler.fault_hook = scheduler.stage_hook = None
 
 
 # --- cancel and disconnect ---
@@ -281,9 +296,12 @@ async def test_slow_reader_does_not_stall_other_streams(
 # --- an exception inside one utterance ---
 
 
+# encoder: a model call; rules, result: errors outside the model (decoding rules, building the result)
+@pytest.mark.parametrize("stage", ["encoder", "rules", "result"])
 async def test_exception_in_one_utterance_fails_that_stream_only(
-    asr_server: ServerThread, service_engine: Engine, hook: Hook
+    asr_server: ServerThread, service_engine: Engine, hook: Hook, stage: str
 ) -> None:
+    hook.fail_stage = stage
     errors = utterances("error")
     async with aio.insecure_channel(asr_server.target) as c1, aio.insecure_channel(asr_server.target) as c2:
         faulty, good = OpenStream(c1), OpenStream(c2)
@@ -300,8 +318,9 @@ async def test_exception_in_one_utterance_fails_that_stream_only(
     assert "fault injected by the test" in bad_outcome.details
     assert good_outcome.code == grpc.StatusCode.OK, good_outcome
     assert corpus_wer([SENTENCES[1]], [good_outcome.text]) <= 0.2, good_outcome.text
-    # they did share a pass: the batched pass failed, then each went alone and only the faulty one failed
-    assert hook.encoded(faulty_id)[0] == 2 and hook.encoded(good_id)[0] == 2, hook.seen
+    # they did share a pass: the batched encoder call held both (it failed), then each went alone and
+    # only the faulty one failed
+    assert hook.shared_encoder_call(faulty_id + "-", good_id + "-"), hook.encoder_calls
     assert utterances("error") - errors == 1
     assert service_engine.alive
     await assert_all_free(service_engine, asr_server)

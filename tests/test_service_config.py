@@ -86,3 +86,71 @@ def test_model_that_cannot_load_exits_non_zero_naming_the_path(tmp_path: Path) -
     )
     assert proc.returncode != 0
     assert f"could not load model '{missing}'" in proc.stderr
+
+
+# Every engine setting with a numeric range, one value just outside it, and the range the message names.
+ENGINE_OUT_OF_RANGE = [
+    ("--max-batch", "0", "--max-batch must be 1-1024"),
+    ("--kv-slots", "0", "--kv-slots must be 1-4096"),
+    ("--max-queue", "0", "--max-queue must be 1-1000000"),
+    ("--max-queue", "-5", "--max-queue must be 1-1000000"),
+    ("--trim-margin-s", "0", "--trim-margin-s must be 0.0125-30.0 s"),
+    ("--trim-margin-s", "0.0124", "--trim-margin-s must be 0.0125-30.0 s"),
+    ("--batch-window-ms", "-1", "--batch-window-ms must be 0-60000 ms"),
+    ("--max-tokens", "0", "--max-tokens must be 7-448"),
+    ("--max-tokens", "449", "--max-tokens must be 7-448"),
+    ("--threads", "-1", "--threads must be 0-1024"),
+    ("--max-encoder-batch-while-decoding", "-1", "--max-encoder-batch-while-decoding must be 0-1024"),
+    ("--dtype", "float8", "--dtype must be one of auto, float32, float16, bfloat16"),
+]
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), ENGINE_OUT_OF_RANGE)
+def test_engine_flag_out_of_range_exits_2_naming_flag_and_range(
+    flag: str, value: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as e:
+        parse_args([flag, value])
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_every_numeric_engine_setting_has_a_range() -> None:
+    from engine.config import FLAGS_WITH_RANGES
+
+    flags = {f for f, _, _ in ENGINE_OUT_OF_RANGE}
+    assert {"--" + n.replace("_", "-") for n in FLAGS_WITH_RANGES} <= flags | {"--batch-window-ms"}
+    for name in FLAGS_WITH_RANGES:  # a far-out value of each is refused naming its flag
+        config = EngineConfig(**{name: -(10**9)})  # type: ignore[arg-type]
+        assert any(p.startswith("--" + name.replace("_", "-") + " must be") for p in config.validate())
+
+
+def test_defaults_and_the_range_edges_are_accepted() -> None:
+    assert EngineConfig().validate() == []
+    edges = parse_args(
+        ["--max-batch", "1", "--kv-slots", "1", "--max-queue", "1", "--trim-margin-s", "0.0125"]
+    )
+    assert (edges.engine.max_batch, edges.engine.trim_margin_s) == (1, 0.0125)
+    assert (
+        parse_args(["--batch-window-ms", "0", "--max-tokens", "448", "--threads", "0"]).engine.max_tokens
+        == 448
+    )
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), [ENGINE_OUT_OF_RANGE[0], ENGINE_OUT_OF_RANGE[5]])
+def test_asr_server_refuses_an_engine_flag_out_of_range_before_opening_any_port(
+    flag: str, value: str, message: str
+) -> None:
+    port, metrics_port = free_port(), free_port()
+    proc = subprocess.run(
+        [
+            *(str(Path(sys.executable).with_name("asr-server")), "--host", HOST, "--port", str(port)),
+            *("--metrics-port", str(metrics_port), flag, value),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr
+    assert "metrics at" not in proc.stderr and "listening" not in proc.stderr.lower()

@@ -48,19 +48,63 @@ def test_jfk_transcribes_and_matches_transformers_generate_token_for_token(
     assert result.is_speech and 0.5 < result.confidence <= 1.0 and result.no_speech_prob < 0.2
 
 
-def test_batched_equals_alone_with_different_lengths_joining_mid_decode(full_context_engine: Engine) -> None:
-    engine = full_context_engine
-    clips = [jfk_16k(), speak(SENTENCES[0]), jfk_16k()[: 16000 * 4], speak(SENTENCES[4], voice="en-gb+f3")]
-    alone = [engine.submit(c).future.result(timeout=120).tokens for c in clips]
-    first = [engine.submit(c) for c in clips[:2]]
-    while engine.stats()["active"] == 0:
-        time.sleep(0.001)
-    time.sleep(0.05)  # a few decode steps in, the others join
-    later = [engine.submit(c) for c in clips[2:]]
-    together = [h.future.result(timeout=120).tokens for h in [*first, *later]]
-    assert together == alone
-    for clip, tokens in zip(clips[1:2], alone[1:2], strict=True):  # and both equal transformers'
-        assert list(tokens) == hf_generate_tokens(clip)
+@pytest.mark.parametrize("context", ["full", "trim"])
+def test_batched_equals_alone_with_different_lengths_joining_mid_decode(context: str) -> None:
+    # A 300 ms window: utterances submitted back to back surely share it (asserted below).
+    engine = Engine(EngineConfig(threads=2, encoder_context=context, batch_window_ms=300.0, kv_slots=8))  # type: ignore[arg-type]
+    engine.start()
+    try:
+        clips = [
+            jfk_16k(),
+            speak(SENTENCES[0]),
+            jfk_16k()[: 16000 * 4],
+            speak(SENTENCES[4], voice="en-gb+f3"),
+        ]
+        alone = [engine.submit(c).future.result(timeout=120).tokens for c in clips]
+        first = [engine.submit(c) for c in clips[:2]]
+        while engine.stats()["active"] == 0:
+            time.sleep(0.001)
+        later = [engine.submit(c) for c in clips[2:]]  # they join while the first two decode
+        together = [h.future.result(timeout=120) for h in [*first, *later]]
+    finally:
+        engine.stop()
+    assert [r.tokens for r in together] == alone
+    # batching did happen: each pair shared one encoder pass
+    assert [r.stats.encoder_batch_size for r in together] == [2, 2, 2, 2]
+    if context == "full":  # and both equal transformers'
+        for clip, tokens in zip(clips[1:2], alone[1:2], strict=True):
+            assert list(tokens) == hf_generate_tokens(clip)
+
+
+def test_batched_equals_alone_at_the_trim_margin_bound() -> None:
+    """At the smallest trim margin allowed (the log-mel's reflect padding), clips that end exactly that
+    far before their trimmed window's end still decode the same in a batch as alone; one below is refused."""
+    from engine.config import MIN_TRIM_MARGIN_S
+
+    with pytest.raises(ValueError, match="--trim-margin-s must be"):
+        Engine(EngineConfig(threads=2, trim_margin_s=MIN_TRIM_MARGIN_S * 0.99))
+    engine = Engine(
+        EngineConfig(
+            threads=2, encoder_context="trim", trim_margin_s=MIN_TRIM_MARGIN_S, batch_window_ms=300.0
+        )
+    )
+    engine.start()
+    rng = np.random.default_rng(1)
+    try:
+        clips = []
+        for sentence, seconds in [(SENTENCES[1], 4), (SENTENCES[3], 3)]:
+            clip = np.zeros(seconds * 16000 - 200, dtype=np.float32)  # ends 200 samples before a second
+            speech = speak(sentence)[: len(clip)]
+            clip[len(clip) - len(speech) :] = speech
+            clip += (rng.standard_normal(len(clip)) * 0.01).astype(np.float32)  # no zeros at the end
+            clips.append(clip)
+        clips.append(jfk_16k()[: 11 * 16000 - 200])  # cut inside speech
+        alone = [engine.submit(c).future.result(timeout=120).tokens for c in clips]
+        together = [h.future.result(timeout=120) for h in [engine.submit(c) for c in clips]]
+    finally:
+        engine.stop()
+    assert [r.stats.encoder_batch_size for r in together] == [3, 3, 3]
+    assert [r.tokens for r in together] == alone
 
 
 def test_espeak_sentences_within_the_wer_bound(tiny_engine: Engine) -> None:
@@ -100,7 +144,7 @@ def test_prompt_steers_spelling_of_names(tiny_engine: Engine) -> None:
 
 
 def test_trimmed_encoder_context_transcribes_and_is_batch_invariant() -> None:
-    engine = Engine(EngineConfig(threads=2, encoder_context="trim"))
+    engine = Engine(EngineConfig(threads=2, encoder_context="trim", batch_window_ms=300.0))
     engine.start()
     try:
         clips = [speak(SENTENCES[1]), jfk_16k(), speak(SENTENCES[3])]
@@ -108,6 +152,7 @@ def test_trimmed_encoder_context_transcribes_and_is_batch_invariant() -> None:
         together = [h.future.result(timeout=120) for h in [engine.submit(c) for c in clips]]
     finally:
         engine.stop()
+    assert [r.stats.encoder_batch_size for r in together] == [3, 3, 3]  # one shared encoder pass
     assert [r.tokens for r in together] == [r.tokens for r in alone]
     assert "my fellow americans" in normalize(alone[1].text)
     assert corpus_wer([SENTENCES[1], SENTENCES[3]], [alone[0].text, alone[2].text]) <= WER_BOUND

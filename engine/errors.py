@@ -1,0 +1,24 @@
+"""The engine's public exceptions and model description: a leaf module (no engine imports), so that
+engine.api and engine.scheduler both use it without importing each other."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class EngineOverloaded(Exception):
+    """The admission queue is full: the caller should answer RESOURCE_EXHAUSTED."""
+
+
+class EngineStopped(Exception):
+    """The engine is stopped or its scheduler died."""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    device: str
+    dtype: str
+    multilingual: bool
+    languages: frozenset[str]
+    kv_cache_bytes: int
