@@ -5,7 +5,7 @@ Knows nothing of gRPC. The service talks to it only through `engine.api`.
 
 from engine.api import Engine, EngineOverloaded, UtteranceHandle
 from engine.config import EngineConfig
-from engine.request import DecodeOptions, Segment, Transcript
+from engine.request import DecodeOptions, Segment, Transcript, WordTiming
 
 __all__ = [
     "DecodeOptions",
@@ -15,4 +15,5 @@ __all__ = [
     "Segment",
     "Transcript",
     "UtteranceHandle",
+    "WordTiming",
 ]

@@ -20,6 +20,7 @@ class DecodeOptions:
     timestamps: bool = False  # segment-level timestamps
     max_new_tokens: int | None = None  # None: as many as the slot holds
     interim: bool = False  # a partial hypothesis: never returned as silence-dropped, lower priority
+    word_timestamps: bool = False  # per-word times and probabilities (engine/timing.py)
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,14 @@ class Segment:
     text: str
     start_s: float
     end_s: float
+
+
+@dataclass(frozen=True)
+class WordTiming:
+    word: str  # as Whisper's tokens spell it, leading space included
+    start_s: float  # from the utterance audio's first sample
+    end_s: float
+    probability: float  # mean probability of the word's tokens
 
 
 @dataclass(frozen=True)
@@ -50,6 +59,7 @@ class Transcript:
     segments: tuple[Segment, ...]
     is_speech: bool  # False when dropped as silence or noise (text is then "")
     stats: UtteranceStats
+    words: tuple[WordTiming, ...] = ()  # with DecodeOptions.word_timestamps
 
     @property
     def confidence(self) -> float:
