@@ -94,6 +94,7 @@ class Request:
     sampled: int = 0  # tokens chosen from logits (forced ones excluded), EOT included
     no_speech_prob: float = 0.0
     window_tokens: list[list[int]] = field(default_factory=list)  # finished windows
+    words: list[WordTiming] = field(default_factory=list)  # word timings of finished windows
     encode_start: float = 0.0
     encoder_batch_size: int = 0
     decode_steps: int = 0
