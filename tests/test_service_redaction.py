@@ -151,3 +151,36 @@ async def test_logged_transcripts_of_a_redacting_stream_are_redacted(
         transcript = re.search(r'"transcript": "([^"]*)"', line)
         assert transcript is not None and "[PCI]" in transcript.group(1), line
         assert not leaks(transcript.group(1)), line
+
+
+async def test_recognize_words_show_the_card_as_one_pci_word_with_its_times(asr_server: ServerThread) -> None:
+    sentences, voice, speed = CALLS["digits-en-us+m3-150"]
+    audio, bounds = make_conversation(sentences, pause_s=1.0, voice=voice, speed=speed)
+    async with aio.insecure_channel(asr_server.target) as channel:
+        response = await asr_pb2_grpc.RecognizerStub(channel).Recognize(
+            asr_pb2.RecognizeRequest(
+                config=asr_pb2.RecognitionConfig(
+                    encoding=asr_pb2.LINEAR16,
+                    sample_rate_hertz=16000,
+                    redact=[asr_pb2.PCI],
+                    enable_word_time_offsets=True,
+                    enable_word_confidence=True,
+                ),
+                audio_content=to_linear16_bytes(audio),
+            ),
+            timeout=120,
+        )
+    (result,) = response.results
+    words = result.alternatives[0].words
+    assert [w.word for w in words][-1].startswith("[PCI]"), words
+    assert " ".join(w.word for w in words) == result.alternatives[0].transcript
+    assert not any(leaks(w.word) for w in words), words
+    card = words[-1]
+    start, end = (
+        card.start_offset.ToTimedelta().total_seconds(),
+        card.end_offset.ToTimedelta().total_seconds(),
+    )
+    speech_start, speech_end = bounds[0]
+    # "My card number is" takes about a second; the card is the rest of the sentence.
+    assert speech_start + 0.5 < start < end <= speech_end + 0.3, (start, end, bounds)
+    assert end - start > 3.0 and 0 < card.confidence <= 1
