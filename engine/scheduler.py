@@ -368,7 +368,9 @@ class Scheduler:
 
     def _align_words(self, done: list[Request]) -> None:
         """Word timings (engine/timing.py) for the finished windows that asked for them, batched."""
-        wanted = [r for r in done if r.options.word_timestamps and not self._degenerate(r)]
+        wanted = [
+            r for r in done if r.options.word_timestamps and not r.options.interim and not self._degenerate(r)
+        ]
         if not wanted:
             return
         try:

@@ -17,6 +17,7 @@ from grpc import aio
 from engine import DecodeOptions, Engine
 from engine.timing import dtw, median_filter
 from tests.support.audio import JFK_FLAC, make_conversation, speak
+from tests.support.calls import Outcome, audio_requests, config_request, run_stream
 from tests.support.engine import jfk_16k
 from tests.support.server import ServerThread
 
@@ -118,3 +119,28 @@ def test_recognize_words_carry_only_what_was_asked(asr_server: ServerThread, fie
         assert all(w.confidence > 0 and not w.HasField("end_offset") for w in words)
     else:
         assert all(w.confidence == 0 and w.HasField("end_offset") for w in words)
+
+
+def test_streaming_finals_carry_word_offsets_from_the_stream_start(asr_server: ServerThread) -> None:
+    audio, bounds = make_conversation(
+        ["Thank you for calling.", "Your order was shipped yesterday."], pause_s=1.5
+    )
+    pcm = (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes()
+    config = config_request(enable_word_time_offsets=True)
+    config.streaming_config.interim_results = True
+
+    async def call() -> Outcome:
+        async with aio.insecure_channel(asr_server.target) as channel:
+            return await run_stream(channel, [config, *audio_requests(pcm, 3200)])
+
+    outcome = asyncio.run(call())
+    assert len(outcome.finals) == 2, outcome.finals
+    for result, (start, end) in zip(outcome.finals, bounds, strict=True):
+        words = result.alternatives[0].words
+        assert " ".join(w.word for w in words) == result.alternatives[0].transcript
+        starts = [w.start_offset.ToTimedelta().total_seconds() for w in words]
+        ends = [w.end_offset.ToTimedelta().total_seconds() for w in words]
+        assert starts == sorted(starts), starts
+        assert start - TOLERANCE_S < starts[0] and ends[-1] < end + TOLERANCE_S, (starts, ends, start, end)
+    interims = [r for x in outcome.responses for r in x.results if not r.is_final]
+    assert all(not r.alternatives[0].words for r in interims)  # words come with finals only
