@@ -9,6 +9,7 @@ which is what makes "batched == alone" hold.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, cast
@@ -190,6 +191,40 @@ class Whisper(nn.Module):
             )
             x = x + block.mlp(block.mlp_ln(x))
         return x
+
+    # --- word timings: the alignment heads' cross-attention over whole finished sequences ---
+    @torch.inference_mode()
+    def alignment_attention(
+        self, tokens: Tensor, rows: Tensor, cache: KVCache, heads: list[tuple[int, int]]
+    ) -> tuple[Tensor, Tensor]:
+        """Run whole sequences tokens [B, T] (from position 0; padding after each) against the
+        cross-attention K/V of cache `rows` (any rows; their self-attention cache is not touched).
+        Returns the cross-attention logits q.k/sqrt(d) of `heads` (layer, head) [B, len(heads), T, keys]
+        and the output logits [B, T, V]."""
+        dec = self.decoder
+        t = tokens.shape[1]
+        x = dec.token_embedding(tokens) + dec.positional_embedding[:t]
+        causal = torch.ones(t, t, dtype=torch.bool, device=tokens.device).tril()[None, None]
+        cross_len = cache.cross_len[rows]
+        n_cross = int(cross_len.max())
+        ck = torch.arange(n_cross, device=tokens.device)
+        cross_mask = (ck[None, :] < cross_len[:, None])[:, None, None, :]
+        picked: dict[tuple[int, int], Tensor] = {}
+        for layer, block in enumerate(dec.layers()):
+            a = block.attn
+            h = block.attn_ln(x)
+            x = x + a.attend(a.split(a.query(h)), a.split(a.key(h)), a.split(a.value(h)), causal)
+            c = block.cross_attn
+            q = c.split(c.query(block.cross_attn_ln(x)))
+            k = cache.cross_k[layer][rows, :, :n_cross]
+            v = cache.cross_v[layer][rows, :, :n_cross]
+            for lh in heads:
+                if lh[0] == layer:  # explicit weights only for the alignment heads
+                    qk = q[:, lh[1]].float() @ k[:, lh[1]].float().transpose(-1, -2)
+                    picked[lh] = qk / math.sqrt(q.shape[-1])
+            x = x + c.attend(q, k, v, cross_mask)
+            x = x + block.mlp(block.mlp_ln(x))
+        return torch.stack([picked[lh] for lh in heads], dim=1), dec.logits(x)
 
 
 def from_transformers(hf_model: Any) -> Whisper:

@@ -22,6 +22,7 @@ class DecodeOptions:
     timestamps: bool = False  # segment-level timestamps
     max_new_tokens: int | None = None  # None: as many as the slot holds
     interim: bool = False  # a partial hypothesis: never returned as silence-dropped, lower priority
+    word_timestamps: bool = False  # per-word times and probabilities (engine/timing.py)
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,14 @@ class Segment:
     text: str
     start_s: float
     end_s: float
+
+
+@dataclass(frozen=True)
+class WordTiming:
+    word: str  # as Whisper's tokens spell it, leading space included
+    start_s: float  # from the utterance audio's first sample
+    end_s: float
+    probability: float  # mean probability of the word's tokens
 
 
 @dataclass(frozen=True)
@@ -52,6 +61,7 @@ class Transcript:
     segments: tuple[Segment, ...]
     is_speech: bool  # False when dropped as silence or noise (text is then "")
     stats: UtteranceStats
+    words: tuple[WordTiming, ...] = ()  # with DecodeOptions.word_timestamps
 
     @property
     def confidence(self) -> float:
@@ -89,6 +99,7 @@ class Request:
     sampled: int = 0  # tokens chosen from logits (forced ones excluded), EOT included
     no_speech_prob: float = 0.0
     window_tokens: list[list[int]] = field(default_factory=list)  # finished windows
+    words: list[WordTiming] = field(default_factory=list)  # word timings of finished windows
     encode_start: float = 0.0
     encoder_batch_size: int = 0
     decode_steps: int = 0

@@ -32,6 +32,7 @@ from engine.constants import CHUNK_SECONDS, SAMPLE_RATE
 from engine.errors import EngineOverloaded, EngineStopped, ModelInfo
 from engine.request import DecodeOptions, Request, Transcript, UtteranceStats
 from engine.runner import ModelRunner
+from engine.timing import WordAligner, alignment_heads
 from engine.weights import load
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,9 @@ class Scheduler:
             kv_cache_bytes=self.runner.cache.nbytes,
         )
         m.KV_CACHE_BYTES.set(self.runner.cache.nbytes)
+        dims = self.runner.model.dims
+        heads = alignment_heads(weights.generation_config, dims.n_text_layer, dims.n_text_head)
+        self.aligner = WordAligner(self.runner.model, self.runner.cache, self.rules, heads)
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._waiting: list[Request] = []
         self._active: list[Request] = []  # active[i] decodes in cache row i
@@ -445,6 +449,7 @@ class Scheduler:
                 or req.length + 1 >= self.config.max_tokens
             ):
                 done.append(req)
+        self._align_words(done)  # word timings need the rows' cross-attention K/V: before release
         self._release_all(done)
         for req in done:
             try:
@@ -471,6 +476,18 @@ class Scheduler:
                 self._publish(req)
             except Exception as exc:
                 self._fail_in_stage(req, "result", exc)
+
+    def _align_words(self, done: list[Request]) -> None:
+        """Word timings (engine/timing.py) for the finished windows that asked for them, batched."""
+        wanted = [
+            r for r in done if r.options.word_timestamps and not r.options.interim and not self._degenerate(r)
+        ]
+        if not wanted:
+            return
+        try:
+            self.aligner.align(wanted)
+        except Exception:  # words are extra: the transcript still goes out
+            log.exception("word timings failed for %d utterances", len(wanted))
 
     def _degenerate(self, req: Request) -> bool:
         """A trimmed encoder context can leave the decoder looping ("Please hold. Please hold.
@@ -523,6 +540,7 @@ class Scheduler:
             no_speech_prob=req.no_speech_prob,
             language=req.language or "en",
             segments=tuple(segments) if is_speech else (),
+            words=tuple(req.words) if is_speech else (),
             is_speech=is_speech,
             stats=UtteranceStats(
                 audio_s=req.audio_s,

@@ -24,6 +24,7 @@ from service import metrics
 from service.audio import AudioFormatError, decode_file, mixdown, validate_stream_format
 from service.config import ServerConfig
 from service.endpointing import Endpointer, EndpointSettings, Utterance
+from service.results import recognize_results, result_options
 from service.session import (
     StreamError,
     StreamSession,
@@ -31,7 +32,6 @@ from service.session import (
     await_transcript,
     duration,
     engine_refusal,
-    segments_of,
 )
 
 log = logging.getLogger("service.recognizer")
@@ -74,6 +74,7 @@ def decode_options(config: asr_pb2.RecognitionConfig, engine: Engine) -> DecodeO
         language=whisper_language(config.language_code, engine.info),
         prompt=config.prompt or None,
         timestamps=config.enable_segment_time_offsets,
+        word_timestamps=config.enable_word_time_offsets or config.enable_word_confidence,
     )
     engine.validate(options)
     return options
@@ -107,6 +108,7 @@ def stream_settings(sc: asr_pb2.StreamingRecognitionConfig, engine: Engine) -> S
         endpointing=endpoint_settings(sc.endpointing),
         interim_results=sc.interim_results,
         single_utterance=sc.single_utterance,
+        results=result_options(c),
     )
 
 
@@ -277,6 +279,7 @@ class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
         try:
             encoding = encoding_name(c.encoding)
             options = decode_options(c, engine)
+            result_opts = result_options(c)
             settings = EndpointSettings()
             # Decoding and VAD over a whole recording take a while: off the event loop.
             audio, channels = await asyncio.to_thread(
@@ -308,27 +311,10 @@ class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
                 if not h.future.done():
                     h.cancel()
         results = []
-        for (tag, u), t in zip(jobs, transcripts, strict=True):
-            text = t.text.strip()
-            outcome = "final" if t.is_speech and text else "empty"
-            metrics.UTTERANCES.labels(outcome).inc()
-            if outcome == "empty":
-                continue
-            results.append(
-                asr_pb2.SpeechRecognitionResult(
-                    alternatives=[
-                        asr_pb2.SpeechRecognitionAlternative(
-                            transcript=text,
-                            confidence=t.confidence,
-                            segments=segments_of(t, u.audio_start_s) if options.timestamps else [],
-                        )
-                    ],
-                    channel_tag=tag,
-                    start_offset=duration(u.start_s),
-                    end_offset=duration(u.end_s),
-                    language_code=t.language,
-                )
-            )
+        for result in recognize_results(jobs, transcripts, result_opts):
+            metrics.UTTERANCES.labels("empty" if result is None else "final").inc()
+            if result is not None:
+                results.append(result)
         results.sort(key=lambda r: (r.start_offset.ToNanoseconds(), r.channel_tag))
         return asr_pb2.RecognizeResponse(
             results=results, total_audio_duration=duration(audio.shape[1] / 16000)

@@ -41,6 +41,7 @@ from service.endpointing import (
     SpeechStarted,
     Utterance,
 )
+from service.results import ChannelResults, ResultOptions
 
 log = logging.getLogger("service.session")
 
@@ -88,6 +89,8 @@ class StreamSettings:
     endpointing: EndpointSettings
     interim_results: bool
     single_utterance: bool
+    # What results carry: words, segments, redaction (service/results.py).
+    results: ResultOptions = field(default_factory=ResultOptions)
 
 
 class StreamError(Exception):
@@ -144,6 +147,7 @@ class _Channel:
     interim: UtteranceHandle | None = None  # at most one interim request in flight per channel
     last_interim_wall: float = 0.0
     last_interim_text: str = ""
+    results: ChannelResults = field(default_factory=lambda: ChannelResults(ResultOptions(), 0))
 
 
 def _observe_since(start: float, histogram: Histogram = metrics.UTTERANCE_LATENCY) -> None:
@@ -181,6 +185,8 @@ class StreamSession:
             )
             for i in range(n)
         ]
+        for ch in self.channels:
+            ch.results = ChannelResults(settings.results, ch.tag)
         if settings.channels == 1:
             self.channel_mode = "mono"
         else:
@@ -309,6 +315,7 @@ class StreamSession:
         self._received_s += seconds
         self._audio_counter.inc(seconds)
         self._endpoint(audio)
+        self._release_held_finals()
         self._check_buffer()
 
     def _endpoint(self, audio: np.ndarray) -> None:
@@ -449,28 +456,23 @@ class StreamSession:
                 outcome = "final" if t.is_speech and t.text.strip() else "empty"
             self._settle(ch, pending, outcome, t)
             if t is not None and outcome == "final":
-                result = asr_pb2.StreamingRecognitionResult(
-                    alternatives=[
-                        asr_pb2.SpeechRecognitionAlternative(
-                            transcript=t.text.strip(),
-                            confidence=t.confidence,
-                            segments=segments_of(t, u.audio_start_s)
-                            if self.settings.options.timestamps
-                            else [],
-                        )
-                    ],
-                    is_final=True,
-                    start_offset=duration(u.start_s),
-                    end_offset=duration(u.end_s),
-                    channel_tag=ch.tag,
-                    language_code=t.language,
-                    utterance_index=u.index,
-                )
-                self._put(
-                    Response(results=[result]), on_sent=functools.partial(_observe_since, pending.ready_time)
-                )
+                ready = ch.results.final(t, u, functools.partial(_observe_since, pending.ready_time))
+            else:
+                ready = ch.results.release()
+            for result, on_sent in ready:
+                self._put(Response(results=[result]), on_sent=on_sent)
             if not self._closed:
                 self._update_buffer()
+        for result, on_sent in ch.results.release():  # the channel is over: nothing more to wait for
+            self._put(Response(results=[result]), on_sent=on_sent)
+
+    def _release_held_finals(self) -> None:
+        """A redacting stream holds back a final that ends in digits until the next (see
+        service/redaction.py); once enough audio passed with no next utterance, it goes out."""
+        for ch in self.channels:
+            if ch.results.holding and not ch.unsettled and not ch.endpointer.in_speech:
+                for result, on_sent in ch.results.release(heard_s=self._received_s):
+                    self._put(Response(results=[result]), on_sent=on_sent)
 
     def _settle(self, ch: _Channel, pending: _Pending, outcome: str, t: Transcript | None) -> None:
         if ch.unsettled and ch.unsettled[0] is pending:
@@ -502,7 +504,7 @@ class StreamSession:
                 language=t.language,
             )
             if self.config.log_transcripts:
-                fields["transcript"] = t.text
+                fields["transcript"] = ch.results.log_text(t)
         log.info("utterance", extra={"fields": fields})
 
     # --- interim hypotheses ---
@@ -546,7 +548,7 @@ class StreamSession:
         first = ch.first_interim_for != index
         ch.first_interim_for = index
         result = asr_pb2.StreamingRecognitionResult(
-            alternatives=[asr_pb2.SpeechRecognitionAlternative(transcript=text, confidence=t.confidence)],
+            alternatives=[ch.results.interim_alternative(t)],
             is_final=False,
             stability=stability,
             start_offset=duration(start_s),

@@ -18,15 +18,26 @@ class AudioEncoding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MULAW: _ClassVar[AudioEncoding]
     ALAW: _ClassVar[AudioEncoding]
     WAV: _ClassVar[AudioEncoding]
+
+class Redaction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    REDACTION_UNSPECIFIED: _ClassVar[Redaction]
+    PCI: _ClassVar[Redaction]
+    SSN: _ClassVar[Redaction]
+    NUMBERS: _ClassVar[Redaction]
 ENCODING_UNSPECIFIED: AudioEncoding
 LINEAR16: AudioEncoding
 FLAC: AudioEncoding
 MULAW: AudioEncoding
 ALAW: AudioEncoding
 WAV: AudioEncoding
+REDACTION_UNSPECIFIED: Redaction
+PCI: Redaction
+SSN: Redaction
+NUMBERS: Redaction
 
 class RecognitionConfig(_message.Message):
-    __slots__ = ("encoding", "sample_rate_hertz", "audio_channel_count", "enable_separate_recognition_per_channel", "language_code", "prompt", "enable_segment_time_offsets")
+    __slots__ = ("encoding", "sample_rate_hertz", "audio_channel_count", "enable_separate_recognition_per_channel", "language_code", "prompt", "enable_segment_time_offsets", "enable_word_time_offsets", "enable_word_confidence", "redact")
     ENCODING_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_RATE_HERTZ_FIELD_NUMBER: _ClassVar[int]
     AUDIO_CHANNEL_COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -34,6 +45,9 @@ class RecognitionConfig(_message.Message):
     LANGUAGE_CODE_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     ENABLE_SEGMENT_TIME_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    ENABLE_WORD_TIME_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    ENABLE_WORD_CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
+    REDACT_FIELD_NUMBER: _ClassVar[int]
     encoding: AudioEncoding
     sample_rate_hertz: int
     audio_channel_count: int
@@ -41,7 +55,10 @@ class RecognitionConfig(_message.Message):
     language_code: str
     prompt: str
     enable_segment_time_offsets: bool
-    def __init__(self, encoding: _Optional[_Union[AudioEncoding, str]] = ..., sample_rate_hertz: _Optional[int] = ..., audio_channel_count: _Optional[int] = ..., enable_separate_recognition_per_channel: _Optional[bool] = ..., language_code: _Optional[str] = ..., prompt: _Optional[str] = ..., enable_segment_time_offsets: _Optional[bool] = ...) -> None: ...
+    enable_word_time_offsets: bool
+    enable_word_confidence: bool
+    redact: _containers.RepeatedScalarFieldContainer[Redaction]
+    def __init__(self, encoding: _Optional[_Union[AudioEncoding, str]] = ..., sample_rate_hertz: _Optional[int] = ..., audio_channel_count: _Optional[int] = ..., enable_separate_recognition_per_channel: _Optional[bool] = ..., language_code: _Optional[str] = ..., prompt: _Optional[str] = ..., enable_segment_time_offsets: _Optional[bool] = ..., enable_word_time_offsets: _Optional[bool] = ..., enable_word_confidence: _Optional[bool] = ..., redact: _Optional[_Iterable[_Union[Redaction, str]]] = ...) -> None: ...
 
 class EndpointingConfig(_message.Message):
     __slots__ = ("speech_start_threshold", "speech_end_threshold", "min_silence_duration", "max_utterance_duration", "min_speech_duration")
@@ -88,14 +105,28 @@ class WordOrSegment(_message.Message):
     def __init__(self, text: _Optional[str] = ..., start_offset: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., end_offset: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class SpeechRecognitionAlternative(_message.Message):
-    __slots__ = ("transcript", "confidence", "segments")
+    __slots__ = ("transcript", "confidence", "segments", "words")
     TRANSCRIPT_FIELD_NUMBER: _ClassVar[int]
     CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    WORDS_FIELD_NUMBER: _ClassVar[int]
     transcript: str
     confidence: float
     segments: _containers.RepeatedCompositeFieldContainer[WordOrSegment]
-    def __init__(self, transcript: _Optional[str] = ..., confidence: _Optional[float] = ..., segments: _Optional[_Iterable[_Union[WordOrSegment, _Mapping]]] = ...) -> None: ...
+    words: _containers.RepeatedCompositeFieldContainer[WordInfo]
+    def __init__(self, transcript: _Optional[str] = ..., confidence: _Optional[float] = ..., segments: _Optional[_Iterable[_Union[WordOrSegment, _Mapping]]] = ..., words: _Optional[_Iterable[_Union[WordInfo, _Mapping]]] = ...) -> None: ...
+
+class WordInfo(_message.Message):
+    __slots__ = ("word", "start_offset", "end_offset", "confidence")
+    WORD_FIELD_NUMBER: _ClassVar[int]
+    START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
+    word: str
+    start_offset: _duration_pb2.Duration
+    end_offset: _duration_pb2.Duration
+    confidence: float
+    def __init__(self, word: _Optional[str] = ..., start_offset: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., end_offset: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., confidence: _Optional[float] = ...) -> None: ...
 
 class StreamingRecognitionResult(_message.Message):
     __slots__ = ("alternatives", "is_final", "stability", "start_offset", "end_offset", "channel_tag", "language_code", "utterance_index")
