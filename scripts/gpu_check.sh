@@ -45,8 +45,11 @@ finish() {
     echo "== part $part: $((SECONDS - t_start)) s; failed steps: ${failed[*]:-none}"
     tar -czf "$out/steps-part$part.tar.gz" -C "$work" steps 2>/dev/null || true
     rm -rf "$work"
-    ((${#failed[@]} == 0))
-    exit $?
+    local rc=0
+    ((${#failed[@]} == 0)) || rc=1
+    exec >/dev/null 2>&1  # tee sees the end of its input and finishes the log before we return
+    sleep 1
+    exit $rc
 }
 
 # step NAME SECONDS CMD...: run under its own timeout, output to the log and its own file.

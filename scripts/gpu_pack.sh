@@ -47,8 +47,7 @@ download 3.11 "$gpu/wheels-py311"
 if [[ ! -f "$gpu/audio/manifest.jsonl" ]]; then
     ps=/usr/share/pocketsphinx/test/data
     [[ -d "$ps" ]] || { echo "gpu_pack: install pocketsphinx-testdata (apt; scripts/setup.sh does)" >&2; exit 1; }
-    jfk=${ASR_JFK:-../shared/data/jfk.flac}
-    [[ -f "$jfk" ]] || jfk=/work/shared/data/jfk.flac
+    jfk=${ASR_JFK:-../shared/data/jfk.flac}  # where tests/support/audio.py finds it too
     "$py" - "$ps" "$jfk" "$gpu/audio" <<'EOF'
 import json, re, sys
 from pathlib import Path
