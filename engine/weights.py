@@ -1,9 +1,11 @@
 """Finding and loading Whisper weights with no model hub.
 
 `--model` accepts a Hugging Face Whisper folder (what production mounts), a CTranslate2
-Whisper folder (as faster-whisper packages ship), or a bundled name. CTranslate2 folders
-are converted once into a Hugging Face folder under the cache directory, so the second
-start loads as fast as a native checkpoint.
+Whisper folder (as faster-whisper packages ship), a bundled name, or `random:<size>`: a
+Whisper of that size's dimensions with random weights, for measuring speed where the real
+weights are not at hand (compute does not depend on the weights' values). CTranslate2
+folders are converted once into a Hugging Face folder under the cache directory, so the
+second start loads as fast as a native checkpoint.
 """
 
 from __future__ import annotations
@@ -26,6 +28,27 @@ log = logging.getLogger(__name__)
 
 CONVERTER_VERSION = "1"  # bump when the conversion output changes, to invalidate caches
 BUNDLED = ("tiny.en", "base")
+RANDOM_PREFIX = "random:"
+
+
+@dataclass(frozen=True)
+class RandomDims:
+    """openai/whisper's published dimensions; feed-forward width is 4 * d_model."""
+
+    n_mels: int
+    d_model: int
+    layers: int  # encoder and decoder each
+    heads: int
+    english_only: bool
+    published_vocab: int  # what the real checkpoint has (see load_random for what we build)
+
+
+RANDOM_SIZES: dict[str, RandomDims] = {
+    "tiny.en": RandomDims(80, 384, 4, 6, True, 51864),
+    "tiny": RandomDims(80, 384, 4, 6, False, 51865),
+    "base": RandomDims(80, 512, 6, 8, False, 51865),
+    "large-v3": RandomDims(128, 1280, 32, 20, False, 51866),
+}
 
 
 class ModelLoadError(RuntimeError):
@@ -112,6 +135,8 @@ def load(spec: str, cache_dir: str | Path | None = None) -> LoadedWeights:
     )
 
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
+    if spec.startswith(RANDOM_PREFIX):
+        return load_random(spec, cache)
     folder, name = resolve(spec, cache)
     if is_hf_whisper(folder):
         hf_folder = folder
@@ -252,15 +277,50 @@ def _timestamp_tokens(vocabulary: Path) -> list[str]:
     ]
 
 
+def tokenizer_and_generation(folder: Path, vocab_size: int, max_target_positions: int) -> tuple[Any, Any]:
+    """The tokenizer (timestamp tokens included) and generation config of a CTranslate2
+    Whisper folder (config.json, tokenizer.json, vocabulary.txt; model.bin is not read)."""
+    from transformers import GenerationConfig, WhisperTokenizerFast  # type: ignore[attr-defined]
+
+    ct2_config = json.loads((folder / "config.json").read_text())
+    tokenizer = WhisperTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
+    # tokenizer.json stops at <|notimestamps|>; the 1501 timestamp tokens must follow it.
+    tokenizer.add_tokens(_timestamp_tokens(folder / "vocabulary.txt"), special_tokens=False)
+    ids = tokenizer.convert_tokens_to_ids
+    multilingual = vocab_size >= 51865
+    sot, eot = ids("<|startoftranscript|>"), ids("<|endoftext|>")
+    languages = [tokenizer.convert_ids_to_tokens(i) for i in ct2_config.get("lang_ids", [])]
+    whisper_fields = {}  # what transformers' Whisper generate reads for multilingual models
+    if multilingual:
+        whisper_fields = {
+            "lang_to_id": {tok: ids(tok) for tok in languages},
+            "task_to_id": {"transcribe": ids("<|transcribe|>"), "translate": ids("<|translate|>")},
+        }
+    generation = GenerationConfig(
+        decoder_start_token_id=sot,
+        bos_token_id=eot,
+        eos_token_id=eot,
+        pad_token_id=eot,
+        max_length=max_target_positions,
+        suppress_tokens=ct2_config["suppress_ids"],
+        begin_suppress_tokens=ct2_config["suppress_ids_begin"],
+        no_timestamps_token_id=ids("<|notimestamps|>"),
+        prev_sot_token_id=ids("<|startofprev|>"),
+        max_initial_timestamp_index=50,
+        is_multilingual=multilingual,
+        alignment_heads=ct2_config.get("alignment_heads"),
+        **whisper_fields,
+    )
+    return tokenizer, generation
+
+
 def convert_ct2(folder: Path, out: Path) -> None:
     """Write a Hugging Face Whisper folder (weights, config, tokenizer, generation and
     feature-extractor configs) equivalent to the CTranslate2 folder."""
     from transformers import (  # type: ignore[attr-defined]
-        GenerationConfig,
         WhisperConfig,
         WhisperFeatureExtractor,
         WhisperForConditionalGeneration,
-        WhisperTokenizerFast,
     )
 
     v = read_ct2_model_bin(folder / "model.bin")
@@ -270,12 +330,9 @@ def convert_ct2(folder: Path, out: Path) -> None:
     d_model, n_mels = v["encoder/conv1/weight"].shape[:2]
     vocab_size = v["decoder/embeddings/weight"].shape[0]
 
-    tokenizer = WhisperTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
-    # tokenizer.json stops at <|notimestamps|>; the 1501 timestamp tokens must follow it.
-    tokenizer.add_tokens(_timestamp_tokens(folder / "vocabulary.txt"), special_tokens=False)
-    ids = tokenizer.convert_tokens_to_ids
-    multilingual = vocab_size >= 51865
-    sot, eot = ids("<|startoftranscript|>"), ids("<|endoftext|>")
+    max_target = v["decoder/position_encodings/encodings"].shape[0]
+    tokenizer, generation = tokenizer_and_generation(folder, vocab_size, max_target)
+    sot, eot = generation.decoder_start_token_id, generation.eos_token_id
     config = WhisperConfig(
         vocab_size=vocab_size,
         num_mel_bins=n_mels,
@@ -300,28 +357,6 @@ def convert_ct2(folder: Path, out: Path) -> None:
     state = _ct2_to_hf_state_dict(v, enc_layers, dec_layers)
     model.load_state_dict(state, strict=True)
 
-    languages = [tokenizer.convert_ids_to_tokens(i) for i in ct2_config.get("lang_ids", [])]
-    whisper_fields = {}  # what transformers' Whisper generate reads for multilingual models
-    if multilingual:
-        whisper_fields = {
-            "lang_to_id": {tok: ids(tok) for tok in languages},
-            "task_to_id": {"transcribe": ids("<|transcribe|>"), "translate": ids("<|translate|>")},
-        }
-    generation = GenerationConfig(
-        decoder_start_token_id=sot,
-        bos_token_id=eot,
-        eos_token_id=eot,
-        pad_token_id=eot,
-        max_length=config.max_target_positions,
-        suppress_tokens=ct2_config["suppress_ids"],
-        begin_suppress_tokens=ct2_config["suppress_ids_begin"],
-        no_timestamps_token_id=ids("<|notimestamps|>"),
-        prev_sot_token_id=ids("<|startofprev|>"),
-        max_initial_timestamp_index=50,
-        is_multilingual=multilingual,
-        alignment_heads=ct2_config.get("alignment_heads"),
-        **whisper_fields,
-    )
     tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")  # several processes may convert at once
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
@@ -347,3 +382,102 @@ def convert_ct2_cached(folder: Path, cache_dir: Path) -> Path:
         out.parent.mkdir(parents=True, exist_ok=True)
         convert_ct2(folder, out)
     return out
+
+
+# --- random weights at a real size ------------------------------------------------------------
+
+TOKENIZER_FILES = ("config.json", "tokenizer.json", "vocabulary.txt")
+
+
+def random_tokenizer_folder(english_only: bool, cache_dir: Path) -> Path:
+    """A CTranslate2-style folder holding only the tokenizer files (no weights) of the bundled
+    tiny.en (English-only) or base (multilingual) model, copied once into the cache; where
+    the bundled packages are absent (a GPU host), put the files there beforehand
+    (scripts/gpu_pack.sh does)."""
+    kind = "english" if english_only else "multilingual"
+    out = cache_dir / f"tokenizer-{kind}"
+    if all((out / name).exists() for name in TOKENIZER_FILES):
+        return out
+    try:
+        # The bundled model lives in the default cache: `cache_dir` gets the small files only.
+        source, _ = resolve("tiny.en" if english_only else "base", default_cache_dir())
+    except (ImportError, ModelLoadError) as exc:
+        raise ModelLoadError(
+            f"random weights need {kind} tokenizer files ({', '.join(TOKENIZER_FILES)}) in {out}, "
+            f"or the bundled {'tiny.en' if english_only else 'base'} model to copy them from: {exc}"
+        ) from exc
+    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    for name in TOKENIZER_FILES:
+        shutil.copy(source / name, tmp / name)
+    try:
+        tmp.rename(out)
+    except OSError:  # another process finished first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def load_random(spec: str, cache_dir: Path, seed: int = 0) -> LoadedWeights:
+    """`random:<size>`: Whisper at that size's dimensions with random weights.
+
+    For benchmarks only, never for text. The vocabulary is the tokenizer's we have (tiny.en's
+    51864, or base's 51865 for multilingual sizes): large-v3's real 51866 adds one language
+    token (<|yue|>) that no bundled tokenizer holds, so the random large-v3's output layer is
+    one row (0.002%) narrower than the real one. End of text is suppressed, so every utterance
+    decodes exactly its max_new_tokens (random weights would end it at an arbitrary step).
+    """
+    config, tokenizer, generation, folder = random_config(spec, cache_dir)
+    model = _random_model(config, seed)
+    return LoadedWeights(model, tokenizer, generation, f"random-{spec.removeprefix(RANDOM_PREFIX)}", folder)
+
+
+def random_config(spec: str, cache_dir: Path) -> tuple[Any, Any, Any, Path]:
+    """(WhisperConfig, tokenizer, generation config, tokenizer folder) of `random:<size>`."""
+    from transformers import WhisperConfig  # type: ignore[attr-defined]
+
+    size = spec.removeprefix(RANDOM_PREFIX)
+    dims = RANDOM_SIZES.get(size)
+    if dims is None:
+        raise ModelLoadError(f"--model {spec!r}: unknown size; random sizes are {', '.join(RANDOM_SIZES)}")
+    folder = random_tokenizer_folder(dims.english_only, cache_dir)
+    vocab_size = 51864 if dims.english_only else 51865
+    max_target, max_source = 448, 1500
+    tokenizer, generation = tokenizer_and_generation(folder, vocab_size, max_target)
+    eot = generation.eos_token_id
+    generation.suppress_tokens = sorted({*(generation.suppress_tokens or []), eot})
+    config = WhisperConfig(
+        vocab_size=vocab_size,
+        num_mel_bins=dims.n_mels,
+        d_model=dims.d_model,
+        encoder_layers=dims.layers,
+        decoder_layers=dims.layers,
+        encoder_attention_heads=dims.heads,
+        decoder_attention_heads=dims.heads,
+        encoder_ffn_dim=4 * dims.d_model,
+        decoder_ffn_dim=4 * dims.d_model,
+        max_source_positions=max_source,
+        max_target_positions=max_target,
+        decoder_start_token_id=generation.decoder_start_token_id,
+        bos_token_id=eot,
+        eos_token_id=eot,
+        pad_token_id=eot,
+        tie_word_embeddings=True,
+    )
+    return config, tokenizer, generation, folder
+
+
+_random_models: dict[tuple[str, int], Any] = {}
+
+
+def _random_model(config: Any, seed: int) -> Any:
+    """One model per size and seed per process: initialising large-v3's 1.55 B parameters takes
+    a while, and a benchmark starts several engines (batching off, then on). Engines copy the
+    weights (engine/model.py from_transformers), so sharing this one is safe."""
+    from transformers import WhisperForConditionalGeneration  # type: ignore[attr-defined]
+
+    key = (config.to_json_string(), seed)
+    if key not in _random_models:
+        _random_models.clear()  # keep one: a large-v3 is 6 GB in float32
+        torch.manual_seed(seed)
+        _random_models[key] = WhisperForConditionalGeneration(config).eval()
+    return _random_models[key]

