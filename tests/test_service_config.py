@@ -102,6 +102,7 @@ ENGINE_OUT_OF_RANGE = [
     ("--threads", "-1", "--threads must be 0-1024"),
     ("--max-encoder-batch-while-decoding", "-1", "--max-encoder-batch-while-decoding must be 0-1024"),
     ("--dtype", "float8", "--dtype must be one of auto, float32, float16, bfloat16"),
+    ("--debug-crash-scheduler-after", "-1", "--debug-crash-scheduler-after must be 0-1000000"),
 ]
 
 
