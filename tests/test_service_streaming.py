@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import grpc
@@ -21,6 +21,8 @@ from prometheus_client import REGISTRY
 
 from clients.client import RecognizerClient
 from clients.scoring import corpus_wer, normalize
+from engine import Engine, EngineConfig
+from service.config import ServerConfig
 from tests.support.audio import (
     JFK_FLAC,
     JFK_TEXT,
@@ -28,9 +30,12 @@ from tests.support.audio import (
     silence,
     stereo,
     to_alaw_8k_bytes,
+    to_linear16_bytes,
     to_mulaw_8k_bytes,
     white_noise,
 )
+from tests.support.calls import OpenStream, Outcome, config_request
+from tests.support.gate import scheduler_gate
 from tests.support.server import ServerThread, sync_stream
 
 pytestmark = pytest.mark.slow
@@ -378,3 +383,163 @@ async def test_max_streams_refused_at_once(asr_server: ServerThread) -> None:
         for call in calls:
             call.cancel()
         hold.set()
+
+
+# --- overload, drain and a stopped engine: what was admitted still gets its final ---
+
+
+async def wait_until(predicate: Callable[[], bool], within_s: float, what: str) -> None:
+    deadline = time.monotonic() + within_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"not within {within_s} s: {what}"
+        await asyncio.sleep(0.01)
+
+
+def count_events(stream: OpenStream, kind: int) -> int:
+    return sum(1 for x in stream.responses if x.speech_event_type == kind)
+
+
+def interim_config() -> asr_pb2.StreamingRecognizeRequest:
+    request = config_request()
+    request.streaming_config.interim_results = True
+    return request
+
+
+def engine_requests(kind: str, outcome: str) -> float:
+    return metric("asr_engine_requests_total", kind=kind, outcome=outcome)
+
+
+async def test_refused_utterance_ends_the_stream_after_the_finals_of_those_admitted(
+    asr_server: ServerThread, service_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--max-queue 2, engine held: sentences 0 and 1 are admitted, sentence 2 is refused. The stream
+    still gets the finals of 0 and 1, then RESOURCE_EXHAUSTED."""
+    monkeypatch.setattr(service_engine.config, "max_queue", 2)
+    audio, _ = make_conversation(SENTENCES[:3], pause_s=1.0)
+    with scheduler_gate(service_engine) as gate:
+        await gate.close()
+        async with aio.insecure_channel(asr_server.target) as channel:
+            stream = OpenStream(channel)
+            await stream.open()
+            await stream.send(to_linear16_bytes(audio))
+            # the third sentence's end is detected (and its utterance refused) while the engine is held
+            await wait_until(
+                lambda: count_events(stream, Event.SPEECH_ACTIVITY_END) == 3 or stream.call.done(),
+                30,
+                "three sentences ended",
+            )
+            gate.open()
+            outcome = await stream.finish()
+    assert outcome.code == grpc.StatusCode.RESOURCE_EXHAUSTED, outcome
+    assert "--max-queue" in outcome.details
+    assert [r.utterance_index for r in outcome.finals] == [0, 1], outcome
+    assert corpus_wer(SENTENCES[:2], [r.alternatives[0].transcript for r in outcome.finals]) <= 0.2
+
+
+async def test_drain_with_a_refused_utterance_still_sends_the_admitted_finals(
+    service_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Drain flushes the sentence in progress; the engine (--max-queue 1, held) refuses it. The sentence
+    admitted before still gets its final, then the refusal's status."""
+    monkeypatch.setattr(service_engine.config, "max_queue", 1)
+    first, _ = make_conversation(SENTENCES[:1], pause_s=1.0)
+    second, _ = make_conversation(SENTENCES[1:2], pause_s=0.0, lead_s=0.0)  # still speaking at the end
+    server = ServerThread(ServerConfig(), service_engine).start()
+    try:
+        with scheduler_gate(service_engine) as gate:
+            await gate.close()
+            async with aio.insecure_channel(server.target) as channel:
+                stream = OpenStream(channel)
+                await stream.open()
+                await stream.send(to_linear16_bytes(np.concatenate([first, second])))
+                await wait_until(
+                    lambda: count_events(stream, Event.SPEECH_ACTIVITY_BEGIN) == 2 and gate.queued() == 1,
+                    30,
+                    "first sentence admitted, second under way",
+                )
+                server.loop.call_soon_threadsafe(server.server.recognizer.drain)
+                await wait_until(
+                    lambda: count_events(stream, Event.RECONNECT) == 1 or stream.call.done(), 30, "drain"
+                )
+                gate.open()
+                outcome = await stream.finish()
+    finally:
+        server.stop()
+    assert outcome.code == grpc.StatusCode.RESOURCE_EXHAUSTED, outcome
+    assert outcome.events(Event.RECONNECT) == 1
+    assert [r.utterance_index for r in outcome.finals] == [0], outcome
+    assert corpus_wer(SENTENCES[:1], [outcome.text]) <= 0.2, outcome.text
+
+
+async def test_interim_meeting_a_stopped_engine_ends_the_stream_unavailable() -> None:
+    """An interim request refused because the engine stopped ends the stream UNAVAILABLE (the status
+    docs/operations.md promises for a stopped engine), not INTERNAL."""
+    engine = Engine(EngineConfig(model="tiny.en", threads=1, warmup=False))
+    engine.start()
+    server = ServerThread(ServerConfig(interim_interval_s=0.2), engine).start()
+    long_sentence = (
+        "I have been waiting on the line for a very long time and I would really like to speak with "
+        "someone who can help me with the bill that arrived this morning"
+    )
+    audio, _ = make_conversation([long_sentence], pause_s=0.0, lead_s=0.3)
+    data = to_linear16_bytes(audio)
+    try:
+        async with aio.insecure_channel(server.target) as channel:
+            stream = OpenStream(channel, config=interim_config(), deadline_s=60)
+            await stream.open()
+            head = 16000 * 2 * 3 // 2  # 1.5 s: speech has begun
+            await stream.send(data[:head])
+            await wait_until(
+                lambda: count_events(stream, Event.SPEECH_ACTIVITY_BEGIN) == 1, 30, "speech begun"
+            )
+            await asyncio.to_thread(engine.stop)
+            for i in range(head, len(data), 3200):  # 0.1 s chunks, paced: an interim falls due
+                if not await stream.send(data[i : i + 3200]) or stream.call.done():
+                    break
+                await asyncio.sleep(0.05)
+            outcome = await stream.finish(half_close=False)  # the interim, not the flush, must end it
+    finally:
+        server.stop()
+        engine.stop()
+    assert outcome.code == grpc.StatusCode.UNAVAILABLE, outcome
+    assert "stopped" in outcome.details
+
+
+async def test_final_cancels_its_interim_still_in_flight(service_engine: Engine) -> None:
+    """With the engine held, an interim is queued for the sentence in progress; then the sentence ends
+    and its final is queued. The interim is cancelled before the engine works on it."""
+    server = ServerThread(ServerConfig(interim_interval_s=0.2), service_engine).start()
+    audio, _ = make_conversation(SENTENCES[2:3], pause_s=1.0, lead_s=0.3)
+    data = to_linear16_bytes(audio)
+    split = len(data) // 2 // 2 * 2  # mid-sentence, on a sample
+    cancelled_before = engine_requests("interim", "cancelled")
+    try:
+        with scheduler_gate(service_engine) as gate:
+            await gate.close()
+            async with aio.insecure_channel(server.target) as channel:
+                stream = OpenStream(channel, config=interim_config())
+                await stream.open()
+                await stream.send(data[:split])
+                await wait_until(
+                    lambda: count_events(stream, Event.SPEECH_ACTIVITY_BEGIN) == 1, 30, "speech begun"
+                )
+                await asyncio.sleep(0.3)  # past interim_interval_s: the next audio brings an interim
+                sessions = server.server.recognizer.sessions
+                await stream.send(data[split : split + 3200])
+                await wait_until(
+                    lambda: any(ch.interim is not None for s in sessions for ch in s.channels),
+                    30,
+                    "an interim submitted",
+                )
+                await stream.send(data[split + 3200 :])  # the sentence ends: its final is submitted
+                await wait_until(
+                    lambda: count_events(stream, Event.SPEECH_ACTIVITY_END) == 1, 30, "sentence ended"
+                )
+                gate.open()
+                outcome: Outcome = await stream.finish()
+    finally:
+        server.stop()
+    assert outcome.code == grpc.StatusCode.OK, outcome
+    assert corpus_wer(SENTENCES[2:3], [outcome.text]) <= 0.2, outcome.text
+    assert engine_requests("interim", "cancelled") - cancelled_before == 1
+    assert [rid for rid, interim in gate.encoded if interim] == [], "the engine worked on the interim"
