@@ -315,12 +315,13 @@ class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
     async def _recognize(self, request: asr_pb2.RecognizeRequest) -> asr_pb2.RecognizeResponse:
         engine = self._check_available()
         c = request.config
-        if not request.audio_content:
+        data = request.audio_content  # read once: each read of a bytes field is a fresh copy (upb)
+        if not data:
             raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, "audio_content is empty")
-        if len(request.audio_content) > self.config.max_recognize_bytes:
+        if len(data) > self.config.max_recognize_bytes:
             raise StreamError(
                 grpc.StatusCode.INVALID_ARGUMENT,
-                f"audio_content of {len(request.audio_content)} bytes is over the limit of "
+                f"audio_content of {len(data)} bytes is over the limit of "
                 f"{self.config.max_recognize_bytes} bytes (max_recognize_bytes); use StreamingRecognize",
             )
         limit_s = self.config.max_recognize_seconds
@@ -329,16 +330,15 @@ class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
             options = decode_options(c, engine)
             # The header (or the byte count) says how long the recording is: a small FLAC of silence
             # can hold hours, so the length is checked before anything is decoded.
-            info = probe_recording(
-                request.audio_content, encoding, c.sample_rate_hertz, c.audio_channel_count
-            )
+            info = probe_recording(data, encoding, c.sample_rate_hertz, c.audio_channel_count)
         except ValueError as e:
             raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, _invalid(e)) from e
         if info.seconds > limit_s:
             raise _too_long(f"audio_content holds {info.seconds:.0f} s of audio", limit_s)
         separate = c.enable_separate_recognition_per_channel and info.channels > 1
         mode = "mono" if info.channels == 1 else ("separate" if separate else "mixdown")
-        cutter = RecordingCutter(request.audio_content, info, separate, EndpointSettings(), limit_s)
+        cutter = RecordingCutter(data, info, separate, EndpointSettings(), limit_s)
+        del data  # the cutter holds the one copy it reads from
         window: collections.deque[tuple[int, Utterance, UtteranceHandle]] = collections.deque()
         results: list[asr_pb2.SpeechRecognitionResult] = []
 
