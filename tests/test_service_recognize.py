@@ -19,7 +19,7 @@ from clients.client import RecognizerClient
 from clients.scoring import corpus_wer, normalize
 from engine import Engine
 from service.audio import mixdown
-from service.config import ServerConfig
+from service.config import ServerConfig, parse_args
 from service.endpointing import EndpointSettings
 from service.recognizer import cut_utterances
 from tests.support.audio import JFK_FLAC, make_conversation, stereo, to_linear16_bytes
@@ -235,3 +235,16 @@ async def test_recognize_matches_whole_file_decoding_on_jfk(
     ]
     assert got == expected
     assert len(got) >= 2
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--recognize-inflight", "0"], "--recognize-inflight must be at least 1"),
+        (["--max-recognize-seconds", "0"], "--max-recognize-seconds must be positive"),
+    ],
+)
+def test_recognize_flags_out_of_range_are_refused_naming_the_flag(argv: list[str], message: str) -> None:
+    with pytest.raises(SystemExit) as e:
+        parse_args(argv)
+    assert message in str(e.value.code)
