@@ -7,6 +7,8 @@ Everything downstream (endpointing, the engine) sees float32 in [-1, 1] at 16 kH
 from __future__ import annotations
 
 import io
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import soundfile as sf
@@ -19,6 +21,9 @@ STREAM_ENCODINGS = ("LINEAR16", "MULAW", "ALAW")
 FILE_ENCODINGS = ("FLAC", "WAV")
 # soxr "HQ" (20-bit) is transparent for speech and costs little more than "MQ" at these rates.
 _QUALITY = "HQ"
+# Recognize decodes, resamples and endpoints a recording this many seconds at a time: a few MB at
+# 48 kHz x 8 channels, whatever the recording's length.
+DECODE_BLOCK_S = 10.0
 
 
 class AudioFormatError(ValueError):
@@ -105,7 +110,7 @@ class StreamDecoder:
             else soxr.ResampleStream(self.rate, TARGET_RATE, self.channels, dtype="float32", quality=_QUALITY)
         )
 
-    def _decode(self, chunk: bytes) -> np.ndarray:
+    def _decode(self, chunk: bytes | memoryview) -> np.ndarray:
         """bytes -> [n, channels] float32 at the input rate."""
         if len(chunk) % self.frame_bytes:
             raise AudioFormatError(
@@ -119,7 +124,7 @@ class StreamDecoder:
             x = _G711_FLOAT[self.encoding][np.frombuffer(chunk, dtype=np.uint8)]
         return x.reshape(-1, self.channels)
 
-    def feed(self, chunk: bytes) -> np.ndarray:
+    def feed(self, chunk: bytes | memoryview) -> np.ndarray:
         x = self._decode(chunk)
         self.samples_in += x.shape[0]
         if self._resampler is not None:
@@ -139,28 +144,30 @@ def _finish(x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.clip(x.T, -1.0, 1.0), dtype=np.float32)
 
 
-def decode_file(data: bytes, encoding: str, sample_rate_hertz: int, channels: int) -> tuple[np.ndarray, int]:
-    """Decode a whole recording (Recognize). Returns ([channels, n] float32 16 kHz, channel count).
+class AudioTooLong(ValueError):
+    """A recording longer than the limit; `field` names the limit's setting. The service maps it to
+    OUT_OF_RANGE (the request is well formed, only too long for this server)."""
 
-    FLAC and WAV take rate and channels from their header; raw encodings use the arguments.
-    """
-    if encoding in STREAM_ENCODINGS:
-        decoder = StreamDecoder(encoding, sample_rate_hertz, channels)
-        x = decoder.feed(data)
-        return np.concatenate([x, decoder.flush()], axis=1), decoder.channels
-    if encoding not in FILE_ENCODINGS:
-        raise AudioFormatError(
-            "encoding",
-            f"encoding must be one of {', '.join(STREAM_ENCODINGS + FILE_ENCODINGS)}, "
-            f"got {encoding or 'none'}",
-        )
-    try:
-        with sf.SoundFile(io.BytesIO(data)) as f:
-            found = f.format
-            rate = f.samplerate
-            pcm = f.read(dtype="float32", always_2d=True)  # [n, channels]
-    except (sf.LibsndfileError, RuntimeError, TypeError) as e:
-        raise AudioFormatError("audio_content", f"audio_content is not a valid {encoding} file ({e})") from e
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass(frozen=True)
+class RecordingInfo:
+    """What a recording holds, read from its header (FLAC, WAV) or its length (raw encodings)."""
+
+    encoding: str
+    rate: int
+    channels: int
+    frames: int  # samples per channel at `rate`
+
+    @property
+    def seconds(self) -> float:
+        return self.frames / self.rate
+
+
+def _check_file_format(encoding: str, found: str, rate: int, channels: int) -> None:
     if found != encoding:
         raise AudioFormatError(
             "audio_content",
@@ -170,14 +177,107 @@ def decode_file(data: bytes, encoding: str, sample_rate_hertz: int, channels: in
         raise AudioFormatError(
             "audio_content", f"{encoding} sample rate must be between {MIN_RATE} and {MAX_RATE}, got {rate}"
         )
-    if not MIN_CHANNELS <= pcm.shape[1] <= MAX_CHANNELS:
+    if not MIN_CHANNELS <= channels <= MAX_CHANNELS:
         raise AudioFormatError(
             "audio_content",
-            f"{encoding} channel count must be between {MIN_CHANNELS} and {MAX_CHANNELS}, got {pcm.shape[1]}",
+            f"{encoding} channel count must be between {MIN_CHANNELS} and {MAX_CHANNELS}, got {channels}",
         )
-    if rate != TARGET_RATE:
-        pcm = soxr.resample(pcm, rate, TARGET_RATE, quality=_QUALITY)
-    return _finish(pcm.reshape(-1, pcm.shape[1])), pcm.shape[1]
+
+
+def _open_file(data: bytes | memoryview, encoding: str) -> sf.SoundFile:
+    try:
+        return sf.SoundFile(io.BytesIO(data))
+    except (sf.LibsndfileError, RuntimeError, TypeError) as e:
+        raise AudioFormatError("audio_content", f"audio_content is not a valid {encoding} file ({e})") from e
+
+
+def probe_recording(data: bytes, encoding: str, sample_rate_hertz: int, channels: int) -> RecordingInfo:
+    """Check a recording's format and find its length without decoding it (header or byte count).
+
+    FLAC and WAV take rate and channels from their header; raw encodings use the arguments.
+    """
+    if encoding in STREAM_ENCODINGS:
+        rate, n_channels = _check_rate_channels(sample_rate_hertz, channels)
+        frame_bytes = n_channels * (2 if encoding == "LINEAR16" else 1)
+        if len(data) % frame_bytes:
+            raise AudioFormatError(
+                "audio_content",
+                f"audio_content has {len(data)} bytes, not a multiple of the {frame_bytes}-byte frame "
+                f"({encoding}, {n_channels} channel(s))",
+            )
+        return RecordingInfo(encoding, rate, n_channels, len(data) // frame_bytes)
+    if encoding not in FILE_ENCODINGS:
+        raise AudioFormatError(
+            "encoding",
+            f"encoding must be one of {', '.join(STREAM_ENCODINGS + FILE_ENCODINGS)}, "
+            f"got {encoding or 'none'}",
+        )
+    with _open_file(data, encoding) as f:
+        _check_file_format(encoding, f.format, f.samplerate, f.channels)
+        return RecordingInfo(encoding, f.samplerate, f.channels, f.frames)
+
+
+def decode_blocks(
+    data: bytes,
+    info: RecordingInfo,
+    *,
+    block_s: float = DECODE_BLOCK_S,
+    max_seconds: float | None = None,
+) -> Iterator[np.ndarray]:
+    """Decode and resample a recording a block at a time: [channels, n] float32 16 kHz per block.
+
+    Memory follows the block, not the file. The resampler keeps its state across blocks, so the
+    output does not depend on the block size. `max_seconds` is enforced on what is actually decoded
+    too, not only on the header's claim (a FLAC may leave its length out, a WAV may lie).
+    """
+    block = max(1, round(block_s * info.rate))
+    if info.encoding in STREAM_ENCODINGS:  # the length is the byte count: probe_recording checked it
+        decoder = StreamDecoder(info.encoding, info.rate, info.channels)
+        view = memoryview(data)
+        step = block * decoder.frame_bytes
+        for i in range(0, len(view), step):
+            yield decoder.feed(view[i : i + step])
+        yield decoder.flush()
+        return
+    limit = None if max_seconds is None else round(max_seconds * info.rate)
+    resampler = (
+        None
+        if info.rate == TARGET_RATE
+        else soxr.ResampleStream(info.rate, TARGET_RATE, info.channels, dtype="float32", quality=_QUALITY)
+    )
+
+    def out(x: np.ndarray, last: bool = False) -> np.ndarray:
+        if resampler is not None:
+            x = resampler.resample_chunk(x, last=last)
+        return _finish(x)
+
+    frames = 0
+    with _open_file(data, info.encoding) as f:
+        while True:
+            try:
+                x = f.read(block, dtype="float32", always_2d=True)  # [n, channels]
+            except (sf.LibsndfileError, RuntimeError) as e:
+                raise AudioFormatError(
+                    "audio_content", f"audio_content is not a valid {info.encoding} file ({e})"
+                ) from e
+            if len(x) == 0:
+                break
+            frames += len(x)
+            if limit is not None and frames > limit:
+                raise AudioTooLong(
+                    "audio_content", f"audio_content decodes to more than {max_seconds:g} s of audio"
+                )
+            yield out(x)
+    if resampler is not None:
+        yield out(np.zeros((0, info.channels), dtype=np.float32), last=True)
+
+
+def decode_file(data: bytes, encoding: str, sample_rate_hertz: int, channels: int) -> tuple[np.ndarray, int]:
+    """Decode a whole recording at once (tools and tests; the server uses decode_blocks).
+    Returns ([channels, n] float32 16 kHz, channel count)."""
+    info = probe_recording(data, encoding, sample_rate_hertz, channels)
+    blocks = list(decode_blocks(data, info))
+    return np.concatenate(blocks, axis=1), info.channels
 
 
 def mixdown(x: np.ndarray) -> np.ndarray:

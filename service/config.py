@@ -47,6 +47,22 @@ class ServerConfig:
     max_recognize_bytes: int = field(
         default=64 << 20, metadata={"help": "largest audio_content of one Recognize request (bytes)"}
     )
+    max_recognize_seconds: float = field(
+        default=4 * 3600.0,
+        metadata={
+            "help": "longest recording one Recognize call may hold, read from its header before anything is "
+            "decoded (a 50 MB FLAC of silence can hold 10 h); beyond it OUT_OF_RANGE. 4 h as "
+            "--max-stream-seconds: a recorded call is no longer than a live one"
+        },
+    )
+    recognize_inflight: int = field(
+        default=8,
+        metadata={
+            "help": "utterances of one Recognize call in the engine at once: a recording of any length is "
+            "fed through this window as it is decoded, so one long file cannot fill the engine's queue "
+            "(--max-queue) ahead of live calls; larger batches it better, smaller leaves live calls more room"
+        },
+    )
     max_buffer_seconds: float = field(
         default=120.0,
         metadata={
@@ -169,10 +185,10 @@ def validate(config: ServerConfig) -> None:
         problems.append("--metrics-port must be 0-65535")
     if not 0 <= config.http_port <= 65535:
         problems.append("--http-port must be 0-65535")
-    for name in ("max_streams", "max_chunk_bytes", "max_recognize_bytes"):
+    for name in ("max_streams", "max_chunk_bytes", "max_recognize_bytes", "recognize_inflight"):
         if getattr(config, name) < 1:
             problems.append(f"{_flag(name)} must be at least 1")
-    for name in ("max_stream_seconds", "max_buffer_seconds", "interim_interval_s"):
+    for name in ("max_stream_seconds", "max_recognize_seconds", "max_buffer_seconds", "interim_interval_s"):
         if getattr(config, name) <= 0:
             problems.append(f"{_flag(name)} must be positive")
     if not 0 <= config.frontends <= 64:

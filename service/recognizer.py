@@ -7,6 +7,7 @@ fail another.
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 import os
@@ -18,10 +19,19 @@ import numpy as np
 from asr.v1 import asr_pb2, asr_pb2_grpc
 from grpc import aio
 
-from engine import DecodeOptions, Engine, EngineOverloaded
+from engine import DecodeOptions, Engine, EngineOverloaded, Transcript, UtteranceHandle
 from engine.api import EngineStopped, ModelInfo
 from service import metrics
-from service.audio import AudioFormatError, decode_file, mixdown, validate_stream_format
+from service.audio import (
+    TARGET_RATE,
+    AudioFormatError,
+    AudioTooLong,
+    RecordingInfo,
+    decode_blocks,
+    mixdown,
+    probe_recording,
+    validate_stream_format,
+)
 from service.config import ServerConfig
 from service.endpointing import Endpointer, EndpointSettings, Utterance
 from service.results import recognize_results, result_options
@@ -118,10 +128,49 @@ def _invalid(e: ValueError) -> str:
 
 
 def cut_utterances(audio: np.ndarray, settings: EndpointSettings) -> list[Utterance]:
-    """A whole channel through the endpointer, as if streamed: long recordings cut at pauses."""
+    """A whole channel through the endpointer, as if streamed (tools and tests)."""
     endpointer = Endpointer(settings)
     events = endpointer.feed(audio) + endpointer.flush()
     return [e for e in events if isinstance(e, Utterance)]
+
+
+class RecordingCutter:
+    """A recording for Recognize, a block at a time: decoded, resampled and endpointed per channel (or
+    the mixdown), so that memory follows the block, not the file (service/audio.py decode_blocks)."""
+
+    def __init__(
+        self,
+        data: bytes,
+        info: RecordingInfo,
+        separate: bool,
+        settings: EndpointSettings,
+        max_seconds: float | None = None,
+    ) -> None:
+        self.separate = separate
+        self.samples = 0  # decoded so far, per channel, at 16 kHz
+        self._blocks = decode_blocks(data, info, max_seconds=max_seconds)
+        self._endpointers = [Endpointer(settings) for _ in range(info.channels if separate else 1)]
+        self._done = False
+
+    def _tag(self, i: int) -> int:
+        return i + 1 if self.separate else 0
+
+    def step(self) -> list[tuple[int, Utterance]] | None:
+        """The utterances (channel tag, utterance) that end in the next block; None once all is done."""
+        if self._done:
+            return None
+        block = next(self._blocks, None)
+        found: list[tuple[int, Utterance]] = []
+        if block is None:
+            self._done = True
+            for i, endpointer in enumerate(self._endpointers):
+                found += [(self._tag(i), e) for e in endpointer.flush() if isinstance(e, Utterance)]
+            return found
+        self.samples += block.shape[1]
+        per_channel = block if self.separate else mixdown(block)[None]
+        for i, (endpointer, x) in enumerate(zip(self._endpointers, per_channel, strict=True)):
+            found += [(self._tag(i), e) for e in endpointer.feed(x) if isinstance(e, Utterance)]
+        return found
 
 
 class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
@@ -268,38 +317,79 @@ class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
     async def _recognize(self, request: asr_pb2.RecognizeRequest) -> asr_pb2.RecognizeResponse:
         engine = self._check_available()
         c = request.config
-        if not request.audio_content:
+        data = request.audio_content  # read once: each read of a bytes field is a fresh copy (upb)
+        if not data:
             raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, "audio_content is empty")
-        if len(request.audio_content) > self.config.max_recognize_bytes:
+        if len(data) > self.config.max_recognize_bytes:
             raise StreamError(
                 grpc.StatusCode.INVALID_ARGUMENT,
-                f"audio_content of {len(request.audio_content)} bytes is over the limit of "
+                f"audio_content of {len(data)} bytes is over the limit of "
                 f"{self.config.max_recognize_bytes} bytes (max_recognize_bytes); use StreamingRecognize",
             )
+        limit_s = self.config.max_recognize_seconds
         try:
             encoding = encoding_name(c.encoding)
             options = decode_options(c, engine)
             result_opts = result_options(c)
-            settings = EndpointSettings()
-            # Decoding and VAD over a whole recording take a while: off the event loop.
-            audio, channels = await asyncio.to_thread(
-                decode_file, request.audio_content, encoding, c.sample_rate_hertz, c.audio_channel_count
-            )
+            # The header (or the byte count) says how long the recording is: a small FLAC of silence
+            # can hold hours, so the length is checked before anything is decoded.
+            info = probe_recording(data, encoding, c.sample_rate_hertz, c.audio_channel_count)
         except ValueError as e:
             raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, _invalid(e)) from e
-        separate = c.enable_separate_recognition_per_channel and channels > 1
-        per_channel = list(audio) if separate else [mixdown(audio)]
-        mode = "mono" if channels == 1 else ("separate" if separate else "mixdown")
-        metrics.AUDIO_SECONDS.labels(mode).inc(audio.shape[1] / 16000)
-        cut = await asyncio.gather(*(asyncio.to_thread(cut_utterances, x, settings) for x in per_channel))
-        jobs = [(i + 1 if separate else 0, u) for i, utterances in enumerate(cut) for u in utterances]
-        ready = time.monotonic()
-        handles = []
+        if info.seconds > limit_s:
+            raise _too_long(f"audio_content holds {info.seconds:.0f} s of audio", limit_s)
+        separate = c.enable_separate_recognition_per_channel and info.channels > 1
+        mode = "mono" if info.channels == 1 else ("separate" if separate else "mixdown")
+        cutter = RecordingCutter(data, info, separate, EndpointSettings(), limit_s)
+        del data  # the cutter holds the one copy it reads from
+        window: collections.deque[tuple[int, Utterance, UtteranceHandle]] = collections.deque()
+        jobs: list[tuple[int, Utterance]] = []
+        transcripts: list[Transcript] = []
+
+        async def settle_oldest() -> None:
+            tag, u, handle = window[0]
+            while True:
+                try:
+                    transcripts.append(await await_transcript(handle))
+                    break
+                except EngineOverloaded:
+                    # An engine in another process refuses on the future, not in submit(): once one of
+                    # our own later utterances is done (a place freed), this one goes in again.
+                    pending = [asyncio.wrap_future(h.future) for _, _, h in window if not h.future.done()]
+                    if not pending:
+                        raise  # nothing of ours to wait for: the server is busy with other calls
+                    await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                    handle = engine.submit(u.audio, options, ready_time=time.monotonic())
+                    window[0] = (tag, u, handle)
+            window.popleft()
+            jobs.append((tag, u))
+
+        async def submit(u: Utterance) -> UtteranceHandle:
+            while True:
+                try:
+                    return engine.submit(u.audio, options, ready_time=time.monotonic())
+                except EngineOverloaded:
+                    if not window:
+                        raise  # nothing of ours to wait for: the server is busy with other calls
+                    await settle_oldest()  # a recording can wait: our oldest frees a place first
+
+        # A bounded window of utterances in flight per call: a recording of any length is fed to the
+        # engine as it is decoded, and one long file cannot fill the engine's queue ahead of live calls.
         try:
-            for _, u in jobs:  # all at once: they share micro-batches
-                handles.append(engine.submit(u.audio, options, ready_time=ready))
-            transcripts = await asyncio.gather(*(await_transcript(h) for h in handles))
-        except (EngineOverloaded, EngineStopped, ValueError) as e:
+            while (found := await asyncio.to_thread(cutter.step)) is not None:
+                for tag, u in found:
+                    while len(window) >= self.config.recognize_inflight:
+                        await settle_oldest()
+                    window.append((tag, u, await submit(u)))
+            while window:
+                await settle_oldest()
+        except AudioTooLong as e:  # the header claimed less than the file holds
+            raise _too_long(str(e), limit_s) from e
+        except ValueError as e:
+            if isinstance(e, AudioFormatError):
+                raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, _invalid(e)) from e
+            raise engine_refusal(e) from e
+        except (EngineOverloaded, EngineStopped) as e:
             raise engine_refusal(e) from e
         except asyncio.CancelledError:
             raise
@@ -307,9 +397,12 @@ class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
             log.exception("recognize failed")
             raise StreamError(grpc.StatusCode.INTERNAL, f"recognition failed: {type(e).__name__}: {e}") from e
         finally:
-            for h in handles:  # no-op for finished ones; frees slots if the client went away
+            for _, _, h in window:  # frees their slots if the call failed or the client went away
                 if not h.future.done():
                     h.cancel()
+                    metrics.UTTERANCES.labels("cancelled").inc()
+        metrics.AUDIO_SECONDS.labels(mode).inc(cutter.samples / TARGET_RATE)
+        # Each channel's utterances are redacted together (a card number may span two of them).
         results = []
         for result in recognize_results(jobs, transcripts, result_opts):
             metrics.UTTERANCES.labels("empty" if result is None else "final").inc()
@@ -317,5 +410,13 @@ class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
                 results.append(result)
         results.sort(key=lambda r: (r.start_offset.ToNanoseconds(), r.channel_tag))
         return asr_pb2.RecognizeResponse(
-            results=results, total_audio_duration=duration(audio.shape[1] / 16000)
+            results=results, total_audio_duration=duration(cutter.samples / TARGET_RATE)
         )
+
+
+def _too_long(what: str, limit_s: float) -> StreamError:
+    return StreamError(
+        grpc.StatusCode.OUT_OF_RANGE,
+        f"{what}, over the limit of {limit_s:g} s (max_recognize_seconds); "
+        "split the recording or use StreamingRecognize",
+    )

@@ -65,18 +65,6 @@ async def await_transcript(handle: UtteranceHandle) -> Transcript:
     return await asyncio.shield(asyncio.wrap_future(handle.future))
 
 
-def segments_of(t: Transcript, audio_start_s: float) -> list[asr_pb2.WordOrSegment]:
-    """Whisper's segment times count from the utterance's first sample: shift them to stream time."""
-    return [
-        asr_pb2.WordOrSegment(
-            text=s.text.strip(),
-            start_offset=duration(audio_start_s + s.start_s),
-            end_offset=duration(audio_start_s + s.end_s),
-        )
-        for s in t.segments
-    ]
-
-
 @dataclass(frozen=True)
 class StreamSettings:
     """A validated StreamingRecognitionConfig."""
@@ -316,7 +304,8 @@ class StreamSession:
         self._audio_counter.inc(seconds)
         self._endpoint(audio)
         self._release_held_finals()
-        self._check_buffer()
+        if not self._input_done:
+            self._check_buffer()
 
     def _endpoint(self, audio: np.ndarray) -> None:
         """[channels, n] 16 kHz -> endpointer of each channel (or the mixdown) -> events."""
@@ -324,6 +313,8 @@ class StreamSession:
             return
         per_channel = audio if self.settings.separate_channels else mixdown(audio)[None]
         for ch, samples in zip(self.channels, per_channel, strict=True):
+            if self._input_done:
+                return  # an engine refusal (or single utterance) ended the input: nothing more is sent
             for event in ch.endpointer.feed(samples):
                 self._on_event(ch, event)
                 if self._input_done:
@@ -340,6 +331,8 @@ class StreamSession:
             self._put(self._speech_event(EventType.SPEECH_ACTIVITY_END, event.offset_s, ch.tag))
         else:
             self._submit(ch, event)
+            if self._input_done:
+                return  # refused: the stream ends once what was admitted has its final
             if event.forced_cut:  # speech goes on: the next utterance starts at the cut
                 ch.speech_start_s = event.end_s
                 ch.speech_start_wall = time.monotonic()
@@ -363,11 +356,25 @@ class StreamSession:
                 request_id=f"{self.id}-{ch.tag}-{utterance.index}",
             )
         except (EngineOverloaded, EngineStopped, ValueError) as e:
-            raise engine_refusal(e) from e
+            # What was admitted before the refusal still gets its final; then the stream ends with the
+            # refusal's status (also while draining: _finish_input's flush lands here).
+            self._end_after_admitted(engine_refusal(e))
+            return
+        if ch.interim is not None:
+            # The final covers everything the interim in flight was asked about: save the engine's work.
+            ch.interim.cancel()
+            ch.interim = None
         pending = _Pending(utterance, handle, ready)
         ch.unsettled.append(pending)
         ch.next_index = utterance.index + 1
         ch.finals.put_nowait(pending)
+
+    def _end_after_admitted(self, error: StreamError) -> None:
+        """Stop taking audio; the utterances already admitted get their finals, then `error` ends the
+        stream (a later failure of one of them may still end it first, with its own status)."""
+        if self._end_status is None:
+            self._end_status = error
+        self._finish_input(flush=False)
 
     def _finish_input(self, *, flush: bool) -> None:
         """No more audio: optionally endpoint what was heard as if the client half-closed, then let the
@@ -436,15 +443,18 @@ class StreamSession:
                 outcome = "cancelled"
             except EngineStopped as e:
                 self._settle(ch, pending, "error", None)
+                self._send_held(ch)
                 self._fail(StreamError(grpc.StatusCode.UNAVAILABLE, f"recognition engine stopped: {e}"))
                 return
             except EngineOverloaded as e:  # an engine in another process refuses on the future
                 self._settle(ch, pending, "error", None)
+                self._send_held(ch)
                 self._fail(engine_refusal(e))
                 return
             except Exception as e:
                 log.exception("utterance failed", extra={"fields": {"stream_id": self.id, "channel": ch.tag}})
                 self._settle(ch, pending, "error", None)
+                self._send_held(ch)
                 self._fail(
                     StreamError(
                         grpc.StatusCode.INTERNAL,
@@ -463,7 +473,12 @@ class StreamSession:
                 self._put(Response(results=[result]), on_sent=on_sent)
             if not self._closed:
                 self._update_buffer()
-        for result, on_sent in ch.results.release():  # the channel is over: nothing more to wait for
+        self._send_held(ch)  # the channel is over: nothing more to wait for
+
+    def _send_held(self, ch: _Channel) -> None:
+        """Send the finals a redacting channel still holds back (a final the client finished is never
+        lost, even when the stream then ends with an error)."""
+        for result, on_sent in ch.results.release():
             self._put(Response(results=[result]), on_sent=on_sent)
 
     def _release_held_finals(self) -> None:
@@ -526,6 +541,9 @@ class StreamSession:
             handle = self.engine.submit(audio, options, ready_time=now)
         except EngineOverloaded:
             return  # interims are best effort: the final still comes
+        except EngineStopped as e:
+            self._end_after_admitted(engine_refusal(e))  # UNAVAILABLE, as for a final
+            return
         ch.interim = handle
         ch.last_interim_wall = now
         self._spawn(self._interim_result(ch, handle, ch.next_index, ch.speech_start_s, self._received_s))

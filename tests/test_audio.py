@@ -3,18 +3,27 @@
 from __future__ import annotations
 
 import io
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile as sf
+import soxr
 
 from service.audio import (
     ALAW_TABLE,
     MULAW_TABLE,
     AudioFormatError,
+    AudioTooLong,
     StreamDecoder,
+    decode_blocks,
     decode_file,
     mixdown,
+    probe_recording,
     validate_stream_format,
 )
 from tests.support.audio import (
@@ -211,3 +220,79 @@ def test_file_rate_outside_limits_is_rejected() -> None:
     with pytest.raises(AudioFormatError) as e:
         decode_file(buf.getvalue(), "WAV", 0, 0)
     assert e.value.field == "audio_content" and "between 8000 and 48000, got 4000" in str(e.value)
+
+
+# --- recordings a block at a time (Recognize) ---
+
+
+@pytest.mark.parametrize("block_s", [0.37, 1.0, 10.0])
+def test_block_decoding_matches_decoding_the_whole_file(block_s: float) -> None:
+    """jfk.flac (44.1 kHz stereo) in blocks of any size gives what soundfile + soxr give on the whole file."""
+    data = JFK_FLAC.read_bytes()
+    pcm, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    whole = np.clip(soxr.resample(pcm, rate, 16000, quality="HQ").T, -1.0, 1.0)
+    info = probe_recording(data, "FLAC", 0, 0)
+    assert (info.rate, info.channels, info.frames) == (rate, 2, len(pcm))
+    blocks = np.concatenate(list(decode_blocks(data, info, block_s=block_s)), axis=1)
+    assert blocks.shape == whole.shape
+    np.testing.assert_allclose(blocks, whole, atol=1e-5)
+
+
+def test_raw_recording_length_comes_from_its_byte_count() -> None:
+    info = probe_recording(b"\xff" * 8000 * 2 * 3, "MULAW", 8000, 2)
+    assert (info.channels, info.frames, info.seconds) == (2, 24000, 3.0)
+    with pytest.raises(AudioFormatError) as e:
+        probe_recording(b"\0" * 5, "LINEAR16", 16000, 1)
+    assert e.value.field == "audio_content" and "not a multiple of the 2-byte frame" in str(e.value)
+
+
+def test_block_decoding_enforces_the_limit_on_what_it_decodes() -> None:
+    """A header that understates the length (here: the limit passed is below the real length) cannot
+    make the decoder run past the limit."""
+    data = JFK_FLAC.read_bytes()
+    info = probe_recording(data, "FLAC", 0, 0)
+    with pytest.raises(AudioTooLong) as e:
+        for _ in decode_blocks(data, info, block_s=1.0, max_seconds=5.0):
+            pass
+    assert "more than 5 s" in str(e.value)
+
+
+_PEAK_RSS_SCRIPT = textwrap.dedent(
+    """
+    import json, resource, sys
+    from service.audio import probe_recording
+    from service.endpointing import EndpointSettings
+    from service.recognizer import RecordingCutter
+
+    data = open(sys.argv[1], "rb").read()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    info = probe_recording(data, "FLAC", 0, 0)
+    cutter = RecordingCutter(data, info, False, EndpointSettings())
+    utterances = 0
+    while (found := cutter.step()) is not None:
+        utterances += len(found)
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"grew_mib": (after - before) / 1024, "seconds": cutter.samples / 16000,
+                      "utterances": utterances}))
+    """
+)
+
+
+@pytest.mark.slow
+def test_long_silence_flac_is_cut_in_bounded_memory(tmp_path: Path) -> None:
+    """30 min of 48 kHz silence as FLAC (~100 KB): decoding, resampling and endpointing it block by
+    block grows peak RSS by a few MB. Decoding it whole would take 330 MiB for the 48 kHz float32 samples
+    alone (plus 110 MiB resampled), so the bound below would fail by far."""
+    path = tmp_path / "silence.flac"
+    minute = np.zeros(48000 * 60, dtype=np.int16)
+    with sf.SoundFile(path, "w", 48000, 1, format="FLAC", subtype="PCM_16") as f:
+        for _ in range(30):
+            f.write(minute)
+    run = subprocess.run(
+        [sys.executable, "-c", _PEAK_RSS_SCRIPT, str(path)], capture_output=True, text=True, check=True
+    )
+    figures = json.loads(run.stdout.strip().splitlines()[-1])
+    print(f"30 min silence FLAC ({path.stat().st_size} bytes): {figures}")
+    assert abs(figures["seconds"] - 1800) < 0.1
+    assert figures["utterances"] == 0
+    assert figures["grew_mib"] < 64, figures

@@ -2,14 +2,28 @@
 
 from __future__ import annotations
 
+import asyncio
+import io
+from collections.abc import Iterator
+
 import grpc
+import numpy as np
 import pytest
+import soundfile as sf
+import soxr
 from asr.v1 import asr_pb2
 from grpc import aio
+from prometheus_client import REGISTRY
 
 from clients.client import RecognizerClient
 from clients.scoring import corpus_wer, normalize
+from engine import Engine
+from service.audio import mixdown
+from service.config import ServerConfig, parse_args
+from service.endpointing import EndpointSettings
+from service.recognizer import cut_utterances
 from tests.support.audio import JFK_FLAC, make_conversation, stereo, to_linear16_bytes
+from tests.support.calls import config_request, run_stream
 from tests.support.server import ServerThread
 
 pytestmark = pytest.mark.slow
@@ -98,3 +112,139 @@ async def test_recognize_stereo_wav_separate_channels(asr_server: ServerThread) 
     assert set(by_channel) == {1, 2}
     assert corpus_wer(["Thank you for calling the billing department."], [by_channel[1]]) <= 0.2, by_channel
     assert corpus_wer(["My internet bill is too high this month."], [by_channel[2]]) <= 0.2, by_channel
+
+
+# --- recordings of any length: a bounded window per call, a length limit read before decoding ---
+
+# Twelve short sentences: many more utterances than the engine's queue (--max-queue 4 below) holds.
+CALL = [
+    "Good morning, thank you for calling.",
+    "I need help with my bill.",
+    "The payment did not go through.",
+    "Can you check my account for me?",
+    "I paid on Monday afternoon.",
+    "The bank says the money left my account.",
+    "Please send me a receipt by email.",
+    "My email address is on file.",
+    "Thank you for waiting.",
+    "Is there anything else I can do?",
+    "No, that is all for today.",
+    "Have a nice evening.",
+]
+
+
+@pytest.mark.parametrize("inflight", [3, 8], ids=["window-below-queue", "window-above-queue"])
+async def test_recording_with_more_utterances_than_the_engine_queue_is_answered_whole_in_order(
+    service_engine: Engine, monkeypatch: pytest.MonkeyPatch, inflight: int
+) -> None:
+    """--max-queue 4 and a recording of 12 utterances: every utterance is answered, in order, with its
+    true offsets. With the window below the queue, a live stream beside it is served too; a window
+    above the queue waits on its own oldest utterance instead of being refused."""
+    monkeypatch.setattr(service_engine.config, "max_queue", 4)
+    audio, bounds = make_conversation(CALL, pause_s=0.8)
+    live_audio, _ = make_conversation(["I would like to check the status of my order."], pause_s=0.8)
+    server = ServerThread(ServerConfig(recognize_inflight=inflight), service_engine).start()
+    try:
+        config = asr_pb2.RecognitionConfig(encoding=asr_pb2.LINEAR16, sample_rate_hertz=16000)
+        async with RecognizerClient(server.target) as client, aio.insecure_channel(server.target) as channel:
+            live_requests = [
+                config_request(),
+                asr_pb2.StreamingRecognizeRequest(audio_content=to_linear16_bytes(live_audio)),
+            ]
+            response, live = await asyncio.gather(
+                client.recognize(to_linear16_bytes(audio), config), run_stream(channel, live_requests)
+            )
+    finally:
+        server.stop()
+    texts = [r.alternatives[0].transcript for r in response.results]
+    assert len(texts) == len(CALL), texts
+    assert corpus_wer(CALL, texts) <= 0.15, texts
+    for result, (start, end) in zip(response.results, bounds, strict=True):
+        assert abs(result.start_offset.ToTimedelta().total_seconds() - start) < 0.3
+        assert abs(result.end_offset.ToTimedelta().total_seconds() - end) < 0.3
+    if inflight < 4:
+        assert live.code == grpc.StatusCode.OK, live
+        assert corpus_wer(["I would like to check the status of my order."], [live.text]) <= 0.2
+
+
+@pytest.fixture(scope="module")
+def one_minute_server(service_engine: Engine) -> Iterator[ServerThread]:
+    server = ServerThread(ServerConfig(max_recognize_seconds=60), service_engine).start()
+    yield server
+    server.stop()
+
+
+def _silence_file(seconds: float, rate: int, fmt: str) -> bytes:
+    buf = io.BytesIO()
+    sf.write(buf, np.zeros(round(seconds * rate), dtype=np.int16), rate, format=fmt, subtype="PCM_16")
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("encoding", "rate", "data", "seconds"),
+    [
+        ("FLAC", 0, _silence_file(600, 16000, "FLAC"), 600),
+        ("WAV", 0, _silence_file(61, 8000, "WAV"), 61),
+        ("MULAW", 8000, b"\xff" * 8000 * 61, 61),
+    ],
+    ids=["flac-10min", "wav-61s", "mulaw-61s"],
+)
+async def test_recording_over_the_length_limit_is_refused_before_decoding(
+    one_minute_server: ServerThread, encoding: str, rate: int, data: bytes, seconds: int
+) -> None:
+    audio_before = sum(
+        REGISTRY.get_sample_value("asr_audio_seconds_total", {"channel_mode": m}) or 0.0
+        for m in ("mono", "mixdown", "separate")
+    )
+    config = asr_pb2.RecognitionConfig(encoding=asr_pb2.AudioEncoding.Value(encoding), sample_rate_hertz=rate)
+    async with RecognizerClient(one_minute_server.target) as client:
+        with pytest.raises(aio.AioRpcError) as e:
+            await client.recognize(data, config)
+    assert e.value.code() == grpc.StatusCode.OUT_OF_RANGE, e.value
+    details = e.value.details() or ""
+    assert f"holds {seconds} s of audio" in details and "limit of 60 s (max_recognize_seconds)" in details
+    audio_after = sum(
+        REGISTRY.get_sample_value("asr_audio_seconds_total", {"channel_mode": m}) or 0.0
+        for m in ("mono", "mixdown", "separate")
+    )
+    assert audio_after == audio_before, "nothing was decoded"
+
+
+async def test_recognize_matches_whole_file_decoding_on_jfk(
+    asr_server: ServerThread, service_engine: Engine
+) -> None:
+    """The block path (decode, resample, endpoint a block at a time) answers exactly what decoding the
+    whole file at once and endpointing it in one go gives, utterance for utterance."""
+    data = JFK_FLAC.read_bytes()
+    pcm, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    whole = np.clip(soxr.resample(pcm, rate, 16000, quality="HQ").T, -1.0, 1.0).astype(np.float32)
+    expected = []
+    for u in cut_utterances(mixdown(whole), EndpointSettings()):
+        t = await asyncio.wrap_future(service_engine.submit(u.audio).future)
+        if t.is_speech and t.text.strip():
+            expected.append((round(u.start_s, 3), round(u.end_s, 3), t.text.strip()))
+    async with RecognizerClient(asr_server.target) as client:
+        response = await client.recognize(data, asr_pb2.RecognitionConfig(encoding=asr_pb2.FLAC))
+    got = [
+        (
+            round(r.start_offset.ToTimedelta().total_seconds(), 3),
+            round(r.end_offset.ToTimedelta().total_seconds(), 3),
+            r.alternatives[0].transcript,
+        )
+        for r in response.results
+    ]
+    assert got == expected
+    assert len(got) >= 2
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--recognize-inflight", "0"], "--recognize-inflight must be at least 1"),
+        (["--max-recognize-seconds", "0"], "--max-recognize-seconds must be positive"),
+    ],
+)
+def test_recognize_flags_out_of_range_are_refused_naming_the_flag(argv: list[str], message: str) -> None:
+    with pytest.raises(SystemExit) as e:
+        parse_args(argv)
+    assert message in str(e.value.code)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import grpc
@@ -21,6 +21,8 @@ from prometheus_client import REGISTRY
 
 from clients.client import RecognizerClient
 from clients.scoring import corpus_wer, normalize
+from engine import Engine, EngineConfig
+from service.config import ServerConfig
 from tests.support.audio import (
     JFK_FLAC,
     JFK_TEXT,
@@ -28,9 +30,12 @@ from tests.support.audio import (
     silence,
     stereo,
     to_alaw_8k_bytes,
+    to_linear16_bytes,
     to_mulaw_8k_bytes,
     white_noise,
 )
+from tests.support.calls import OpenStream, Outcome, config_request
+from tests.support.gate import scheduler_gate
 from tests.support.server import ServerThread, sync_stream
 
 pytestmark = pytest.mark.slow
@@ -43,12 +48,18 @@ SENTENCES = [
     "Your order was shipped yesterday and should arrive on Friday.",
     "Great, thank you very much for your help.",
 ]
-# Measured on tiny.en (CPU, fp32) with these espeak-ng sentences over several sox runs (sox dithers, so
-# the 8 kHz audio and tiny.en's guesses vary a little run to run); bounds leave ~50% headroom.
-# 16 kHz measured 0.0 every time: its bound allows 3 of the 38 words.
+# Measured on tiny.en (CPU, fp32, 2 threads) with these espeak-ng sentences. 16 kHz measured 0.0 every
+# time: its bound allows 3 of the 38 words.
 PACED_WER_MEASURED, PACED_WER_BOUND = 0.0, 0.08
-TELEPHONE_WER_MEASURED, TELEPHONE_WER_BOUND = 0.342, 0.50  # mu-law 0.289-0.342, A-law 0.316-0.342
-JFK_MULAW_WER_MEASURED, JFK_MULAW_WER_BOUND = 0.182, 0.27
+# 8 kHz bounds: measured 2026-12-01 in three runs of this file's telephone and jfk tests (identical
+# each run: sox converts with -D, no dither, and greedy decoding is deterministic), each bound the
+# measurement plus 2 words, so that a regression of 3 words fails. Re-measure when the model, the
+# engine's decoding or the endpointer changes.
+TELEPHONE_WER = {  # encoding: (measured, bound) over the 38 words of SENTENCES
+    "MULAW": (0.368, 0.43),  # 14 errors, bound 16
+    "ALAW": (0.184, 0.24),  # 7 errors, bound 9
+}
+JFK_MULAW_WER_MEASURED, JFK_MULAW_WER_BOUND = 0.045, 0.14  # of 22 words: 1 error, bound 3
 OFFSET_TOLERANCE_S = 0.3
 
 
@@ -164,10 +175,13 @@ async def test_jfk_as_8k_mulaw_stream(asr_server: ServerThread) -> None:
     text = normalize(hypothesis)
     assert "ask not what your country can do for you" in text
     assert "ask what you can do for your country" in text
-    # tiny.en hears the band-limited "my fellow Americans" as "am I fell America" (transformers'
-    # own generate() says the same on this audio), so the opening is held to a WER bound instead.
+    # tiny.en may mishear the band-limited "my fellow Americans" (today "my fellow america"; with an
+    # earlier engine "am I fell America", as transformers' generate() said), so the opening is held
+    # to a WER bound instead.
     wer = corpus_wer([JFK_TEXT], [hypothesis])
-    print(f"jfk 8 kHz mu-law WER {wer:.3f} (measured {JFK_MULAW_WER_MEASURED}, bound {JFK_MULAW_WER_BOUND})")
+    print(
+        f"jfk 8 kHz mu-law WER {wer:.3f} (measured {JFK_MULAW_WER_MEASURED}, bound {JFK_MULAW_WER_BOUND}): {hypothesis}"
+    )
     assert wer <= JFK_MULAW_WER_BOUND, hypothesis
 
 
@@ -188,9 +202,10 @@ async def test_telephone_conversation_wer_and_no_interims_unless_asked(
     results = finals(received)
     hypotheses = [r.alternatives[0].transcript for r in results]
     wer = corpus_wer(SENTENCES, hypotheses) if len(results) == len(SENTENCES) else 1.0
-    print(f"{encoding} 8 kHz WER {wer:.3f} (measured {TELEPHONE_WER_MEASURED}, bound {TELEPHONE_WER_BOUND})")
+    measured, bound = TELEPHONE_WER[encoding]
+    print(f"{encoding} 8 kHz WER {wer:.3f} (measured {measured}, bound {bound}): {hypotheses}")
     assert len(results) == len(SENTENCES), hypotheses
-    assert wer <= TELEPHONE_WER_BOUND, hypotheses
+    assert wer <= bound, hypotheses
     for result, (start, end) in zip(results, bounds, strict=True):
         assert abs(seconds(result.start_offset) - start) < OFFSET_TOLERANCE_S
         assert abs(seconds(result.end_offset) - end) < OFFSET_TOLERANCE_S
@@ -378,3 +393,163 @@ async def test_max_streams_refused_at_once(asr_server: ServerThread) -> None:
         for call in calls:
             call.cancel()
         hold.set()
+
+
+# --- overload, drain and a stopped engine: what was admitted still gets its final ---
+
+
+async def wait_until(predicate: Callable[[], bool], within_s: float, what: str) -> None:
+    deadline = time.monotonic() + within_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"not within {within_s} s: {what}"
+        await asyncio.sleep(0.01)
+
+
+def count_events(stream: OpenStream, kind: int) -> int:
+    return sum(1 for x in stream.responses if x.speech_event_type == kind)
+
+
+def interim_config() -> asr_pb2.StreamingRecognizeRequest:
+    request = config_request()
+    request.streaming_config.interim_results = True
+    return request
+
+
+def engine_requests(kind: str, outcome: str) -> float:
+    return metric("asr_engine_requests_total", kind=kind, outcome=outcome)
+
+
+async def test_refused_utterance_ends_the_stream_after_the_finals_of_those_admitted(
+    asr_server: ServerThread, service_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--max-queue 2, engine held: sentences 0 and 1 are admitted, sentence 2 is refused. The stream
+    still gets the finals of 0 and 1, then RESOURCE_EXHAUSTED."""
+    monkeypatch.setattr(service_engine.config, "max_queue", 2)
+    audio, _ = make_conversation(SENTENCES[:3], pause_s=1.0)
+    with scheduler_gate(service_engine) as gate:
+        await gate.close()
+        async with aio.insecure_channel(asr_server.target) as channel:
+            stream = OpenStream(channel)
+            await stream.open()
+            await stream.send(to_linear16_bytes(audio))
+            # the third sentence's end is detected (and its utterance refused) while the engine is held
+            await wait_until(
+                lambda: count_events(stream, Event.SPEECH_ACTIVITY_END) == 3 or stream.call.done(),
+                30,
+                "three sentences ended",
+            )
+            gate.open()
+            outcome = await stream.finish()
+    assert outcome.code == grpc.StatusCode.RESOURCE_EXHAUSTED, outcome
+    assert "--max-queue" in outcome.details
+    assert [r.utterance_index for r in outcome.finals] == [0, 1], outcome
+    assert corpus_wer(SENTENCES[:2], [r.alternatives[0].transcript for r in outcome.finals]) <= 0.2
+
+
+async def test_drain_with_a_refused_utterance_still_sends_the_admitted_finals(
+    service_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Drain flushes the sentence in progress; the engine (--max-queue 1, held) refuses it. The sentence
+    admitted before still gets its final, then the refusal's status."""
+    monkeypatch.setattr(service_engine.config, "max_queue", 1)
+    first, _ = make_conversation(SENTENCES[:1], pause_s=1.0)
+    second, _ = make_conversation(SENTENCES[1:2], pause_s=0.0, lead_s=0.0)  # still speaking at the end
+    server = ServerThread(ServerConfig(), service_engine).start()
+    try:
+        with scheduler_gate(service_engine) as gate:
+            await gate.close()
+            async with aio.insecure_channel(server.target) as channel:
+                stream = OpenStream(channel)
+                await stream.open()
+                await stream.send(to_linear16_bytes(np.concatenate([first, second])))
+                await wait_until(
+                    lambda: count_events(stream, Event.SPEECH_ACTIVITY_BEGIN) == 2 and gate.queued() == 1,
+                    30,
+                    "first sentence admitted, second under way",
+                )
+                server.loop.call_soon_threadsafe(server.server.recognizer.drain)
+                await wait_until(
+                    lambda: count_events(stream, Event.RECONNECT) == 1 or stream.call.done(), 30, "drain"
+                )
+                gate.open()
+                outcome = await stream.finish()
+    finally:
+        server.stop()
+    assert outcome.code == grpc.StatusCode.RESOURCE_EXHAUSTED, outcome
+    assert outcome.events(Event.RECONNECT) == 1
+    assert [r.utterance_index for r in outcome.finals] == [0], outcome
+    assert corpus_wer(SENTENCES[:1], [outcome.text]) <= 0.2, outcome.text
+
+
+async def test_interim_meeting_a_stopped_engine_ends_the_stream_unavailable() -> None:
+    """An interim request refused because the engine stopped ends the stream UNAVAILABLE (the status
+    docs/operations.md promises for a stopped engine), not INTERNAL."""
+    engine = Engine(EngineConfig(model="tiny.en", threads=1, warmup=False))
+    engine.start()
+    server = ServerThread(ServerConfig(interim_interval_s=0.2), engine).start()
+    long_sentence = (
+        "I have been waiting on the line for a very long time and I would really like to speak with "
+        "someone who can help me with the bill that arrived this morning"
+    )
+    audio, _ = make_conversation([long_sentence], pause_s=0.0, lead_s=0.3)
+    data = to_linear16_bytes(audio)
+    try:
+        async with aio.insecure_channel(server.target) as channel:
+            stream = OpenStream(channel, config=interim_config(), deadline_s=60)
+            await stream.open()
+            head = 16000 * 2 * 3 // 2  # 1.5 s: speech has begun
+            await stream.send(data[:head])
+            await wait_until(
+                lambda: count_events(stream, Event.SPEECH_ACTIVITY_BEGIN) == 1, 30, "speech begun"
+            )
+            await asyncio.to_thread(engine.stop)
+            for i in range(head, len(data), 3200):  # 0.1 s chunks, paced: an interim falls due
+                if not await stream.send(data[i : i + 3200]) or stream.call.done():
+                    break
+                await asyncio.sleep(0.05)
+            outcome = await stream.finish(half_close=False)  # the interim, not the flush, must end it
+    finally:
+        server.stop()
+        engine.stop()
+    assert outcome.code == grpc.StatusCode.UNAVAILABLE, outcome
+    assert "stopped" in outcome.details
+
+
+async def test_final_cancels_its_interim_still_in_flight(service_engine: Engine) -> None:
+    """With the engine held, an interim is queued for the sentence in progress; then the sentence ends
+    and its final is queued. The interim is cancelled before the engine works on it."""
+    server = ServerThread(ServerConfig(interim_interval_s=0.2), service_engine).start()
+    audio, _ = make_conversation(SENTENCES[2:3], pause_s=1.0, lead_s=0.3)
+    data = to_linear16_bytes(audio)
+    split = len(data) // 2 // 2 * 2  # mid-sentence, on a sample
+    cancelled_before = engine_requests("interim", "cancelled")
+    try:
+        with scheduler_gate(service_engine) as gate:
+            await gate.close()
+            async with aio.insecure_channel(server.target) as channel:
+                stream = OpenStream(channel, config=interim_config())
+                await stream.open()
+                await stream.send(data[:split])
+                await wait_until(
+                    lambda: count_events(stream, Event.SPEECH_ACTIVITY_BEGIN) == 1, 30, "speech begun"
+                )
+                await asyncio.sleep(0.3)  # past interim_interval_s: the next audio brings an interim
+                sessions = server.server.recognizer.sessions
+                await stream.send(data[split : split + 3200])
+                await wait_until(
+                    lambda: any(ch.interim is not None for s in sessions for ch in s.channels),
+                    30,
+                    "an interim submitted",
+                )
+                await stream.send(data[split + 3200 :])  # the sentence ends: its final is submitted
+                await wait_until(
+                    lambda: count_events(stream, Event.SPEECH_ACTIVITY_END) == 1, 30, "sentence ended"
+                )
+                gate.open()
+                outcome: Outcome = await stream.finish()
+    finally:
+        server.stop()
+    assert outcome.code == grpc.StatusCode.OK, outcome
+    assert corpus_wer(SENTENCES[2:3], [outcome.text]) <= 0.2, outcome.text
+    assert engine_requests("interim", "cancelled") - cancelled_before == 1
+    assert [rid for rid, interim in gate.encoded if interim] == [], "the engine worked on the interim"

@@ -1,0 +1,190 @@
+"""Long recorded calls through Recognize: wall time and the server's peak RSS per recording.
+
+Each case starts its own `asr-server` subprocess (so its peak RSS, VmHWM, belongs to that case alone),
+sends one recording through Recognize and prints a markdown row:
+
+- `20min`: jfk.flac repeated to 20 minutes, 16 kHz mono WAV (37 MB);
+- `2h`: the same to 2 hours, as FLAC (the WAV would be 230 MB);
+- `10h-silence`: 10 hours of silence as FLAC (a few MB), once with the default --max-recognize-seconds
+  (refused before decoding) and once with the limit raised to 10 h (decoded block by block).
+
+    python scripts/bench_long_recordings.py 20min 10h-silence
+    python scripts/bench_long_recordings.py --threads 2 2h
+
+The server gets --max-recognize-bytes 512 MiB so that every recording fits in one request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import platform
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import numpy as np
+import soundfile as sf
+import soxr
+from asr.v1 import asr_pb2, asr_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+REPO = Path(__file__).resolve().parents[1]
+JFK_FLAC = REPO.parent / "shared" / "data" / "jfk.flac"
+RATE = 16000
+MAX_BYTES = 512 << 20
+
+
+def jfk_16k() -> np.ndarray:
+    audio, rate = sf.read(JFK_FLAC, dtype="float32")
+    return soxr.resample(audio.mean(axis=1), rate, RATE).astype(np.float32)
+
+
+def repeated_jfk(seconds: float, fmt: str) -> bytes:
+    clip = (jfk_16k() * 32767).astype(np.int16)
+    reps = int(np.ceil(seconds * RATE / len(clip)))
+    buf = io.BytesIO()
+    with sf.SoundFile(buf, "w", RATE, 1, format=fmt, subtype="PCM_16") as f:
+        for _ in range(reps):
+            f.write(clip)
+    return buf.getvalue()
+
+
+def silence_flac(seconds: float) -> bytes:
+    minute = np.zeros(RATE * 60, dtype=np.int16)
+    buf = io.BytesIO()
+    with sf.SoundFile(buf, "w", RATE, 1, format="FLAC", subtype="PCM_16") as f:
+        for _ in range(round(seconds / 60)):
+            f.write(minute)
+    return buf.getvalue()
+
+
+@dataclass
+class Case:
+    name: str
+    make: Callable[[], bytes]
+    encoding: int
+    server_args: tuple[str, ...] = ()
+
+
+CASES: dict[str, list[Case]] = {
+    "20min": [Case("20 min call (jfk x110), 16 kHz WAV", lambda: repeated_jfk(1200, "WAV"), asr_pb2.WAV)],
+    "2h": [Case("2 h call (jfk x655), 16 kHz FLAC", lambda: repeated_jfk(7200, "FLAC"), asr_pb2.FLAC)],
+    "10h-silence": [
+        Case("10 h silence FLAC, default limit (4 h)", lambda: silence_flac(36000), asr_pb2.FLAC),
+        Case(
+            "10 h silence FLAC, --max-recognize-seconds 36000",
+            lambda: silence_flac(36000),
+            asr_pb2.FLAC,
+            ("--max-recognize-seconds", "36000"),
+        ),
+    ],
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def serve(threads: int, extra: tuple[str, ...], log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    argv = [
+        str(Path(sys.executable).with_name("asr-server")),
+        *("--host", "127.0.0.1", "--port", str(port), "--metrics-port", "0"),
+        *("--threads", str(threads), "--log-level", "warning", "--max-recognize-bytes", str(MAX_BYTES)),
+        *extra,
+    ]
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    target = f"127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    with grpc.insecure_channel(target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"asr-server exited {proc.returncode}: {log.read_text()}")
+            try:
+                reply = stub.Check(health_pb2.HealthCheckRequest(service="asr.v1.Recognizer"), timeout=2)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return proc, target
+            except grpc.RpcError:
+                pass
+            time.sleep(0.5)
+    proc.kill()
+    raise TimeoutError("asr-server never became SERVING")
+
+
+def run_case(case: Case, threads: int) -> str:
+    data = case.make()
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, target = serve(threads, case.server_args, Path(tmp) / "server.log")
+        try:
+            idle = peak_rss_mib(proc.pid)
+            options = [("grpc.max_send_message_length", MAX_BYTES + (1 << 16))]
+            with grpc.insecure_channel(target, options=options) as channel:
+                stub = asr_pb2_grpc.RecognizerStub(channel)
+                request = asr_pb2.RecognizeRequest(
+                    config=asr_pb2.RecognitionConfig(encoding=case.encoding),  # type: ignore[arg-type]
+                    audio_content=data,
+                )
+                start = time.perf_counter()
+                try:
+                    response = stub.Recognize(request, timeout=3 * 3600)
+                    outcome = f"OK, {len(response.results)} results"
+                    audio_s = response.total_audio_duration.ToTimedelta().total_seconds()
+                except grpc.RpcError as e:
+                    outcome = f"{e.code().name}"  # type: ignore[attr-defined]
+                    audio_s = 0.0
+                wall = time.perf_counter() - start
+            peak = peak_rss_mib(proc.pid)
+        finally:
+            proc.kill()
+            proc.wait(30)
+    mb = len(data) / 1e6
+    audio = f"{audio_s / 60:.1f} min" if audio_s else "-"
+    return (
+        f"| {case.name} | {mb:.1f} MB | {audio} | {outcome} | {wall:.1f} s | "
+        f"{idle:.0f} MiB | {peak:.0f} MiB | {peak - idle:+.0f} MiB |"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("cases", nargs="+", choices=list(CASES))
+    parser.add_argument("--threads", type=int, default=2, help="asr-server --threads")
+    args = parser.parse_args()
+    load = os.getloadavg()
+    print(
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, asr-server --threads "
+        f"{args.threads}, tiny.en; load average at start {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}\n"
+    )
+    print(
+        "| recording | size | audio | outcome | Recognize wall time | peak RSS before the call | peak RSS after | growth |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for name in args.cases:
+        for case in CASES[name]:
+            print(run_case(case, args.threads), flush=True)
+    load = os.getloadavg()
+    print(f"\nload average at end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
