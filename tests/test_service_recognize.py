@@ -247,4 +247,5 @@ async def test_recognize_matches_whole_file_decoding_on_jfk(
 def test_recognize_flags_out_of_range_are_refused_naming_the_flag(argv: list[str], message: str) -> None:
     with pytest.raises(SystemExit) as e:
         parse_args(argv)
-    assert message in str(e.value.code)
+    assert e.value.code == 2
+    assert message in str(e.value)
