@@ -365,7 +365,11 @@ class HttpApi:
         # handler_cancellation: a client that hangs up cancels its recognition (the engine frees its slots)
         self._runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
-        host = self.config.host.strip("[]") or None
+        host: str | None = self.config.host.strip("[]")
+        if host in ("", "::", "0.0.0.0"):
+            # Every interface, IPv4 too: asyncio binds "::" IPv6-only (IPV6_V6ONLY), so a pod's IPv4
+            # address would never reach the door; None makes one socket per address family.
+            host = None
         # asr-server's frontend processes share the port (SO_REUSEPORT), as they share the gRPC port;
         # the supervisor checked it was free first (service/supervisor.py reserve_port).
         site = web.TCPSite(

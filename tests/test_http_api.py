@@ -3,6 +3,7 @@ client (which nobody here wrote) and curl, against the same engine, tokens and l
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import re
@@ -296,3 +297,21 @@ def test_sigterm_lets_an_http_call_in_flight_finish(tmp_path: Path) -> None:
         assert normalize(str(outcome.get("text", ""))).count("your country") >= 3, (outcome, server.log())
     finally:
         server.stop()
+
+
+async def test_the_door_on_the_default_host_answers_on_ipv4(service_engine: Engine) -> None:
+    """`--host [::]` (the default) must reach IPv4 clients too: asyncio binds "::" IPv6-only, and a pod
+    is reached at its IPv4 address."""
+    from service.server import AsrServer
+    from tests.support.server import HOST, free_port
+
+    config = ServerConfig(host="[::]", port=0, metrics_port=0, http_port=free_port())
+    server = AsrServer(config, service_engine)
+    await server.start()
+    await server.load()
+    try:
+        url = f"http://{HOST}:{config.http_port}/v1/models"
+        body = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=30).read())
+        assert json.loads(body)["data"], body
+    finally:
+        await server.stop(0.5, stop_engine=False)
