@@ -31,12 +31,17 @@ REQUIRED_PANELS = {
     "GPU memory": "DCGM_FI_DEV_FB_USED",
     "GPU graphics/compute engine active": "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
     "GPU SM active": "DCGM_FI_PROF_SM_ACTIVE",
+    "CPU": "process_cpu_seconds_total",
+    "Resident memory": "process_resident_memory_bytes",
+    "CPU by process": "process_cpu_seconds_total",
+    "Resident memory by process": "process_resident_memory_bytes",
 }
 # Names a query may use that the server does not register itself.
 EXTERNAL = re.compile(r"^(DCGM_FI_\w+|process_\w+)$")
 PROMQL_WORDS = {
     "sum", "by", "rate", "increase", "histogram_quantile", "or", "and", "le", "avg", "max", "min", "count",
     "namespace", "pod", "grpc_method", "grpc_code", "grpc_service", "outcome", "exported_namespace", "exported_pod",
+    "process",
 }  # fmt: skip
 
 
@@ -114,3 +119,14 @@ def test_panels_do_not_overlap() -> None:
         }
         assert not cells & taken, f"panel {panel['title']!r} overlaps another"
         taken |= cells
+
+
+def test_process_series_are_summed_per_pod() -> None:
+    """The supervisor's /metrics carries process_* once per server process (label `process`): a query
+    that does not sum them would draw one line per process where the panel means the pod."""
+    queries = [(t, e) for t, e in dashboard_expressions() if "process_" in e]
+    assert len(queries) >= 4
+    for title, expr in queries:
+        assert re.match(r"^sum by \(pod(, process)?\) \(", expr), (
+            f"panel {title!r} does not sum per pod: {expr}"
+        )

@@ -240,7 +240,7 @@ def test_ports_and_health_service_match_the_server(overlay: str) -> None:
     config = server_config(docs)
     c = container(docs)
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert ports == {"grpc": config.port, "metrics": config.metrics_port}
+    assert ports == {"grpc": config.port, "metrics": config.metrics_port, "http": config.http_port}
     assert config.host == "[::]"
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert c[probe]["grpc"] == {"port": config.port, "service": SERVICE_NAME}, probe
@@ -249,9 +249,30 @@ def test_ports_and_health_service_match_the_server(overlay: str) -> None:
     assert svc_ports["grpc"]["targetPort"] == "grpc" and svc_ports["grpc"]["port"] == config.port
     assert svc_ports["grpc"]["appProtocol"] in ("kubernetes.io/h2c", "grpc")
     assert svc_ports["metrics"]["targetPort"] == "metrics"
+    # The HTTP door speaks HTTP/1.1: its own Service port, not the gRPC port's H2C.
+    assert svc_ports["http"]["targetPort"] == "http" and svc_ports["http"]["port"] == config.http_port
+    assert svc_ports["http"]["appProtocol"] == "http"
     headless = one(docs, "Service", "asr-server-headless")
     assert headless["spec"]["clusterIP"] == "None"
     assert [p["targetPort"] for p in headless["spec"]["ports"]] == ["grpc"]
+
+
+def cpu_cores(quantity: str) -> float:
+    return int(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_cpu_request_fits_the_frontends(overlay: str) -> None:
+    """asr-server runs a supervisor, one engine process and --frontends gRPC frontends. With 0 the
+    server derives the count from the CPU quota, which a pod without a CPU limit does not have (it
+    would follow the node), so the manifests set it, and request a core for each process."""
+    docs = rendered(overlay)
+    config = server_config(docs)
+    assert config.frontends >= 1, "set --frontends explicitly: a pod without a CPU limit has no quota"
+    resources = container(docs)["resources"]
+    assert cpu_cores(resources["requests"]["cpu"]) >= config.frontends + 2
+    if "cpu" in resources.get("limits", {}):
+        assert cpu_cores(resources["limits"]["cpu"]) >= cpu_cores(resources["requests"]["cpu"])
 
 
 # Room for the last finals to be written and the process to exit after the drain.
@@ -328,6 +349,10 @@ def test_hardened_security_context_and_writable_paths(overlay: str) -> None:
     assert env["HF_HUB_OFFLINE"] == "1"
     for var in ("HOME", "XDG_CACHE_HOME", "HF_HOME", "TORCHINDUCTOR_CACHE_DIR"):
         assert any(env[var].startswith(path) for path in mounts if "emptyDir" in mounts[path]), var
+    # The supervisor's work dir (the engine's IPC socket, the processes' metric files) comes from
+    # tempfile.mkdtemp: $TMPDIR, else /tmp, which must be an emptyDir.
+    tmpdir = env.get("TMPDIR") or "/tmp"
+    assert any(tmpdir.startswith(path) for path in mounts if "emptyDir" in mounts[path]), tmpdir
 
 
 def test_gke_gb300_runs_on_gb300_gpus() -> None:

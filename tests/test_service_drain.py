@@ -4,7 +4,12 @@ runs it (deploy/README.md, "Drain, probes and disruptions"):
 1. preStop pause: the pod is leaving the load balancer, but the server is not signalled yet: it keeps
    serving and keeps accepting the streams a balancer still routes to it;
 2. SIGTERM: health NOT_SERVING, new streams refused, open streams told to RECONNECT;
-3. drain: every stream, the late one included, gets the finals of what it sent; exit 0."""
+3. drain: every stream, the late one included, gets the finals of what it sent; exit 0.
+
+Run with one frontend process and with two, as the pods run it (a supervisor, one engine process and
+--frontends gRPC frontends sharing the port): each stream has its own connection, so the kernel's
+SO_REUSEPORT spreads them over the frontends, and every frontend must drain on the one SIGTERM the
+kubelet sends to the supervisor."""
 
 from __future__ import annotations
 
@@ -28,16 +33,25 @@ DRAIN_SECONDS = 20
 # to be accepted and have speech under way when SIGTERM comes.
 PRESTOP_PAUSE_S = 3.0
 LATE = 2  # index of the stream a load balancer still sends during the preStop pause
+# A channel of its own per client: without it grpc shares one subchannel (one TCP connection, so one
+# frontend) between channels to the same target.
+OWN_CONNECTION = (("grpc.use_local_subchannel_pool", 1),)
 
 
-async def test_prestop_pause_then_sigterm_drains_streams_then_exits_zero() -> None:
+@pytest.mark.parametrize("frontends", [1, 2])
+async def test_prestop_pause_then_sigterm_drains_streams_then_exits_zero(frontends: int) -> None:
     audio, bounds = make_conversation(
         ["Thank you for calling, how can I help you today?", "I would like to check the status of my order."],
         pause_s=1.0,
     )
-    server = ServerProcess("--drain-seconds", str(DRAIN_SECONDS)).wait_serving()
+    server = ServerProcess(
+        "--drain-seconds", str(DRAIN_SECONDS), "--frontends", str(frontends)
+    ).wait_serving()
+    clients = [RecognizerClient(server.target, options=OWN_CONNECTION) for _ in range(3)]
     try:
-        async with RecognizerClient(server.target) as client:
+        # The refusal below is asked on the first stream's connection: a connection opened after
+        # SIGTERM finds the listeners closed (also UNAVAILABLE, but says nothing of the drain).
+        async with clients[0] as client:
             received: list[list[asr_pb2.StreamingRecognizeResponse]] = [[], [], []]
             first_final = asyncio.Event()
             begins = [0, 0, 0]
@@ -46,7 +60,7 @@ async def test_prestop_pause_then_sigterm_drains_streams_then_exits_zero() -> No
             reconnected = [asyncio.Event(), asyncio.Event(), asyncio.Event()]
 
             async def stream(i: int) -> None:
-                async for r in client.stream_file(audio, rate=16000, realtime=True):
+                async for r in clients[i].stream_file(audio, rate=16000, realtime=True):
                     received[i].append(r)
                     if any(x.is_final for x in r.results):
                         first_final.set()
@@ -95,9 +109,15 @@ async def test_prestop_pause_then_sigterm_drains_streams_then_exits_zero() -> No
             terminated_at = time.monotonic()
             server.terminate()
 
-            # While draining: new streams are refused, health says NOT_SERVING. Asked at once, while
-            # the streams still hold the drain open (once they end the process exits, and a late
-            # attempt would only meet a closed port); retried in case the signal is not handled yet.
+            # While draining: new streams on an open connection are refused, health says NOT_SERVING.
+            # Asked at once, while the streams still hold the drain open (once they end the frontend
+            # stops, and a late attempt would only meet a closed port). The supervisor relays the
+            # signal to the frontends: first wait until the one holding this connection has heard it
+            # (its health, on the same connection), or the attempt may be accepted just before.
+            for _ in range(100):
+                if await client.health() == "NOT_SERVING":
+                    break
+                await asyncio.sleep(0.05)
             refused: aio.AioRpcError | None = None
             for _ in range(40):
                 try:
@@ -109,7 +129,7 @@ async def test_prestop_pause_then_sigterm_drains_streams_then_exits_zero() -> No
                 await asyncio.sleep(0.05)
             assert refused is not None, "no stream was refused during the drain"
             assert refused.code() == grpc.StatusCode.UNAVAILABLE, server.log()[-3000:]
-            assert "draining" in (refused.details() or "")
+            assert "draining" in (refused.details() or ""), server.log()[-3000:]
             await asyncio.wait_for(not_serving.wait(), 10)
             assert statuses[0] == health_pb2.HealthCheckResponse.SERVING
             await asyncio.wait_for(asyncio.gather(*(e.wait() for e in reconnected)), 10)
@@ -121,6 +141,8 @@ async def test_prestop_pause_then_sigterm_drains_streams_then_exits_zero() -> No
         assert code == 0, server.log()
         assert time.monotonic() - terminated_at < DRAIN_SECONDS + 5
     finally:
+        for c in clients:
+            await c.close()
         server.stop()
 
     # No final lost: every utterance that ended got its final, and the one cut short by the drain too.

@@ -269,15 +269,38 @@ ROWS: list[tuple[str, list[Panel]]] = [
     (
         "Process",
         [
+            # asr-server is a supervisor, one engine process and --frontends frontend processes; the
+            # supervisor's /metrics has one series per process (label `process`): sum them per pod.
             Panel(
                 "CPU",
                 [(f"sum by (pod) (rate(process_cpu_seconds_total{{{SEL}}}[{RATE}]))", "{{pod}}")],
-                description="Cores used by the server process.",
+                description="Cores used by all the server's processes (supervisor, engine, frontends).",
             ),
             Panel(
                 "Resident memory",
                 [(f"sum by (pod) (process_resident_memory_bytes{{{SEL}}})", "{{pod}}")],
                 unit="bytes",
+                description="Resident memory of all the server's processes together (what the pod's limit "
+                "bounds, apart from the page cache).",
+            ),
+            Panel(
+                "CPU by process",
+                [
+                    (
+                        f"sum by (pod, process) (rate(process_cpu_seconds_total{{{SEL}}}[{RATE}]))",
+                        "{{pod}} {{process}}",
+                    )
+                ],
+                description="Cores per process: an engine near one core while frontends idle points at the "
+                "engine; busy frontends want a higher --frontends (and CPU request).",
+                width=12,
+            ),
+            Panel(
+                "Resident memory by process",
+                [(f"sum by (pod, process) (process_resident_memory_bytes{{{SEL}}})", "{{pod}} {{process}}")],
+                unit="bytes",
+                description="Resident memory per process: the engine holds the model; each frontend adds its own.",
+                width=12,
             ),
             Panel(
                 "Model",
