@@ -48,7 +48,7 @@ def free_port() -> int:
 
 def server_command() -> list[str]:
     exe = Path(sys.executable).with_name("asr-server")
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "service.server"]
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "service.supervisor"]
 
 
 def run_mode(mode: str, label: str, args: argparse.Namespace, manifest: Path, server_args: list[str]) -> Path:

@@ -429,3 +429,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
         sys.exit(EXIT_LOAD_FAILED)
     sys.exit(run(config))
+
+
+if __name__ == "__main__":  # `python -m service.supervisor` where no console script is installed
+    main()
