@@ -32,29 +32,9 @@ from zmq.utils.monitor import recv_monitor_message
 from engine import ipc
 from engine.api import EngineStopped, ModelInfo, UtteranceHandle
 from engine.metrics import IPC_SECONDS
-from engine.request import DecodeOptions, Transcript
+from engine.request import DecodeOptions, Transcript, validate_options
 
 log = logging.getLogger("engine.client")
-
-
-def validate_options(options: DecodeOptions, info: ModelInfo) -> None:
-    """What `Engine.validate` checks, from the model's description alone (tests/test_engine_process.py
-    holds the two to the same answers)."""
-    if options.language is not None:
-        if not info.multilingual and options.language != "en":
-            raise ValueError(
-                f"language_code {options.language!r} is not supported: this model is English-only (use 'en')"
-            )
-        if info.multilingual and options.language not in info.languages:
-            raise ValueError(
-                f"language_code {options.language!r} is not one of the model's {len(info.languages)} languages"
-            )
-    if options.task not in ("transcribe", "translate"):
-        raise ValueError(f"task {options.task!r} must be 'transcribe' or 'translate'")
-    if options.task == "translate" and not info.multilingual:
-        raise ValueError("task 'translate' needs a multilingual model")
-    if options.max_new_tokens is not None and options.max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be at least 1, got {options.max_new_tokens}")
 
 
 class EngineClient:
@@ -100,7 +80,7 @@ class EngineClient:
         self.on_failure = on_failure
 
     def validate(self, options: DecodeOptions) -> None:
-        validate_options(options, self._info)
+        validate_options(options, multilingual=self._info.multilingual, languages=self._info.languages)
 
     def submit(
         self,

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from engine.constants import CHUNK_SECONDS
-from engine.request import DecodeOptions, Request, Segment
+from engine.request import DecodeOptions, Request, Segment, validate_options
 
 NO_SPEECH_THRESHOLD = 0.6  # openai/whisper's defaults for dropping silent windows
 LOGPROB_THRESHOLD = -1.0
@@ -80,22 +80,7 @@ class DecodingRules:
 
     # --- options and prompts ---
     def validate(self, options: DecodeOptions) -> None:
-        v = self.vocab
-        if options.language is not None:
-            if not v.multilingual and options.language != "en":
-                raise ValueError(
-                    f"language_code {options.language!r} is not supported: this model is English-only (use 'en')"
-                )
-            if v.multilingual and options.language not in v.languages:
-                raise ValueError(
-                    f"language_code {options.language!r} is not one of the model's {len(v.languages)} languages"
-                )
-        if options.task not in ("transcribe", "translate"):
-            raise ValueError(f"task {options.task!r} must be 'transcribe' or 'translate'")
-        if options.task == "translate" and not v.multilingual:
-            raise ValueError("task 'translate' needs a multilingual model")
-        if options.max_new_tokens is not None and options.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be at least 1, got {options.max_new_tokens}")
+        validate_options(options, multilingual=self.vocab.multilingual, languages=self.vocab.languages)
 
     def build_prompt(self, req: Request, max_tokens: int, language: str | None = None) -> None:
         """Fill req.prompt_tokens, req.sot_index and req.forced (tokens to emit after the prompt).

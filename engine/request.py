@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Collection
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -23,6 +24,26 @@ class DecodeOptions:
     max_new_tokens: int | None = None  # None: as many as the slot holds
     interim: bool = False  # a partial hypothesis: never returned as silence-dropped, lower priority
     word_timestamps: bool = False  # per-word times and probabilities (engine/timing.py)
+
+
+def validate_options(options: DecodeOptions, *, multilingual: bool, languages: Collection[str]) -> None:
+    """Raise ValueError naming the field if a model (multilingual or not, with these language codes)
+    cannot serve `options`. One check for the in-process engine and for a client of the engine process."""
+    if options.language is not None:
+        if not multilingual and options.language != "en":
+            raise ValueError(
+                f"language_code {options.language!r} is not supported: this model is English-only (use 'en')"
+            )
+        if multilingual and options.language not in languages:
+            raise ValueError(
+                f"language_code {options.language!r} is not one of the model's {len(languages)} languages"
+            )
+    if options.task not in ("transcribe", "translate"):
+        raise ValueError(f"task {options.task!r} must be 'transcribe' or 'translate'")
+    if options.task == "translate" and not multilingual:
+        raise ValueError("task 'translate' needs a multilingual model")
+    if options.max_new_tokens is not None and options.max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be at least 1, got {options.max_new_tokens}")
 
 
 @dataclass(frozen=True)
