@@ -74,9 +74,10 @@ class EngineConfig:
         metadata={
             "help": "trim: encoder context trimmed to the utterance plus a margin (utterances asking for "
             "timestamps or with a prompt keep the full context), falling back to the full "
-            "context for a window whose trimmed decode loops (2.26-2.57x the throughput of full in "
-            "docs/benchmarks.md's levers table, WER no worse on our sets); full: every utterance pays Whisper's 30 s window, tokens "
-            "identical to transformers' generate"
+            "context for a window whose trimmed decode loops (in docs/benchmarks.md's levers table: 2.36x "
+            "the throughput of full on espeak telephone speech, 1.14x on longer real sentences at +1 word "
+            "of 114); full: every utterance pays Whisper's 30 s window, tokens identical to transformers' "
+            "generate"
         },
     )
     trim_margin_s: float = field(
