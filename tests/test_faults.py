@@ -38,7 +38,7 @@ from engine.request import Request as EngineRequest
 from service.config import ServerConfig
 from tests.support.audio import JFK_FLAC, make_conversation, to_linear16_bytes
 from tests.support.calls import OpenStream, config_request, run_stream
-from tests.support.server import HOST, REPO, ServerProcess, ServerThread, free_port
+from tests.support.server import HOST, REPO, ServerProcess, ServerThread, free_port, watch_health
 
 pytestmark = pytest.mark.slow
 
@@ -409,20 +409,7 @@ def test_dead_scheduler_turns_health_not_serving_and_exits_non_zero() -> None:
     server = ServerProcess("--debug-crash-scheduler-after", "1", "--encoder-context", "trim")
     try:
         server.wait_serving()
-        statuses: list[str] = []
-        watching = threading.Event()
-
-        def watch() -> None:
-            with grpc.insecure_channel(server.target) as channel:
-                stub = health_pb2_grpc.HealthStub(channel)
-                with contextlib.suppress(grpc.RpcError):
-                    for reply in stub.Watch(health_pb2.HealthCheckRequest(service="asr.v1.Recognizer")):
-                        statuses.append(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
-                        watching.set()
-
-        watcher = threading.Thread(target=watch, daemon=True)
-        watcher.start()
-        assert watching.wait(10)
+        statuses, watcher = watch_health(server.target)
         # the warm-up was utterance 1; this stream's utterance kills the scheduler thread
         with grpc.insecure_channel(server.target) as channel:
             call = asr_pb2_grpc.RecognizerStub(channel).StreamingRecognize(

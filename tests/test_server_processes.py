@@ -19,14 +19,13 @@ import grpc
 import psutil
 import pytest
 from asr.v1 import asr_pb2, asr_pb2_grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from clients.client import RecognizerClient
 from service.supervisor import default_frontends, usable_cpus
 from tests.support.audio import make_conversation, to_linear16_bytes
 from tests.support.calls import config_request
-from tests.support.server import ServerProcess
+from tests.support.server import ServerProcess, watch_health
 
 pytestmark = pytest.mark.slow
 Event = asr_pb2.StreamingRecognizeResponse.SpeechEventType
@@ -214,20 +213,7 @@ def test_engine_process_death_fails_streams_unavailable_and_exits_non_zero() -> 
     server = ServerProcess("--frontends", "2").wait_serving()
     try:
         pids = [p.pid for p in children(server)]
-        statuses: list[str] = []
-        watching = threading.Event()
-
-        def watch() -> None:
-            with grpc.insecure_channel(server.target) as channel:
-                stub = health_pb2_grpc.HealthStub(channel)
-                with contextlib.suppress(grpc.RpcError):
-                    for reply in stub.Watch(health_pb2.HealthCheckRequest(service="asr.v1.Recognizer")):
-                        statuses.append(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
-                        watching.set()
-
-        watcher = threading.Thread(target=watch, daemon=True)
-        watcher.start()
-        assert watching.wait(10)
+        statuses, watcher = watch_health(server.target)
 
         # an open stream (it never half-closes) whose utterance is in the engine, or just done, when it dies
         long_speech, _ = make_conversation([" ".join(SENTENCES * 3)], pause_s=0.8, lead_s=0.3)

@@ -162,3 +162,24 @@ def sync_stream(
         with contextlib.suppress(grpc.RpcError):  # the status is read from the call below
             responses.extend(call)
         return responses, call.code(), call.details() or ""
+
+
+def watch_health(target: str) -> tuple[list[str], threading.Thread]:
+    """Watch asr.v1.Recognizer's health from a background thread; returns the list the statuses are
+    appended to as they arrive (the first is already there: the watch is live) and the thread, which
+    ends when the server does."""
+    statuses: list[str] = []
+    watching = threading.Event()
+
+    def watch() -> None:
+        with grpc.insecure_channel(target) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            with contextlib.suppress(grpc.RpcError):
+                for reply in stub.Watch(health_pb2.HealthCheckRequest(service="asr.v1.Recognizer")):
+                    statuses.append(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+                    watching.set()
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    assert watching.wait(10), "no health status within 10 s"
+    return statuses, watcher
