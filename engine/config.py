@@ -9,6 +9,7 @@ from typing import Literal
 from engine.constants import N_FFT, SAMPLE_RATE
 
 EncoderContext = Literal["full", "trim"]
+CudaGraphs = Literal["auto", "on", "off"]
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 WHISPER_TEXT_POSITIONS = 448  # every Whisper size's decoder context
 # The smallest slot that can hold a prompt and still generate: <|startoftranscript|>, language,
@@ -97,6 +98,20 @@ class EngineConfig:
     quantize: bool = field(
         default=False, metadata={"help": "int8 dynamic quantization of Linear layers (CPU only)"}
     )
+    cuda_graphs: CudaGraphs = field(
+        default="auto",
+        metadata={
+            "help": "capture the decode step as one CUDA graph per batch-size bucket and replay it (as vLLM "
+            "and SGLang do): auto (on when the device is CUDA), on (needs CUDA), off"
+        },
+    )
+    compile: bool = field(
+        default=False,
+        metadata={
+            "help": "torch.compile the decode step (fullgraph, static shapes per batch bucket); compiles "
+            "once per shape on first use"
+        },
+    )
     threads: int = field(default=0, metadata={"help": "torch intra-op threads (0: torch's default)"})
     warmup: bool = field(
         default=True, metadata={"help": "run one utterance through the model before reporting SERVING"}
@@ -131,6 +146,10 @@ class EngineConfig:
         check("debug_crash_scheduler_after", 0, 1_000_000)  # test seam (engine/faults.py); 0: off
         if self.dtype not in DTYPES:
             problems.append(f"--dtype must be one of {', '.join(DTYPES)} (got {self.dtype!r})")
+        if self.cuda_graphs not in ("auto", "on", "off"):
+            problems.append(f"--cuda-graphs must be auto, on or off (got {self.cuda_graphs!r})")
+        if self.cuda_graphs == "on" and self.device == "cpu":
+            problems.append("--cuda-graphs on needs a CUDA device (got --device cpu)")
         if self.encoder_context not in ("full", "trim"):
             problems.append(f"--encoder-context must be full or trim (got {self.encoder_context!r})")
         return problems

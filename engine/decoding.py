@@ -116,19 +116,19 @@ class DecodingRules:
     # --- logits -> next tokens ---
     def next_tokens(self, logits: Tensor, reqs: list[Request]) -> tuple[Tensor, Tensor]:
         """Apply the rules to logits [B, V] (in place) and pick greedy tokens.
-        Returns (tokens [B], their log-probabilities [B])."""
-        logits[:, self.suppress] = float("-inf")
-        first = torch.tensor(
-            [len(r.generated) == r.sample_begin and not r.forced for r in reqs], device=logits.device
-        )
-        if bool(first.any()):
-            logits[first[:, None] & self.suppress_begin[None, :]] = float("-inf")
+        Returns (tokens [B], their log-probabilities [B]) on the host, fetched in one copy: the
+        rules themselves never wait for the device (which rows get which rule is known here)."""
+        logits.masked_fill_(self.suppress, float("-inf"))
         for i, r in enumerate(reqs):
+            if len(r.generated) == r.sample_begin and not r.forced:
+                logits[i].masked_fill_(self.suppress_begin, float("-inf"))
             if r.options.timestamps and not r.forced:
                 self._timestamp_rules(logits[i], r)
         logprobs = torch.log_softmax(logits, dim=-1)
         tokens = logits.argmax(dim=-1)
-        return tokens, logprobs.gather(1, tokens[:, None])[:, 0]
+        # float64 holds every token id and float32 log-probability exactly.
+        picked = torch.stack([tokens.double(), logprobs.gather(1, tokens[:, None])[:, 0].double()]).cpu()
+        return picked[0].long(), picked[1]
 
     def detect_language(self, logits: Tensor) -> Tensor:
         """Most likely language token per row of logits [B, V]."""
@@ -163,8 +163,9 @@ class DecodingRules:
             last_allowed = ts + round(MAX_INITIAL_TIMESTAMP_S / SECONDS_PER_TIMESTAMP)
             logits[last_allowed + 1 :] = float("-inf")
         logprobs = torch.log_softmax(logits.float(), dim=-1)
-        if torch.logsumexp(logprobs[ts:], dim=-1) > logprobs[:ts].max():
-            logits[:ts] = float("-inf")
+        # As a device-side condition (no `if` on a tensor: that would wait for the device).
+        timestamp_likelier = torch.logsumexp(logprobs[ts:], dim=-1) > logprobs[:ts].max()
+        logits[:ts].masked_fill_(timestamp_likelier, float("-inf"))
 
     # --- tokens -> text ---
     def text(self, tokens: list[int]) -> str:

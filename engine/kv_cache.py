@@ -35,6 +35,9 @@ class KVCache:
         self.self_k, self.self_v = alloc(max_tokens), alloc(max_tokens)
         self.cross_k, self.cross_v = alloc(audio_ctx), alloc(audio_ctx)
         self.cross_len = torch.zeros(slots, dtype=torch.long, device=device)
+        # The same lengths on the host: the decode step sizes its cross-attention from them without
+        # reading the device (a read would wait for it).
+        self.cross_len_host = [0] * slots
         self.used = 0
 
     @property
@@ -54,6 +57,15 @@ class KVCache:
         self.used += count
         return rows
 
+    def set_cross_len(self, rows: list[int], lengths: list[int], lengths_t: Tensor) -> None:
+        """Record how many audio positions rows hold (lengths_t: the same, already on the device)."""
+        self.cross_len[torch.tensor(rows, device=self.cross_len.device)] = lengths_t
+        for row, length in zip(rows, lengths, strict=True):
+            self.cross_len_host[row] = length
+
+    def max_cross_len(self, rows: slice) -> int:
+        return max(self.cross_len_host[rows])
+
     def release(self, row: int) -> int | None:
         """Free `row`; the last used row moves into it. Returns the row that moved, if any."""
         last = self.used - 1
@@ -64,4 +76,5 @@ class KVCache:
             for t in tensors:
                 t[row].copy_(t[last])
         self.cross_len[row] = self.cross_len[last]
+        self.cross_len_host[row] = self.cross_len_host[last]
         return last

@@ -37,13 +37,12 @@ class Dims:
     n_text_ffn: int
 
 
-class Attention(nn.Module):
+class Heads(nn.Module):
+    """What self- and cross-attention share: splitting into heads, attending, the output projection."""
+
     def __init__(self, n_state: int, n_head: int) -> None:
         super().__init__()
         self.n_head = n_head
-        self.query = nn.Linear(n_state, n_state)
-        self.key = nn.Linear(n_state, n_state, bias=False)
-        self.value = nn.Linear(n_state, n_state)
         self.out = nn.Linear(n_state, n_state)
 
     def split(self, x: Tensor) -> Tensor:  # [B, T, D] -> [B, H, T, D/H]
@@ -56,18 +55,46 @@ class Attention(nn.Module):
         return self.out(y.transpose(1, 2).reshape(b, t, h * d))
 
 
+class SelfAttention(Heads):
+    """Q, K and V from one fused Linear: one matmul instead of three (as SGLang's Whisper)."""
+
+    def __init__(self, n_state: int, n_head: int) -> None:
+        super().__init__(n_state, n_head)
+        # Whisper's k_proj has no bias: the K third of this bias is zero (from_transformers).
+        self.qkv = nn.Linear(n_state, 3 * n_state)
+
+    def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """x [B, T, D] -> q, k, v, each [B, H, T, D/H]."""
+        b, t, _ = x.shape
+        qkv = self.qkv(x).view(b, t, 3, self.n_head, -1).permute(2, 0, 3, 1, 4)
+        return qkv[0], qkv[1], qkv[2]
+
+
+class CrossAttention(Heads):
+    """Queries from the text; K and V of the audio features from one fused Linear, once per utterance."""
+
+    def __init__(self, n_state: int, n_head: int) -> None:
+        super().__init__(n_state, n_head)
+        self.query = nn.Linear(n_state, n_state)
+        self.kv = nn.Linear(n_state, 2 * n_state)  # the K half of the bias is zero, as for SelfAttention
+
+    def project_kv(self, features: Tensor) -> tuple[Tensor, Tensor]:
+        """features [B, T, D] -> k, v, each [B, H, T, D/H]."""
+        b, t, _ = features.shape
+        kv = self.kv(features).view(b, t, 2, self.n_head, -1).permute(2, 0, 3, 1, 4)
+        return kv[0], kv[1]
+
+
 class EncoderBlock(nn.Module):
     def __init__(self, n_state: int, n_head: int, n_ffn: int) -> None:
         super().__init__()
-        self.attn = Attention(n_state, n_head)
+        self.attn = SelfAttention(n_state, n_head)
         self.attn_ln = nn.LayerNorm(n_state)
         self.mlp = nn.Sequential(nn.Linear(n_state, n_ffn), nn.GELU(), nn.Linear(n_ffn, n_state))
         self.mlp_ln = nn.LayerNorm(n_state)
 
     def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
-        h = self.attn_ln(x)
-        a = self.attn
-        x = x + a.attend(a.split(a.query(h)), a.split(a.key(h)), a.split(a.value(h)), mask)
+        x = x + self.attn.attend(*self.attn.project(self.attn_ln(x)), mask)
         return x + self.mlp(self.mlp_ln(x))
 
 
@@ -88,12 +115,13 @@ class AudioEncoder(nn.Module):
 
     def forward(self, mel: Tensor, audio_ctx: Tensor | None = None) -> Tensor:
         """mel: [B, n_mels, 2*T] with frames past each row's 2*audio_ctx zeroed.
-        audio_ctx: [B] encoder positions each row uses (None: all T). Returns [B, T, D]."""
+        audio_ctx: [B] encoder positions each row uses, or None when every row uses all T (the caller
+        knows which on the host: checking here would wait for the device). Returns [B, T, D]."""
         x = F.gelu(self.conv1(mel))
         x = F.gelu(self.conv2(x)).transpose(1, 2)
         x = x + self.positional_embedding[: x.shape[1]]
         mask = None
-        if audio_ctx is not None and bool((audio_ctx != x.shape[1]).any()):
+        if audio_ctx is not None:
             keys = torch.arange(x.shape[1], device=x.device)
             mask = (keys[None, :] < audio_ctx[:, None])[:, None, None, :]  # [B, 1, 1, T]
         for block in self.layers():
@@ -104,9 +132,9 @@ class AudioEncoder(nn.Module):
 class DecoderBlock(nn.Module):
     def __init__(self, n_state: int, n_head: int, n_ffn: int) -> None:
         super().__init__()
-        self.attn = Attention(n_state, n_head)
+        self.attn = SelfAttention(n_state, n_head)
         self.attn_ln = nn.LayerNorm(n_state)
-        self.cross_attn = Attention(n_state, n_head)
+        self.cross_attn = CrossAttention(n_state, n_head)
         self.cross_attn_ln = nn.LayerNorm(n_state)
         self.mlp = nn.Sequential(nn.Linear(n_state, n_ffn), nn.GELU(), nn.Linear(n_ffn, n_state))
         self.mlp_ln = nn.LayerNorm(n_state)
@@ -147,40 +175,28 @@ class Whisper(nn.Module):
     def write_cross_kv(self, audio_features: Tensor, rows: Tensor, cache: KVCache) -> None:
         t = audio_features.shape[1]
         for layer, block in enumerate(self.decoder.layers()):
-            a = block.cross_attn
-            cache.cross_k[layer][rows, :, :t] = a.split(a.key(audio_features))
-            cache.cross_v[layer][rows, :, :t] = a.split(a.value(audio_features))
+            k, v = block.cross_attn.project_kv(audio_features)
+            cache.cross_k[layer][rows, :, :t] = k
+            cache.cross_v[layer][rows, :, :t] = v
 
     # --- decoder over the slot cache ---
     @torch.inference_mode()
-    def decode(self, tokens: Tensor, start: Tensor, rows: slice, cache: KVCache) -> Tensor:
-        """Run tokens [B, T] for cache rows `rows` (contiguous), row b's tokens at positions
-        start[b] .. start[b]+T-1. Writes self-attention K/V into the cache; returns hidden
-        states [B, T, D] (the caller picks positions and calls decoder.logits)."""
+    def prefill(self, tokens: Tensor, rows: slice, cache: KVCache, n_cross: int) -> Tensor:
+        """Run prompts tokens [B, T] (from position 0; padding after each) for cache rows `rows`,
+        attending to the first n_cross cross-attention keys (the rows' longest audio context, known
+        on the host). Writes self-attention K/V at positions 0..T-1; returns hidden states [B, T, D]
+        (the caller picks positions and calls decoder.logits)."""
         dec = self.decoder
-        b, t = tokens.shape
-        offsets = torch.arange(t, device=tokens.device)
-        positions = start[:, None] + offsets[None, :]  # [B, T]
-        x = dec.token_embedding(tokens) + dec.positional_embedding[positions]
-        n_keys = int(start.max()) + t
-        keys = torch.arange(n_keys, device=tokens.device)
-        self_mask = (keys[None, None, :] <= positions[:, :, None])[:, None]  # [B, 1, T, K]: causal, per row
-        cross_len = cache.cross_len[rows]
-        n_cross = int(cross_len.max())
-        cross_mask = None
-        if bool((cross_len != n_cross).any()):
-            ck = torch.arange(n_cross, device=tokens.device)
-            cross_mask = (ck[None, :] < cross_len[:, None])[:, None, None, :]
-        batch_index = torch.arange(b, device=tokens.device)[:, None]
+        t = tokens.shape[1]
+        x = dec.token_embedding(tokens) + dec.positional_embedding[:t]
+        causal = torch.ones(t, t, dtype=torch.bool, device=tokens.device).tril()[None, None]
+        cross_mask = _cross_mask(cache.cross_len[rows], n_cross)
         for layer, block in enumerate(dec.layers()):
             a = block.attn
-            h = block.attn_ln(x)
-            q, k, v = a.split(a.query(h)), a.split(a.key(h)), a.split(a.value(h))
-            k_cache, v_cache = cache.self_k[layer][rows], cache.self_v[layer][rows]
-            # Scatter this step's K/V at each row's own positions.
-            k_cache.transpose(1, 2)[batch_index, positions] = k.transpose(1, 2)
-            v_cache.transpose(1, 2)[batch_index, positions] = v.transpose(1, 2)
-            x = x + a.attend(q, k_cache[:, :, :n_keys], v_cache[:, :, :n_keys], self_mask)
+            q, k, v = a.project(block.attn_ln(x))
+            cache.self_k[layer][rows, :, :t] = k
+            cache.self_v[layer][rows, :, :t] = v
+            x = x + a.attend(q, k, v, causal)
             c = block.cross_attn
             q = c.split(c.query(block.cross_attn_ln(x)))
             x = x + c.attend(
@@ -191,6 +207,46 @@ class Whisper(nn.Module):
             )
             x = x + block.mlp(block.mlp_ln(x))
         return x
+
+    def decode_step(
+        self,
+        tokens: Tensor,
+        positions: Tensor,
+        cross_len: Tensor,
+        self_k: list[Tensor],
+        self_v: list[Tensor],
+        cross_k: list[Tensor],
+        cross_v: list[Tensor],
+    ) -> Tensor:
+        """One decode step, static: tokens, positions, cross_len [B]; self_k/self_v [B, H, K, D/H] and
+        cross_k/cross_v [B, H, C, D/H] per layer (views of the cache). Row b's token goes to position
+        positions[b] (< K); it attends to keys 0..positions[b] and to its first cross_len[b] audio
+        positions (<= C). Writes the step's K/V into self_k/self_v; returns logits [B, V].
+
+        Shapes come only from the arguments (B, K, C), nothing is read back to the host and nothing
+        depends on values: this is the function `torch.compile(fullgraph=True)` compiles and a CUDA
+        graph captures per shape bucket. Rows past the live ones (bucket padding) must carry a valid
+        position and cross_len >= 1, so that they compute finite values in their free cache rows."""
+        dec = self.decoder
+        b = tokens.shape[0]
+        n_keys, n_cross = self_k[0].shape[2], cross_k[0].shape[2]
+        x = (dec.token_embedding(tokens) + dec.positional_embedding[positions])[:, None]  # [B, 1, D]
+        keys = torch.arange(n_keys, device=tokens.device)
+        self_mask = (keys[None, :] <= positions[:, None])[:, None, None, :]  # [B, 1, 1, K]
+        cross_mask = _cross_mask(cross_len, n_cross)
+        heads, head_dim = self_k[0].shape[1], self_k[0].shape[3]
+        at = positions.view(b, 1, 1, 1).expand(b, heads, 1, head_dim)
+        for layer, block in enumerate(dec.layers()):
+            a = block.attn
+            q, k, v = a.project(block.attn_ln(x))
+            self_k[layer].scatter_(2, at, k)
+            self_v[layer].scatter_(2, at, v)
+            x = x + a.attend(q, self_k[layer], self_v[layer], self_mask)
+            c = block.cross_attn
+            q = c.split(c.query(block.cross_attn_ln(x)))
+            x = x + c.attend(q, cross_k[layer], cross_v[layer], cross_mask)
+            x = x + block.mlp(block.mlp_ln(x))
+        return dec.logits(x[:, 0])
 
     # --- word timings: the alignment heads' cross-attention over whole finished sequences ---
     @torch.inference_mode()
@@ -212,8 +268,7 @@ class Whisper(nn.Module):
         picked: dict[tuple[int, int], Tensor] = {}
         for layer, block in enumerate(dec.layers()):
             a = block.attn
-            h = block.attn_ln(x)
-            x = x + a.attend(a.split(a.query(h)), a.split(a.key(h)), a.split(a.value(h)), causal)
+            x = x + a.attend(*a.project(block.attn_ln(x)), causal)
             c = block.cross_attn
             q = c.split(c.query(block.cross_attn_ln(x)))
             k = cache.cross_k[layer][rows, :, :n_cross]
@@ -248,12 +303,25 @@ def from_transformers(hf_model: Any) -> Whisper:
     src = hf_model.state_dict()
     out: dict[str, Tensor] = {}
 
+    def fused(names: list[str], srcp: str) -> tuple[Tensor, Tensor]:
+        """Weights of projections `names` stacked by output rows, as one Linear; Whisper's k_proj has
+        no bias, so its part of the fused bias is zero (adding 0.0 is exact: outputs are unchanged)."""
+        weights = [src[f"{srcp}.{n}_proj.weight"] for n in names]
+        biases = [
+            src.get(f"{srcp}.{n}_proj.bias", torch.zeros(w.shape[0], dtype=w.dtype))
+            for n, w in zip(names, weights, strict=True)
+        ]
+        return torch.cat(weights), torch.cat(biases)
+
     def attn(dst: str, srcp: str) -> None:
+        out[f"{dst}.qkv.weight"], out[f"{dst}.qkv.bias"] = fused(["q", "k", "v"], srcp)
+        out[f"{dst}.out.weight"] = src[f"{srcp}.out_proj.weight"]
+        out[f"{dst}.out.bias"] = src[f"{srcp}.out_proj.bias"]
+
+    def cross_attn(dst: str, srcp: str) -> None:
         out[f"{dst}.query.weight"] = src[f"{srcp}.q_proj.weight"]
         out[f"{dst}.query.bias"] = src[f"{srcp}.q_proj.bias"]
-        out[f"{dst}.key.weight"] = src[f"{srcp}.k_proj.weight"]
-        out[f"{dst}.value.weight"] = src[f"{srcp}.v_proj.weight"]
-        out[f"{dst}.value.bias"] = src[f"{srcp}.v_proj.bias"]
+        out[f"{dst}.kv.weight"], out[f"{dst}.kv.bias"] = fused(["k", "v"], srcp)
         out[f"{dst}.out.weight"] = src[f"{srcp}.out_proj.weight"]
         out[f"{dst}.out.bias"] = src[f"{srcp}.out_proj.bias"]
 
@@ -280,8 +348,15 @@ def from_transformers(hf_model: Any) -> Whisper:
     for n in range(cfg.decoder_layers):
         attn(f"decoder.blocks.{n}.attn", f"{d}.layers.{n}.self_attn")
         ln(f"decoder.blocks.{n}.attn_ln", f"{d}.layers.{n}.self_attn_layer_norm")
-        attn(f"decoder.blocks.{n}.cross_attn", f"{d}.layers.{n}.encoder_attn")
+        cross_attn(f"decoder.blocks.{n}.cross_attn", f"{d}.layers.{n}.encoder_attn")
         ln(f"decoder.blocks.{n}.cross_attn_ln", f"{d}.layers.{n}.encoder_attn_layer_norm")
         mlp(f"decoder.blocks.{n}.mlp", f"{d}.layers.{n}")
     model.load_state_dict(out, strict=True)
     return model.eval()
+
+
+def _cross_mask(cross_len: Tensor, n_cross: int) -> Tensor:
+    """[B, 1, 1, n_cross]: each row's first cross_len audio positions (at least one, so that a padding
+    row of a static batch, whose free slot may hold 0, still has a finite softmax)."""
+    keys = torch.arange(n_cross, device=cross_len.device)
+    return (keys[None, :] < cross_len.clamp(min=1)[:, None])[:, None, None, :]

@@ -18,6 +18,7 @@ from engine.decoding import DecodingRules
 from engine.features import LogMel
 from engine.kv_cache import KVCache
 from engine.model import Whisper, from_transformers
+from engine.step import DecodeStepper
 from engine.weights import LoadedWeights
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,10 @@ class ModelRunner:
             device=self.device,
             dtype=self.dtype,
         )
+        graphs = config.cuda_graphs == "on" or (config.cuda_graphs == "auto" and self.device.type == "cuda")
+        self.stepper = DecodeStepper(
+            self.model, self.cache, self.device, compile=config.compile, graphs=graphs, static=config.compile
+        )
 
     @property
     def multilingual(self) -> bool:
@@ -102,12 +107,13 @@ class ModelRunner:
         ctx_t = torch.tensor(ctx, device=self.device)
         self.sync()
         t1 = time.perf_counter()
-        features = self.model.encoder(mel, ctx_t)
+        # The mel spans the longest context: rows all that long need no mask (decided here, on the host).
+        features = self.model.encoder(mel, ctx_t if min(ctx) != max(ctx) else None)
         self.sync()
         t2 = time.perf_counter()
         row_t = torch.tensor(rows, device=self.device)
         self.model.write_cross_kv(features, row_t, self.cache)
-        self.cache.cross_len[row_t] = ctx_t
+        self.cache.set_cross_len(rows, ctx, ctx_t)
         self.sync()
         t3 = time.perf_counter()
         return EncodeTimings(t1 - t0, t2 - t1, t3 - t2)
@@ -118,24 +124,24 @@ class ModelRunner:
         prompt's last token and after its <|startoftranscript|> (for no-speech)."""
         width = max(len(p) for p in prompts)
         pad = self.rules.vocab.eot  # padding positions are overwritten by later steps, never attended
-        tokens = torch.tensor([p + [pad] * (width - len(p)) for p in prompts], device=self.device)
-        start = torch.zeros(len(prompts), dtype=torch.long, device=self.device)
-        hidden = self.model.decode(tokens, start, rows, self.cache)
-        index = torch.arange(len(prompts), device=self.device)
-        last = torch.tensor([len(p) - 1 for p in prompts], device=self.device)
-        sot = torch.tensor(sot_index, device=self.device)
-        picked = torch.cat([hidden[index, last], hidden[index, sot]])
-        logits = self.model.decoder.logits(picked)
-        return logits[: len(prompts)], logits[len(prompts) :]
+        n = len(prompts)
+        # One host tensor, one copy: the prompts, then the positions to read logits at.
+        flat = [t for p in prompts for t in p + [pad] * (width - len(p))]
+        host = torch.tensor([*flat, *(len(p) - 1 for p in prompts), *sot_index]).to(self.device)
+        tokens, last, sot = host[: n * width].view(n, width), host[n * width : -n], host[-n:]
+        hidden = self.model.prefill(tokens, rows, self.cache, self.cache.max_cross_len(rows))
+        index = torch.arange(n, device=self.device)
+        logits = self.model.decoder.logits(torch.cat([hidden[index, last], hidden[index, sot]]))
+        self.sync()  # the caller times this call
+        return logits[:n], logits[n:]
 
     @torch.inference_mode()
     def step(self, tokens: list[int], lengths: list[int]) -> Tensor:
-        """One decode step for rows 0..n-1: token i goes to position lengths[i]. Returns logits [n, V]."""
-        n = len(tokens)
-        token_t = torch.tensor(tokens, device=self.device)[:, None]
-        start = torch.tensor(lengths, device=self.device)
-        hidden = self.model.decode(token_t, start, slice(0, n), self.cache)
-        return self.model.decoder.logits(hidden[:, 0])
+        """One decode step for rows 0..n-1: token i goes to position lengths[i]. Returns logits [n, V]
+        (with CUDA graphs, a view of the graph's output: valid until the next step)."""
+        logits = self.stepper.step(tokens, lengths)
+        self.sync()  # the caller times this call
+        return logits
 
 
 def _quantize_int8(model: Whisper, device: torch.device, dtype: torch.dtype) -> Whisper:

@@ -414,8 +414,10 @@ class Scheduler:
         failed: list[tuple[Request, Exception]] = []
         try:
             self._stage("rules", [reqs[i] for i in free])
-            # logits[free] is a copy: the rules' in-place edits never reach `logits`.
-            tokens, logprobs = self.rules.next_tokens(logits[free], [reqs[i] for i in free])
+            # A copy either way (the rules edit in place; `logits` stays untouched for the retry below);
+            # clone() when every row is free, since indexing by a list copies the index to the device.
+            picked = logits.clone() if len(free) == len(reqs) else logits[free]
+            tokens, logprobs = self.rules.next_tokens(picked, [reqs[i] for i in free])
             chosen = list(zip([reqs[i] for i in free], tokens.tolist(), logprobs.tolist(), strict=True))
         except Exception as exc:
             if leaves_engine_unknown(exc):
