@@ -150,6 +150,8 @@ class EngineConfig:
             problems.append(f"--cuda-graphs must be auto, on or off (got {self.cuda_graphs!r})")
         if self.cuda_graphs == "on" and self.device == "cpu":
             problems.append("--cuda-graphs on needs a CUDA device (got --device cpu)")
+        if self.compile and self.quantize:
+            problems.append("--compile on does not combine with --quantize on (int8 dynamic layers)")
         if self.encoder_context not in ("full", "trim"):
             problems.append(f"--encoder-context must be full or trim (got {self.encoder_context!r})")
         return problems

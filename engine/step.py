@@ -113,7 +113,8 @@ class DecodeStepper:
         return StepShape(batch, keys, _round_up(max_cross, self.cross_block, self.audio_ctx))
 
     def arguments(self, shape: StepShape) -> tuple[Any, ...]:
-        """decode_step's arguments at `shape`: views of the input buffer and the cache (made once)."""
+        """decode_step's arguments at `shape`: views of the input buffer and the cache (no device memory;
+        kept per shape when shapes are bucketed, since then there are few)."""
         args = self._args.get(shape)
         if args is None:
             c, b, k, x = self.cache, shape.batch, shape.keys, shape.cross
@@ -126,7 +127,8 @@ class DecodeStepper:
                 [t[:b, :, :x] for t in c.cross_k],
                 [t[:b, :, :x] for t in c.cross_v],
             )
-            self._args[shape] = args
+            if self.static:
+                self._args[shape] = args
         return args
 
     def step(self, tokens: list[int], lengths: list[int]) -> Tensor:

@@ -9,26 +9,47 @@ replaces the "Engine micro-benchmark" section of docs/benchmarks.md. End-to-end
 throughput through the server (encoder batching off vs on) is scripts/bench_loadgen_ab.py.
 
     python scripts/bench_engine.py --model tiny.en --batch-sizes 1,4,16,64 --write
+
+With --decode-step, instead: the decode step before (--before REF: the unfused model with host
+reads, loaded from git) vs after (fused, sync-free: eager, and torch.compile'd at static shapes),
+rules and token fetch included, at each batch size; the vocabulary projection's share of the step
+(torch.profiler); and 16 real utterances submitted at once through the engine, before vs after
+(each in its own process; the before one imports REF's engine package). Writes the "Decode step"
+section with --write.
+
+    python scripts/bench_engine.py --decode-step --batch-sizes 1,8,16 --write
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
+import json
+import os
 import platform
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from functools import partial
+from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import torch
 from docs_section import write_section  # beside this script
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig  # in the --throughput-json child these may be --before's
 from engine.runner import ModelRunner
 from engine.weights import load
 
 SECTION = "## Engine micro-benchmark"
+STEP_SECTION = "## Decode step: fused, sync-free, graph-ready"
+BEFORE_REF = "ef365cc"  # the last commit before the fused, sync-free step
+REAL_SPEECH = Path("/usr/share/pocketsphinx/test/data")
+REPO = Path(__file__).resolve().parents[1]
 
 
 def machine() -> str:
@@ -59,6 +80,229 @@ def encode_batch(runner: ModelRunner, audio: list[np.ndarray]) -> None:
     runner.encode(audio, list(range(len(audio))), [runner.audio_ctx_for(len(clip)) for clip in audio])
 
 
+def real_clips(n: int) -> list[np.ndarray]:
+    """n real utterances: the pocketsphinx librivox and cards clips and jfk.flac, repeated in turn."""
+    import soundfile as sf
+    import soxr
+
+    paths = sorted((REAL_SPEECH / "librivox").glob("*.wav")) + sorted((REAL_SPEECH / "cards").glob("*.wav"))
+    paths.append(REPO.parent / "shared" / "data" / "jfk.flac")
+    clips = []
+    for path in paths:
+        audio, rate = sf.read(path, dtype="float32")
+        mono = audio.mean(axis=1) if audio.ndim > 1 else audio
+        clips.append(soxr.resample(mono, rate, 16000).astype(np.float32) if rate != 16000 else mono)
+    return [clips[i % len(clips)] for i in range(n)]
+
+
+def throughput_json(threads: int, n: int) -> None:
+    """In its own process (importing whichever engine package PYTHONPATH gives): n real utterances
+    submitted at once; prints utt/s and the transcripts as JSON."""
+    from engine import Engine
+
+    clips = real_clips(n)
+    engine = Engine(EngineConfig(threads=threads, kv_slots=max(32, n), max_batch=n))
+    engine.start()
+    engine.warmup()
+    try:
+        for h in [engine.submit(c) for c in clips[:2]]:  # warm the shapes up, untimed
+            h.future.result(timeout=600)
+        start = time.perf_counter()
+        results = [h.future.result(timeout=600) for h in [engine.submit(c) for c in clips]]
+        wall = time.perf_counter() - start
+    finally:
+        engine.stop()
+    print(json.dumps({"utt_s": n / wall, "wall": wall, "tokens": [list(r.tokens) for r in results]}))
+
+
+def old_modules(ref: str, where: Path) -> tuple[ModuleType, ModuleType]:
+    """engine/model.py and engine/decoding.py as they were at `ref`, as modules beside today's engine."""
+    modules = []
+    for name in ("model", "decoding"):
+        path = where / f"old_{name}.py"
+        path.write_text(subprocess.run(["git", "-C", str(REPO), "show", f"{ref}:engine/{name}.py"],
+                                       check=True, capture_output=True, text=True).stdout)  # fmt: skip
+        spec = importlib.util.spec_from_file_location(f"old_{name}", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up there
+        spec.loader.exec_module(module)
+        modules.append(module)
+    return modules[0], modules[1]
+
+
+def decode_step_bench(args: argparse.Namespace) -> None:
+    from engine.kv_cache import KVCache
+    from engine.request import DecodeOptions, Request
+    from engine.step import DecodeStepper
+
+    sizes = [int(b) for b in args.batch_sizes.split(",")]
+    slots = max(sizes)
+    weights = load(args.model)
+    runner = ModelRunner(
+        weights, EngineConfig(model=args.model, device=args.device, dtype=args.dtype, kv_slots=slots)
+    )
+    clips = real_clips(slots)
+    runner.encode(clips, list(range(slots)), [runner.audio_ctx_for(len(c)) for c in clips])
+    v = runner.rules.vocab
+    runner.prefill([[v.sot, v.no_timestamps]] * slots, [0] * slots, slice(0, slots))
+    tmp = Path(tempfile.mkdtemp(prefix="bench-step-"))
+    old_model_mod, old_decoding_mod = old_modules(args.before, tmp)
+    old_model = old_model_mod.from_transformers(weights.model).to(runner.device, runner.dtype)
+    old_rules = old_decoding_mod.DecodingRules(
+        weights.tokenizer,
+        weights.generation_config,
+        runner.model.dims.n_vocab,
+        runner.multilingual,
+        runner.device,
+    )
+    c = runner.cache
+    old_cache = KVCache(slots=slots, layers=len(c.self_k), heads=c.self_k[0].shape[1], head_dim=c.self_k[0].shape[3],
+                        max_tokens=c.max_tokens, audio_ctx=c.cross_k[0].shape[2], device=runner.device,
+                        dtype=runner.dtype)  # fmt: skip
+    for new, old in ((c.cross_k, old_cache.cross_k), (c.cross_v, old_cache.cross_v)):
+        for n, o in zip(new, old, strict=True):
+            o.copy_(n)
+    old_cache.cross_len.copy_(c.cross_len)
+    with torch.inference_mode():
+        prompt = torch.tensor([[v.sot, v.no_timestamps]] * slots, device=runner.device)
+        old_model.decode(
+            prompt, torch.zeros(slots, dtype=torch.long, device=runner.device), slice(0, slots), old_cache
+        )
+    reqs = [Request(id=str(i), audio=clips[i], options=DecodeOptions(), future=None) for i in range(slots)]  # type: ignore[arg-type]
+    for r in reqs:
+        r.generated = [v.no_timestamps, 440]  # past the first sampled token: the plain rules
+    length = 40  # a step 40 tokens into each sequence
+
+    @torch.inference_mode()
+    def before(b: int) -> list[int]:
+        # ef365cc's runner.step and scheduler._choose: tensors from lists, host reads in decode, two fetches.
+        token_t = torch.tensor([v.sot] * b, device=runner.device)[:, None]
+        start = torch.tensor([length] * b, device=runner.device)
+        logits = old_model.decoder.logits(old_model.decode(token_t, start, slice(0, b), old_cache)[:, 0])
+        tokens, logprobs = old_rules.next_tokens(logits[list(range(b))], reqs[:b])
+        logprobs.tolist()
+        return list(tokens.tolist())
+
+    eager_stepper = runner.stepper
+    compiled_stepper = DecodeStepper(runner.model, c, runner.device, compile=True, graphs=False, static=True)
+
+    @torch.inference_mode()
+    def after(b: int, stepper: DecodeStepper = eager_stepper) -> list[int]:
+        runner.stepper = stepper
+        logits = runner.step([v.sot] * b, [length] * b)
+        tokens, logprobs = runner.rules.next_tokens(logits.clone(), reqs[:b])
+        logprobs.tolist()
+        return list(tokens.tolist())
+
+    lines = [
+        STEP_SECTION,
+        "",
+        f"`python scripts/bench_engine.py --decode-step --batch-sizes {args.batch_sizes} --compiled-sizes "
+        f"{args.compiled_sizes} --threads {args.threads} --repeats {args.repeats}` on {machine()}, "
+        f"{datetime.date.today()}, load average before the run {os.getloadavg()[0]:.1f} (a shared machine: "
+        f"read ratios, not absolute times). {args.model}; a step {length} tokens into each sequence over "
+        f"real-speech cross-attention (pocketsphinx librivox and cards clips, jfk; trimmed context); the step "
+        f"includes the decoding rules and fetching the tokens, as the scheduler runs it; median of "
+        f"{args.repeats} rounds, the variants interleaved in each round. Before: {args.before} (separate "
+        "Q/K/V Linear layers, host reads in the step). Compiled: inductor, static shapes per bucket "
+        "(first call per shape compiles; its time in the last column).",
+        "",
+        "| batch | before (ms) | after, eager (ms) | after, compiled (ms) | eager speed-up vs before "
+        "| compiled vs eager | same tokens (before / compiled) | compile (s) |",
+        "|---:|---:|---:|---:|---:|---:|---|---:|",
+    ]
+    compiled_sizes = {int(b) for b in args.compiled_sizes.split(",") if b}
+    for b in sizes:
+        runs = {"before": partial(before, b), "eager": partial(after, b)}
+        same = f"{before(b) == after(b)}"
+        compile_s = 0.0
+        if b in compiled_sizes:
+            t0 = time.perf_counter()
+            compiled_tokens = after(b, compiled_stepper)
+            compile_s = time.perf_counter() - t0
+            same += f" / {compiled_tokens == after(b)}"
+            runs["compiled"] = partial(after, b, compiled_stepper)
+        samples: dict[str, list[float]] = {name: [] for name in runs}
+        for fn in runs.values():
+            fn()  # warm
+        for _ in range(args.repeats):
+            for name, fn in runs.items():
+                start = time.perf_counter()
+                fn()
+                runner.sync()
+                samples[name].append(time.perf_counter() - start)
+        t = {k: statistics.median(x) for k, x in samples.items()}
+        compiled = (
+            f"{1000 * t['compiled']:.2f} | {t['before'] / t['eager']:.2f}x | {t['eager'] / t['compiled']:.2f}x"
+            if "compiled" in t
+            else f"- | {t['before'] / t['eager']:.2f}x | -"
+        )
+        lines.append(
+            f"| {b} | {1000 * t['before']:.2f} | {1000 * t['eager']:.2f} | {compiled} | {same} "
+            f"| {f'{compile_s:.0f}' if compile_s else '-'} |"
+        )
+        print(lines[-1], flush=True)
+    runner.stepper = eager_stepper
+
+    lines += [
+        "",
+        "| batch | vocabulary projection's share of the step (eager, torch.profiler self CPU time) |",
+        "|---:|---:|",
+    ]
+    from torch.profiler import ProfilerActivity, profile
+
+    vocab = str(runner.model.dims.n_vocab)
+    for b in sizes:
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            for _ in range(10):
+                after(b)
+        events = prof.key_averages(group_by_input_shape=True)
+        total = sum(e.self_cpu_time_total for e in events)
+        proj = sum(
+            e.self_cpu_time_total
+            for e in events
+            if e.key in ("aten::mm", "aten::addmm") and vocab in str(e.input_shapes)
+        )
+        lines.append(f"| {b} | {100 * proj / total:.0f}% |")
+        print(lines[-1], flush=True)
+
+    n = args.utterances
+    old_tree = tmp / "before"
+    old_tree.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", args.before, "engine"], check=True, capture_output=True
+    )
+    subprocess.run(["tar", "-x", "-C", str(old_tree)], input=archive.stdout, check=True)
+    lines += [
+        "",
+        f"{n} real utterances submitted at once through the engine (default settings, {args.threads or 'default'} "
+        "threads), each variant in its own process, alternating:",
+        "",
+        "| round | before utt/s | after utt/s | after / before | identical transcripts |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for round_ in range(1, args.rounds + 1):
+        figures = {}
+        for name, path in (("before", old_tree), ("after", REPO)):
+            env = {**os.environ, "PYTHONPATH": str(path)}
+            cmd = [sys.executable, __file__, "--throughput-json", str(n), "--threads", str(args.threads)]
+            out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True, cwd=path).stdout
+            figures[name] = json.loads(out.strip().splitlines()[-1])
+        same = sum(
+            a == b for a, b in zip(figures["before"]["tokens"], figures["after"]["tokens"], strict=True)
+        )
+        lines.append(
+            f"| {round_} | {figures['before']['utt_s']:.2f} | {figures['after']['utt_s']:.2f} "
+            f"| {figures['after']['utt_s'] / figures['before']['utt_s']:.2f}x | {same}/{n} |"
+        )
+        print(lines[-1], flush=True)
+    lines += ["", f"Load average after the run: {os.getloadavg()[0]:.1f}."]
+    print("\n".join(lines))
+    if args.write:
+        write_section(STEP_SECTION, "scripts/bench_engine.py --decode-step", "\n".join(lines[2:]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -72,9 +316,27 @@ def main() -> None:
     parser.add_argument("--contexts", default="full,trim", help="encoder contexts to measure")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--write", action="store_true", help="replace the section in docs/benchmarks.md")
+    parser.add_argument("--decode-step", action="store_true", help="the decode-step benchmark instead")
+    parser.add_argument("--before", default=BEFORE_REF, help="--decode-step: the git ref to compare with")
+    parser.add_argument(
+        "--utterances", type=int, default=16, help="--decode-step: utterances submitted at once"
+    )
+    parser.add_argument("--rounds", type=int, default=2, help="--decode-step: before/after throughput rounds")
+    parser.add_argument(
+        "--compiled-sizes",
+        default="1,8,16",
+        help="--decode-step: batch sizes to compile (minutes each on a CPU)",
+    )
+    parser.add_argument("--throughput-json", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.throughput_json:
+        throughput_json(args.threads, args.throughput_json)
+        return
+    if args.decode_step:
+        decode_step_bench(args)
+        return
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     weights = load(args.model)
     config = EngineConfig(model=args.model, device=args.device, dtype=args.dtype, kv_slots=max(sizes))

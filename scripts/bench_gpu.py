@@ -12,6 +12,9 @@ appends it to --md.
            distribution (random weights suppress end of text: load_random in engine/weights.py);
            throughput, p50/p95 latency from the futures, scheduler-blocked fraction and the
            encoder's share of the scheduler's busy time from the engine's Prometheus metrics
+  step     the decode step with CUDA graphs off vs on (one graph per batch bucket, engine/step.py) at
+           each batch size, on real weights, and whether the greedy tokens agree; on a CPU (the
+           rehearsal) the "on" rows run the same static bucketed shapes without the capture
   sanity   real weights (a CTranslate2 tiny.en folder) on real clips: tokens per dtype on
            --device vs float32 on the CPU, and WER against the transcripts
   server   encoder batching off vs on through asr-server (scripts/bench_loadgen_ab.py), with
@@ -260,6 +263,57 @@ def step_engine(args: argparse.Namespace) -> None:
     emit(args.md, lines)
 
 
+# ------------------------------------------------------------------------------ step
+
+
+def step_decode(args: argparse.Namespace) -> None:
+    from engine.runner import ModelRunner
+    from engine.step import DecodeStepper
+    from engine.weights import load
+
+    sizes = [int(b) for b in args.batch_sizes.split(",")]
+    slots = max(sizes)
+    weights = load(str(args.weights), args.cache_dir or None)
+    config = EngineConfig(
+        model=str(args.weights), device=args.device, dtype=args.dtype, kv_slots=slots, cache_dir=args.cache_dir,
+        cuda_graphs="off",
+    )  # fmt: skip
+    runner = ModelRunner(weights, config)
+    rng = np.random.default_rng(0)
+    audio = [noise(args.utterance_seconds, rng) for _ in range(slots)]
+    runner.encode(audio, list(range(slots)), [runner.audio_ctx_for(len(clip)) for clip in audio])
+    v = runner.rules.vocab
+    runner.prefill([[v.sot, v.no_timestamps]] * slots, [0] * slots, slice(0, slots))
+    cuda = runner.device.type == "cuda"
+    eager = runner.stepper
+    static = DecodeStepper(runner.model, runner.cache, runner.device, compile=False, graphs=cuda, static=True)
+    label = "CUDA graphs" if cuda else "static buckets, no capture (CPU)"
+    lines = [
+        f"### Decode step: CUDA graphs off vs on ({args.weights.name}, {runner.device} {runner.dtype}), a step "
+        f"{args.length} tokens into each sequence, median of {args.repeats}",
+        "",
+        f"| batch | graphs off (ms) | {label} (ms) | speed-up | same greedy token |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for b in sizes:
+
+        def run(stepper: DecodeStepper, b: int = b) -> Any:
+            runner.stepper = stepper
+            return runner.step([v.sot] * b, [args.length] * b).argmax(dim=-1).cpu()
+
+        same = int((run(eager) == run(static)).sum())
+        t_off = timed(lambda: run(eager), args.repeats, runner.sync)
+        t_on = timed(lambda: run(static), args.repeats, runner.sync)
+        lines.append(f"| {b} | {1000 * t_off:.2f} | {1000 * t_on:.2f} | {t_off / t_on:.2f}x | {same}/{b} |")
+        print(lines[-1], flush=True)
+    if cuda:
+        lines += [
+            "",
+            f"Graphs captured: {len(static.captured_shapes)} ({', '.join(map(str, static.captured_shapes))}).",
+        ]
+    emit(args.md, lines)
+
+
 # ------------------------------------------------------------------------------ sanity
 
 
@@ -384,6 +438,13 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--batch-window-ms", type=float, default=10.0)
     g.add_argument("--context", default="trim", choices=("trim", "full"))
 
+    d = sub.add_parser("step")
+    d.add_argument("--weights", type=Path, required=True, help="CTranslate2 or Hugging Face Whisper folder")
+    d.add_argument("--batch-sizes", default="1,2,4,8,16,32,64")
+    d.add_argument("--length", type=int, default=40, help="the step's position in each sequence")
+    d.add_argument("--utterance-seconds", type=float, default=4.0)
+    d.add_argument("--repeats", type=int, default=20)
+
     s = sub.add_parser("sanity")
     s.add_argument("--weights", type=Path, required=True, help="CTranslate2 or Hugging Face Whisper folder")
     s.add_argument("--manifest", type=Path, required=True, help="manifest.jsonl of 16 kHz WAVs with text")
@@ -401,7 +462,13 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("--kv-slots", type=int, default=64)
 
     args = p.parse_args(argv)
-    step = {"encoder": step_encoder, "engine": step_engine, "sanity": step_sanity, "server": step_server}
+    step = {
+        "encoder": step_encoder,
+        "engine": step_engine,
+        "step": step_decode,
+        "sanity": step_sanity,
+        "server": step_server,
+    }
     step[args.step](args)
     return 0
 

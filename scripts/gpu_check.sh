@@ -8,8 +8,9 @@
 #                            and the engine end to end with encoder batching off vs on at 16
 #                            and 64 callers. Leaves tiny.en's first weight piece in $STASH.
 #   scripts/gpu_check.sh 2   joins tiny.en's weights (the host must still be warm: 30 s), then
-#                            real weights on real clips (tokens fp16/bf16 vs CPU fp32, WER) and
-#                            the loadgen A/B through asr-server with 200 ms chunks.
+#                            the decode step with CUDA graphs off vs on, real weights on real
+#                            clips (tokens fp16/bf16 vs CPU fp32, WER) and the loadgen A/B through
+#                            asr-server with 200 ms chunks.
 #
 # Uses only `python3` and the host's packages plus the carried wheels (installed offline into a
 # private folder). Prints versions, device, driver and commit first and each table as soon as it
@@ -178,6 +179,8 @@ if ((clips > 0)); then  # the rehearsal: fewer clips
 fi
 if [[ " ${failed[*]:-} " != *" join-weights "* ]]; then
     dtypes=float16,bfloat16; [[ "$device" == cpu ]] && dtypes=bfloat16
+    step decode-step 45 "${bench[@]}" --dtype "$dtype" --cache-dir "$work/cache" step --weights "$weights" \
+        --batch-sizes "$sizes"
     step sanity 120 "${bench[@]}" --cache-dir "$work/cache" sanity --weights "$weights" --manifest "$manifest" \
         --dtypes "$dtypes"
     step server 300 "${bench[@]}" --cache-dir "$work/cache" server --weights "$weights" --manifest "$manifest" \

@@ -204,3 +204,19 @@ def test_bucketed_compiled_steps_give_the_eager_tokens_as_utterances_join_and_le
     assert backend.compiled == len({shape for _, shape in seen})  # one per shape, reused after
     assert {n for n, _ in seen} >= {1, 2, 3}  # rows joined and left
     assert any(shape.batch > n for n, shape in seen)  # padding rows of a bucket ran too
+
+
+def test_step_flags_are_validated(engine: Engine) -> None:
+    assert EngineConfig(cuda_graphs="on", device="cpu").validate() == [
+        "--cuda-graphs on needs a CUDA device (got --device cpu)"
+    ]
+    assert "--cuda-graphs must be auto, on or off" in EngineConfig(cuda_graphs="always").validate()[0]  # type: ignore[arg-type]
+    assert (
+        "--compile on does not combine with --quantize on"
+        in EngineConfig(compile=True, quantize=True).validate()[0]
+    )
+    assert EngineConfig(cuda_graphs="auto", compile=True).validate() == []
+    runner = runner_of(engine)  # --device auto that resolved to the CPU
+    with pytest.raises(ValueError, match="--cuda-graphs on needs a CUDA device"):
+        DecodeStepper(runner.model, runner.cache, runner.device, compile=False, graphs=True, static=True)
+    assert not runner.stepper.graphs  # auto on a CPU: no graphs
