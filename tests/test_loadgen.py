@@ -8,7 +8,6 @@ docs/benchmarks.md, not here.
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ import pytest
 from clients import loadgen
 from clients.manifest import build_manifest, load_manifest
 from clients.scoring import corpus_wer, normalize
-from tests.support.server import ServerThread
+from tests.support.server import ServerThread, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -39,9 +38,7 @@ def manifest(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def metrics_url() -> Iterator[str]:
     """The in-process server's metrics (prometheus_client's default registry), as asr-server serves them."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server, thread = prometheus_client.start_http_server(port, addr="127.0.0.1")
     yield f"http://127.0.0.1:{port}/metrics"
     server.shutdown()
