@@ -122,6 +122,14 @@ class ServerConfig:
     tls_client_ca: str = field(
         default="", metadata={"help": "CA (PEM) that signs client certificates: require mutual TLS"}
     )
+    debug_profile_dir: str = field(
+        default="",
+        metadata={
+            "hidden": True,  # benchmarks only (scripts/bench_capacity.py --profile): where a frontend's time goes
+            "help": "BENCHMARKS ONLY: each frontend writes a cProfile of its event loop thread to "
+            "DIR/frontend-N-PID.prof when it exits",
+        },
+    )
     engine: EngineConfig = field(default_factory=EngineConfig)
 
 

@@ -158,6 +158,13 @@ def frontend_main(index: int, config: ServerConfig, address: str, parent_pid: in
     _die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     setup_logging(config.log_level, config.log_format)
+    if config.debug_profile_dir:  # benchmarks: where a frontend's time goes (its event loop thread)
+        import cProfile
+
+        profiler = cProfile.Profile()
+        code = profiler.runcall(asyncio.run, _serve_frontend(index, config, address))
+        profiler.dump_stats(Path(config.debug_profile_dir) / f"frontend-{index}-{os.getpid()}.prof")
+        sys.exit(code)
     sys.exit(asyncio.run(_serve_frontend(index, config, address)))
 
 
