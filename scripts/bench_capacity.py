@@ -156,12 +156,16 @@ def server_speaking(manifest: Path, label: str, utterances: int, args: argparse.
              "--utterances-per-level", str(utterances), "--metrics", metrics, "--warmup", "2",
              "--out", str(args.out), "--label", label]
         )  # fmt: skip
-    return dict(json.loads((args.out / f"{label}.json").read_text())["levels"][0])
+    run = json.loads((args.out / f"{label}.json").read_text())
+    return {**run["levels"][0], "loadavg_1m": run["machine"]["loadavg_1m_start_end"][0]}
 
 
 def in_process_speaking(manifest: Path, utterances: int, threads: int) -> dict[str, float]:
     """The same clips, in the same order and number, submitted at once to an in-process engine with
     the server's settings (decoded and resampled by the service's own code)."""
+    # as asr-server does (service/supervisor.py main): spinning OpenMP workers starve everything else
+    # on a busy machine, and the comparison is with the server's engine process
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from engine import Engine, EngineConfig
     from service.audio import decode_file
 
@@ -170,10 +174,17 @@ def in_process_speaking(manifest: Path, utterances: int, threads: int) -> dict[s
         decode_file((manifest.parent / r["audio"]).read_bytes(), r["encoding"], r["sample_rate"], 1)[0][0]
         for r in rows
     ]
+    from prometheus_client import REGISTRY
+
+    def fallbacks() -> float:
+        return REGISTRY.get_sample_value("asr_encoder_fallbacks_total") or 0.0
+
     engine = Engine(EngineConfig(threads=threads))
     engine.start()
     try:
         engine.warmup()
+        before = fallbacks()
+        load = os.getloadavg()[0]
         t0 = time.perf_counter()
         handles = [engine.submit(clips[i % len(clips)]) for i in range(utterances)]
         for h in handles:
@@ -181,7 +192,12 @@ def in_process_speaking(manifest: Path, utterances: int, threads: int) -> dict[s
         wall = time.perf_counter() - t0
     finally:
         engine.stop()
-    return {"utt_per_s": utterances / wall, "wall_s": wall}
+    return {
+        "utt_per_s": utterances / wall,
+        "wall_s": wall,
+        "full_context_fallbacks": fallbacks() - before,
+        "loadavg_1m": load,
+    }
 
 
 # --- the table ---
@@ -197,8 +213,8 @@ def table(noise: list[dict[str, Any]], speaking: list[dict[str, Any]], head: str
         "",
         "| line noise, real-time calls | frontends | kept up (p95 lag <= 0.5 s) | close lag p50 / p95 / max s "
         "| server CPU % of a core per call (target) | server cores used | engine / frontends / supervisor CPU s "
-        "| errors | client cores, sent late by at most |",
-        "|---|---:|---|---|---|---:|---|---|---|",
+        "| errors | client cores, sent late by at most | load average |",
+        "|---|---:|---|---|---|---:|---|---|---|---:|",
     ]
     for r in noise:
         by = r["server_cpu_s_by_process"]
@@ -215,14 +231,15 @@ def table(noise: list[dict[str, Any]], speaking: list[dict[str, Any]], head: str
             f"| {_f(r['close_lag_p50_s'])} / {_f(r['close_lag_p95_s'])} / {_f(r['close_lag_max_s'])} "
             f"| {_f(pct, '{:.3f}')} (<= {target}){met} | {_f(r['server_cores_used'])} "
             f"| {by.get('engine', 0):.1f} / {fronts:.1f} / {by.get('supervisor', 0):.1f} | {errs} "
-            f"| {_f(r['client_cores_used'])}, {r['client_send_late_max_s']:.2f} s |"
+            f"| {_f(r['client_cores_used'])}, {r['client_send_late_max_s']:.2f} s "
+            f"| {r['loadavg_1m_start_end'][0]:.1f} |"
         )
     lines += [
         "",
         f"| {SPEAKING_CALLS} speaking calls, as fast as possible | clips | server utt/s | in-process utt/s "
         f"| server / in-process (target >= {SPEAKING_TARGET:.0%}) | server p95 latency s | WER % | IPC mean ms "
-        "| errors |",
-        "|---|---:|---:|---:|---|---:|---:|---:|---|",
+        "| errors | in-process full-context fallbacks | load average server / in-process |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---|---:|---|",
     ]
     for s in speaking:
         lv, ratio = s["server"], s["server"]["utt_per_s"] / s["in_process"]["utt_per_s"]
@@ -232,7 +249,9 @@ def table(noise: list[dict[str, Any]], speaking: list[dict[str, Any]], head: str
             f"| {s['set']} | {lv['utterances']} | {lv['utt_per_s']:.2f} | {s['in_process']['utt_per_s']:.2f} "
             f"| {ratio:.0%} {'met' if ratio >= SPEAKING_TARGET else 'missed'} | {_f(lv['latency_p95_s'])} "
             f"| {_f(None if lv['wer'] is None else 100 * lv['wer'], '{:.1f}')} "
-            f"| {_f(None if ipc is None else 1000 * ipc)} | {errs} |"
+            f"| {_f(None if ipc is None else 1000 * ipc)} | {errs} "
+            f"| {s['in_process']['full_context_fallbacks']:.0f} "
+            f"| {lv['loadavg_1m']:.1f} / {s['in_process']['loadavg_1m']:.1f} |"
         )
     return "\n".join(lines) + "\n"
 
