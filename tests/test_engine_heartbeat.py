@@ -110,7 +110,7 @@ def test_slow_but_live_engine_is_not_taken_for_hung() -> None:
         for r in results:
             assert r["code"] == grpc.StatusCode.OK, r
             assert "thank you for calling" in " ".join(r["finals"]).lower(), r  # type: ignore[arg-type]
-        assert busy > 8, busy  # work stayed pending for longer than the timeout
+        assert busy > 7, busy  # work stayed pending for longer than the 5 s timeout
         assert server.proc.poll() is None, server.log()[-3000:]
         assert server.health() == "SERVING"
         assert "engine process hung" not in server.log()
