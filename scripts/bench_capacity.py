@@ -9,7 +9,9 @@ through the server against the in-process engine, in one run, one table.
    --frontends 1 and 2; a fresh server per configuration. `asr-loadgen capacity` reports whether
    the server kept up (close lag p95 <= 0.5 s), its CPU over all its processes per call, and per
    process.
-2. 16 speaking calls sent as fast as possible (`asr-loadgen run --concurrency 16`) through the
+2. Calls held: line-noise calls in 20 ms chunks up a ladder (16, 32, 48, ...) on one server per
+   --frontends value, until a step does not keep up.
+3. 16 speaking calls sent as fast as possible (`asr-loadgen run --concurrency 16`) through the
    server, then the same clips submitted at once to an in-process `engine.Engine` with the same
    settings: throughput ratio, on REAL speech (pocketsphinx-testdata librivox + cards, and
    jfk.flac, each as 8 kHz mu-law) and on ESPEAK speech (`asr-loadgen make-manifest --telephone`).
@@ -48,6 +50,7 @@ from service.ports import LOOPBACK, free_port  # noqa: E402
 SECTION = "## Capacity: frontends and calls"
 NOISE_RUNS = [(128, 20), (256, 100)]  # (calls, chunk ms): the issue's two live-call targets
 TARGET_PCT = {20: 0.4, 100: 0.2}  # % of a core per call, by chunk ms (issue 12)
+HELD_LADDER = (16, 32, 48, 64, 96, 128, 192, 256)  # calls, 20 ms chunks
 SPEAKING_CALLS = 16
 SPEAKING_TARGET = 0.95  # through the server >= 95% of the in-process engine's throughput
 POCKETSPHINX = Path("/usr/share/pocketsphinx/test/data")
@@ -148,6 +151,28 @@ def noise_run(calls: int, chunk_ms: int, frontends: int, args: argparse.Namespac
     return dict(json.loads(report.read_text()))
 
 
+def held_calls(frontends: int, args: argparse.Namespace) -> dict[str, Any]:
+    """The most line-noise calls in 20 ms chunks that one server keeps up with: calls up a ladder,
+    --held-seconds each, on one server, until a step misses (every step's streams close before the
+    next starts, so no backlog carries over)."""
+    held, missed = 0, None
+    with server(frontends, args.threads, args.out / f"server-held-f{frontends}.log") as (target, metrics):
+        for calls in HELD_LADDER:
+            label = f"held-{calls}-f{frontends}"
+            print(f"== {label}", file=sys.stderr, flush=True)
+            loadgen.main(
+                ["capacity", "--server", target, "--metrics", metrics, "--calls", str(calls),
+                 "--chunk-ms", "20", "--seconds", str(args.held_seconds),
+                 "--client-processes", str(args.client_processes), "--json-out", str(args.out / f"{label}.json")]
+            )  # fmt: skip
+            report = json.loads((args.out / f"{label}.json").read_text())
+            if not report["kept_up"]:
+                missed = report
+                break
+            held = calls
+    return {"frontends": frontends, "held": held, "missed": missed}
+
+
 def server_speaking(manifest: Path, label: str, utterances: int, args: argparse.Namespace) -> dict[str, Any]:
     print(f"== {label} through the server", file=sys.stderr, flush=True)
     with server(args.speaking_frontends, args.threads, args.out / f"server-{label}.log") as (target, metrics):
@@ -207,7 +232,9 @@ def _f(v: float | None, fmt: str = "{:.2f}") -> str:
     return "-" if v is None else fmt.format(v)
 
 
-def table(noise: list[dict[str, Any]], speaking: list[dict[str, Any]], head: str) -> str:
+def table(
+    noise: list[dict[str, Any]], held: list[dict[str, Any]], speaking: list[dict[str, Any]], head: str
+) -> str:
     lines = [
         head,
         "",
@@ -234,6 +261,22 @@ def table(noise: list[dict[str, Any]], speaking: list[dict[str, Any]], head: str
             f"| {_f(r['client_cores_used'])}, {r['client_send_late_max_s']:.2f} s "
             f"| {r['loadavg_1m_start_end'][0]:.1f} |"
         )
+    if held:
+        lines += [
+            "",
+            f"| calls held at p95 close lag <= 0.5 s (line noise, 20 ms chunks, ladder {HELD_LADDER}) | frontends "
+            "| held | first missed: calls, p95 lag s, CPU % of a core per call, server cores used, load average |",
+            "|---|---:|---:|---|",
+        ]
+        for h in held:
+            m = h["missed"]
+            miss = (
+                "none missed"
+                if m is None
+                else f"{m['calls']}, {_f(m['close_lag_p95_s'])}, {_f(m['cpu_per_call_pct'], '{:.3f}')}, "
+                f"{_f(m['server_cores_used'])}, {m['loadavg_1m_start_end'][0]:.1f}"
+            )
+            lines.append(f"| line noise, 20 ms chunks | {h['frontends']} | {h['held']} | {miss} |")
     lines += [
         "",
         f"| {SPEAKING_CALLS} speaking calls, as fast as possible | clips | server utt/s | in-process utt/s "
@@ -260,6 +303,10 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seconds", type=float, default=20.0, help="audio per live call")
     p.add_argument("--frontends", default="1,2", help="frontend counts for the line-noise runs")
+    p.add_argument(
+        "--held-seconds", type=float, default=10.0,
+        help="audio per call on each step of the calls-held ladder (0: skip the ladder)",
+    )  # fmt: skip
     p.add_argument("--speaking-frontends", type=int, default=1, help="frontends for the speaking runs")
     p.add_argument("--speaking-utterances", type=int, default=32, help="clips per speaking run (cycled)")
     p.add_argument("--client-processes", type=int, default=2, help="load generator processes")
@@ -285,6 +332,11 @@ def main() -> int:
                 r = noise_run(calls, chunk_ms, frontends, args)
                 r["frontends"] = frontends
                 noise.append(r)
+
+    held: list[dict[str, Any]] = []
+    if args.held_seconds > 0:
+        for frontends in (int(x) for x in args.frontends.split(",")):
+            held.append(held_calls(frontends, args))
 
     speaking: list[dict[str, Any]] = []
     if not args.skip_speaking:
@@ -312,11 +364,13 @@ def main() -> int:
         f"{os.cpu_count()} CPUs shared with other work (load average {load_start[0]:.1f} at the start, "
         f"{load_end[0]:.1f} at the end), {dt.date.today()}, tiny.en, --threads {args.threads}, "
         f"{args.client_processes} load-generator processes on the same machine; a fresh server per row; "
-        f"took {time.monotonic() - started:.0f} s. Speaking rows: {args.speaking_utterances} clips per set "
+        f"took {time.monotonic() - started:.0f} s; calls-held ladder: {args.held_seconds:g} s per step. Speaking rows: {args.speaking_utterances} clips per set "
         f"(cycled), --frontends {args.speaking_frontends}, in-process: all clips submitted at once."
     )
-    text = table(noise, speaking, head)
-    (args.out / "capacity.json").write_text(json.dumps({"noise": noise, "speaking": speaking}, indent=1))
+    text = table(noise, held, speaking, head)
+    (args.out / "capacity.json").write_text(
+        json.dumps({"noise": noise, "held": held, "speaking": speaking}, indent=1)
+    )
     (args.out / "capacity.md").write_text(text)
     print(text)
     if args.write:
