@@ -26,7 +26,7 @@ from asr.v1 import asr_pb2
 from grpc import aio
 
 from clients.bulk import DEFAULT_MAX_RECOGNIZE_BYTES, BulkOptions, transcribe_folder
-from clients.client import RecognizerClient, Tls
+from clients.client import G711_RATE, RecognizerClient, Tls
 
 EventType = asr_pb2.StreamingRecognizeResponse.SpeechEventType
 
@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["AUTO", "LINEAR16", "MULAW", "ALAW"],
         help="auto: from the file (default)",
     )
-    p.add_argument("--rate", type=int, help="sample rate of raw audio (default: 8000 for G.711)")
+    p.add_argument("--rate", type=int, help=f"sample rate of raw audio (default: {G711_RATE} for G.711)")
     p.add_argument("--channels", type=int, help="channels of raw audio (default: 1)")
     p.add_argument("--prompt", help="hint text: names, products, jargon")
     p.add_argument("--language", help='BCP-47 ("en-US") or Whisper ("en") language code')

@@ -27,6 +27,10 @@ from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 SERVICE_NAME = "asr.v1.Recognizer"
+# The client's sample rates, defined once for clients/. The client speaks only the wire protocol and
+# never imports the server's engine package (engine/constants.py), so it keeps its own names for them.
+G711_RATE = 8000  # G.711 (mu-law, A-law) is 8 kHz by definition: what a telephone trunk carries
+WIDEBAND_RATE = 16000  # LINEAR16 test audio at the rate Whisper hears (the server need not resample)
 STREAM_ID_HEADER = "asr-stream-id"  # the server's headers carry it once it accepts a stream
 _STOP_LISTENING = (
     asr_pb2.StreamingRecognizeResponse.END_OF_SINGLE_UTTERANCE,
@@ -98,7 +102,7 @@ def load_audio(
     suffix = path.suffix.lower()
     if encoding in ("MULAW", "ALAW") or (encoding == "AUTO" and suffix in _G711_SUFFIXES):
         name = _G711_SUFFIXES.get(suffix, "MULAW") if encoding == "AUTO" else encoding
-        return Audio(path.read_bytes(), asr_pb2.AudioEncoding.Value(name), rate or 8000, channels or 1)
+        return Audio(path.read_bytes(), asr_pb2.AudioEncoding.Value(name), rate or G711_RATE, channels or 1)
     if encoding == "LINEAR16" and suffix in _RAW_PCM_SUFFIXES:
         if rate is None:
             raise ValueError(f"{path}: raw PCM needs --rate")

@@ -5,6 +5,8 @@
         [--concurrency 1,4,16,64] [--utterances-per-level N | --duration S] [--realtime] \\
         [--chunk-ms 20] [--metrics http://127.0.0.1:9464/metrics] [--out DIR] [--label NAME]
     asr-loadgen compare BASELINE.json BATCHED.json [--out DIR]
+    asr-loadgen capacity --server 127.0.0.1:50051 --metrics http://127.0.0.1:9464/metrics \\
+        [--calls 128] [--chunk-ms 20] [--seconds 30] [--manifest DIR/manifest.jsonl]
 
 One gRPC stream per utterance: config, the audio in `--chunk-ms` chunks, half-close, then
 read finals until the server closes the stream. Each of the N workers runs one such stream
@@ -16,6 +18,13 @@ connection costs well under a millisecond, so per-utterance streams do not skew 
 
 `--realtime` paces each stream at the audio's own rate (a live call); otherwise audio is sent
 as fast as possible (a replay of recorded calls, the throughput test).
+
+`capacity` holds N calls open at once, each paced in real time for `--seconds` (line noise by
+default: the frontends' per-chunk work with no engine work at all; or a manifest's speech), then
+half-closes them. It reports whether the server kept up (a stream's close lag, last chunk sent ->
+stream closed, at p95 <= 0.5 s with no errors), the server's CPU summed over all its processes
+(process_cpu_seconds_total) per second of call audio (% of a core per call) and per process, and the
+IPC time per utterance (asr_ipc_seconds).
 """
 
 from __future__ import annotations
@@ -24,36 +33,36 @@ import argparse
 import asyncio
 import contextlib
 import datetime as dt
-import importlib
+import io
 import itertools
 import json
 import math
+import multiprocessing
 import os
 import platform
 import sys
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
+import numpy as np
 import soundfile as sf
-from asr.v1 import asr_pb2, asr_pb2_grpc
+from asr.v1 import asr_pb2
 
-from clients.client import RecognizerClient
+from clients.client import G711_RATE, RecognizerClient
 from clients.manifest import ManifestEntry, build_manifest, load_manifest
 from clients.scoring import corpus_wer
 
 DEFAULT_CONCURRENCY = (1, 4, 16, 64)
 STREAM_TIMEOUT_S = 300.0  # a stuck server shows as DEADLINE_EXCEEDED rather than a hung benchmark
 RSS_METRIC = "process_resident_memory_bytes"
-Metadata = tuple[tuple[str, str], ...]
 SERVER_INFO_METRICS = ("asr_model_info", "asr_build_info", "asr_kv_cache_bytes")  # recorded with each run
-# what a failed core send raises (see _send_audio)
-_CORE_INTERNAL_ERROR: type[Exception] = importlib.import_module("grpc._cython.cygrpc").InternalError
 
 
 # ---------------------------------------------------------------- audio from the manifest
@@ -106,112 +115,69 @@ class UtteranceResult:
     details: str = ""
 
 
-def _config_request(u: Utterance) -> asr_pb2.StreamingRecognizeRequest:
+def _stream_config(u: Utterance) -> asr_pb2.StreamingRecognitionConfig:
     cfg = asr_pb2.RecognitionConfig(
-        encoding=u.encoding, sample_rate_hertz=u.sample_rate, audio_channel_count=1
+        encoding=u.encoding,  # type: ignore[arg-type]
+        sample_rate_hertz=u.sample_rate,
+        audio_channel_count=1,
     )
-    return asr_pb2.StreamingRecognizeRequest(streaming_config=asr_pb2.StreamingRecognitionConfig(config=cfg))
+    return asr_pb2.StreamingRecognitionConfig(config=cfg)
 
 
-async def _send_audio(call: Any, chunk: bytes) -> bool:
-    """Write one audio message; False once the call has ended (the reader then gets its status).
-
-    When a write races the server ending the call (an abort, an overload refusal), grpc.aio
-    replaces the server's status with INTERNAL "Internal error from Core" (grpc/grpc#36066),
-    which would make every such error look like a crash. Sending through the call's core
-    object, without that overwrite, keeps the server's own status; `call.write` is the
-    fallback should a grpc release rename it.
-    """
-    request = asr_pb2.StreamingRecognizeRequest(audio_content=chunk)
-    core = getattr(call, "_cython_call", None)
-    if call.done():
-        return False
-    if core is None or not hasattr(core, "send_serialized_message"):
-        try:
-            await call.write(request)
-        except asyncio.InvalidStateError:
-            return False
-        return True
-    try:
-        await core.send_serialized_message(request.SerializeToString())
-    except _CORE_INTERNAL_ERROR:
-        return False
-    return True
+def chunk_bytes(u: Utterance, chunk_ms: int) -> int:
+    """Bytes per message: `chunk_ms` of audio in whole samples."""
+    step = max(1, u.bytes_per_second * chunk_ms // 1000)
+    if u.encoding == asr_pb2.LINEAR16:
+        step -= step % 2  # whole 16-bit samples per message
+    return max(step, 2 if u.encoding == asr_pb2.LINEAR16 else 1)
 
 
 async def recognize_one(
-    stub: asr_pb2_grpc.RecognizerStub,
+    client: RecognizerClient,
     u: Utterance,
     *,
     realtime: bool,
     chunk_ms: int,
-    metadata: Metadata = (),
 ) -> UtteranceResult:
+    """One stream through `RecognizerClient.stream` (the one streaming implementation, with its
+    grpc.aio workaround): config, the audio in `chunk_ms` chunks, half-close, finals until the end."""
     res = UtteranceResult(index=u.index, code="OK", audio_s=u.duration_s, reference=u.text)
-    step = max(1, u.bytes_per_second * chunk_ms // 1000)
-    if u.encoding == asr_pb2.LINEAR16:
-        step -= step % 2  # whole 16-bit samples per message
+    step = chunk_bytes(u, chunk_ms)
     texts: list[str] = []
     last_final = 0.0
-    res.start = time.perf_counter()
-    # explicit writes (not a request iterator) so the instant the last byte leaves is known
-    call = stub.StreamingRecognize(timeout=STREAM_TIMEOUT_S, metadata=metadata)
-
-    async def read() -> None:
-        nonlocal last_final
-        async for resp in call:
-            for r in resp.results:
-                if r.is_final:
-                    last_final = time.perf_counter()
-                    res.finals += 1
-                    if r.alternatives:
-                        texts.append(r.alternatives[0].transcript.strip())
-
-    reader = asyncio.create_task(read())
     last_byte: float | None = None
+
+    async def audio() -> AsyncIterator[bytes]:
+        nonlocal last_byte
+        t0 = time.perf_counter()  # asked for the first chunk: the server has accepted the stream
+        for n, off in enumerate(range(0, len(u.data), step)):
+            if realtime:
+                # absolute schedule: chunk n leaves when its audio would have been spoken
+                delay = t0 + n * step / u.bytes_per_second - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            yield u.data[off : off + step]
+        # grpc.aio asks for the next message only once the previous one is written: the last byte is out
+        last_byte = time.perf_counter()
+
+    res.start = time.perf_counter()
     try:
-        try:
-            await call.write(_config_request(u))  # first message: the server has not answered yet
-            t0 = time.perf_counter()
-            for n, off in enumerate(range(0, len(u.data), step)):
-                if realtime:
-                    # absolute schedule: chunk n leaves when its audio would have been spoken
-                    delay = t0 + n * step / u.bytes_per_second - time.perf_counter()
-                    if delay > 0:
-                        await asyncio.sleep(delay)
-                if not await _send_audio(call, u.data[off : off + step]):
-                    break
-            else:
-                last_byte = time.perf_counter()
-                await call.done_writing()
-        except asyncio.InvalidStateError:
-            pass  # the call ended while we were sending: the reader gets its status
-        # raises AioRpcError when the call ended with an error status; bounded in case a failed
-        # write leaves the call without a status (grpc/grpc#34148)
-        await asyncio.wait_for(reader, STREAM_TIMEOUT_S if last_byte is not None else 10.0)
+        responses = client.stream(_stream_config(u), audio(), deadline_s=STREAM_TIMEOUT_S)
+        async with contextlib.aclosing(responses):
+            async for resp in responses:
+                for r in resp.results:
+                    if r.is_final:
+                        last_final = time.perf_counter()
+                        res.finals += 1
+                        if r.alternatives:
+                            texts.append(r.alternatives[0].transcript.strip())
         if last_final and last_byte is not None:
             res.latency_s = last_final - last_byte
+        if last_byte is None:
+            res.code, res.details = "CLIENT_ERROR", "the call ended OK before all audio was sent"
     except grpc.aio.AioRpcError as exc:
         res.code = exc.code().name
         res.details = exc.details() or ""
-    except TimeoutError:
-        call.cancel()
-        res.code, res.details = "CLIENT_ERROR", "a write failed and the call never reported a status"
-    except asyncio.CancelledError:
-        call.cancel()
-        raise
-    finally:
-        if not reader.done():
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
-                await reader
-    if res.code == "OK":
-        code = await call.code()
-        if code != grpc.StatusCode.OK:
-            res.code = code.name
-            res.details = await call.details() or ""
-        elif last_byte is None:
-            res.code, res.details = "CLIENT_ERROR", "the call ended OK before all audio was sent"
     res.end = time.perf_counter()
     res.hypothesis = " ".join(t for t in texts if t)
     return res
@@ -316,8 +282,6 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     """Linear-interpolated percentile (numpy's default), None for no values."""
     if not values:
         return None
-    import numpy as np
-
     return float(np.percentile(np.asarray(values, dtype=float), q))
 
 
@@ -379,7 +343,7 @@ class Progress:
 
 
 async def run_level(
-    stub: asr_pb2_grpc.RecognizerStub,
+    client: RecognizerClient,
     utts: Sequence[Utterance],
     concurrency: int,
     *,
@@ -388,7 +352,6 @@ async def run_level(
     realtime: bool,
     chunk_ms: int,
     metrics_url: str | None,
-    metadata: Metadata = (),
     start_index: int = 0,
 ) -> LevelResult:
     """`concurrency` workers, each running one utterance stream after another, until `count`
@@ -409,9 +372,7 @@ async def run_level(
 
     async def worker() -> None:
         while (u := next_utterance()) is not None:
-            results.append(
-                await recognize_one(stub, u, realtime=realtime, chunk_ms=chunk_ms, metadata=metadata)
-            )
+            results.append(await recognize_one(client, u, realtime=realtime, chunk_ms=chunk_ms))
 
     sampler = RssSampler(metrics_url)
     before: dict[str, float] = {}
@@ -448,13 +409,10 @@ async def run_sweep(args: argparse.Namespace) -> dict[str, Any]:
     levels: list[LevelResult] = []
     async with RecognizerClient(args.server, token=args.token) as client:
         await client.wait_until_serving(args.wait_ready)
-        stub, metadata = client.stub, client.metadata()
         for i in range(
             args.warmup
         ):  # untimed: first-call costs (allocator, thread pools) stay out of level 1
-            w = await recognize_one(
-                stub, utts[i % len(utts)], realtime=False, chunk_ms=args.chunk_ms, metadata=metadata
-            )
+            w = await recognize_one(client, utts[i % len(utts)], realtime=False, chunk_ms=args.chunk_ms)
             if w.code != "OK":
                 print(f"asr-loadgen: warm-up utterance failed: {w.code} {w.details}", file=sys.stderr)
         info: dict[str, float] = {}
@@ -465,8 +423,8 @@ async def run_sweep(args: argparse.Namespace) -> dict[str, Any]:
             count = None if args.duration else (args.utterances_per_level or max(len(utts), 3 * c))
             levels.append(
                 await run_level(
-                    stub, utts, c, count=count, duration_s=args.duration, realtime=args.realtime,
-                    chunk_ms=args.chunk_ms, metrics_url=args.metrics, metadata=metadata,
+                    client, utts, c, count=count, duration_s=args.duration, realtime=args.realtime,
+                    chunk_ms=args.chunk_ms, metrics_url=args.metrics,
                 )
             )  # fmt: skip
     return {
@@ -488,6 +446,252 @@ async def run_sweep(args: argparse.Namespace) -> dict[str, Any]:
         "server_info": info,
         "levels": [asdict(lv) for lv in levels],
     }
+
+
+# ---------------------------------------------------------------- capacity: many live calls at once
+
+KEEP_UP_LAG_S = 0.5  # issue 12: a server keeps up when streams close within this of their last chunk
+LINE_NOISE_DBFS = -50.0  # an idle telephone line's hiss: the VAD hears no speech, the engine gets nothing
+
+
+@dataclass
+class CallResult:
+    code: str  # gRPC status name; OK on success
+    details: str
+    audio_s: float
+    finals: int
+    close_lag_s: float | None  # last chunk sent -> the server closed the stream; None on failure
+    send_late_s: float  # most a chunk left behind its real-time schedule (client or flow control)
+
+
+def line_noise(seconds: float, seed: int) -> bytes:
+    """`seconds` of white noise at LINE_NOISE_DBFS as 8 kHz G.711 mu-law (soundfile's encoder)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(round(G711_RATE * seconds)) * 10 ** (LINE_NOISE_DBFS / 20)
+    buf = io.BytesIO()
+    sf.write(buf, np.clip(x, -1.0, 1.0), G711_RATE, format="RAW", subtype="ULAW")
+    return buf.getvalue()
+
+
+def call_audio(utts: Sequence[Utterance], seconds: float, call: int) -> Utterance:
+    """Call `call`'s audio: the utterances back to back from utterance `call` on (so calls differ),
+    looped to `seconds`. Every utterance must share one encoding and rate."""
+    first = utts[0]
+    if any((u.encoding, u.sample_rate) != (first.encoding, first.sample_rate) for u in utts):
+        raise ValueError("capacity --manifest: every utterance must have the same encoding and rate")
+    want = round(seconds * first.bytes_per_second)
+    want -= want % (2 if first.encoding == asr_pb2.LINEAR16 else 1)
+    parts: list[bytes] = []
+    have, i = 0, call
+    while have < want:
+        data = utts[i % len(utts)].data
+        parts.append(data)
+        have += len(data)
+        i += 1
+    data = b"".join(parts)[:want]
+    text = " ".join(utts[j % len(utts)].text for j in range(call, i))
+    return Utterance(call, first.encoding, first.sample_rate, data, first.bytes_per_second, seconds, text)
+
+
+async def live_call(client: RecognizerClient, u: Utterance, chunk_ms: int, start_at: float) -> CallResult:
+    """One call paced in real time from `start_at` (time.perf_counter()); measures its close lag."""
+    await asyncio.sleep(max(0.0, start_at - time.perf_counter()))
+    step = chunk_bytes(u, chunk_ms)
+    last_sent: float | None = None
+    late = 0.0
+
+    async def audio() -> AsyncIterator[bytes]:
+        nonlocal last_sent, late
+        t0 = time.perf_counter()
+        for n, off in enumerate(range(0, len(u.data), step)):
+            delay = t0 + n * step / u.bytes_per_second - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            else:
+                late = max(late, -delay)
+            yield u.data[off : off + step]
+        last_sent = time.perf_counter()  # the last chunk is written (see recognize_one)
+
+    finals = 0
+    try:
+        responses = client.stream(_stream_config(u), audio(), deadline_s=u.duration_s + STREAM_TIMEOUT_S)
+        async with contextlib.aclosing(responses):
+            async for resp in responses:
+                finals += sum(1 for r in resp.results if r.is_final)
+        closed = time.perf_counter()
+    except grpc.aio.AioRpcError as exc:
+        return CallResult(exc.code().name, exc.details() or "", u.duration_s, finals, None, late)
+    if last_sent is None:
+        return CallResult(
+            "CLIENT_ERROR", "the call ended OK before all audio was sent", u.duration_s, finals, None, late
+        )
+    return CallResult("OK", "", u.duration_s, finals, closed - last_sent, late)
+
+
+async def _capacity_calls(
+    target: str, token: str | None, calls: list[Utterance], chunk_ms: int, connections: int, start_wall: float
+) -> tuple[list[CallResult], float]:
+    """Run these calls from this process over `connections` connections; (results, this process's CPU s)."""
+    # a local subchannel pool per client: each client is its own TCP connection, so that SO_REUSEPORT
+    # spreads the calls over the server's frontends as separate callers' connections would be
+    clients = [
+        RecognizerClient(target, token=token, options=[("grpc.use_local_subchannel_pool", 1)])
+        for _ in range(max(1, min(connections, len(calls))))
+    ]
+    try:
+        for c in clients:
+            await c.wait_until_serving(30.0)
+        cpu0 = time.process_time()
+        start = time.perf_counter() + max(0.0, start_wall - time.time())
+        chunk_s = chunk_ms / 1000
+        # calls start spread over one chunk's time: live calls' chunks do not arrive in lockstep
+        results = await asyncio.gather(
+            *(
+                live_call(clients[i % len(clients)], u, chunk_ms, start + chunk_s * i / len(calls))
+                for i, u in enumerate(calls)
+            )
+        )
+        return list(results), time.process_time() - cpu0
+    finally:
+        for c in clients:
+            await c.close()
+
+
+def _capacity_process(
+    target: str, token: str | None, calls: list[Utterance], chunk_ms: int, connections: int, start_wall: float
+) -> tuple[list[CallResult], float]:
+    return asyncio.run(_capacity_calls(target, token, calls, chunk_ms, connections, start_wall))
+
+
+def server_cpu_by_process(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """CPU seconds each server process used between two scrapes (process_cpu_seconds_total, one series
+    per process of a multi-process server, labelled process=engine/frontend-N/supervisor)."""
+    out: dict[str, float] = {}
+    for key, v in after.items():
+        if key.split("{", 1)[0] != "process_cpu_seconds_total":
+            continue
+        label = key.partition("process=")[2].rstrip("}").split(",")[0] or "server"
+        out[label] = out.get(label, 0.0) + max(0.0, v - before.get(key, 0.0))
+    return dict(sorted(out.items()))
+
+
+def histogram_delta(before: dict[str, float], after: dict[str, float], name: str) -> tuple[float, float]:
+    """(count, sum) a histogram gained between two scrapes, over all its label sets."""
+    count = total = 0.0
+    for key, v in after.items():
+        base = key.split("{", 1)[0]
+        if base == f"{name}_count":
+            count += v - before.get(key, 0.0)
+        elif base == f"{name}_sum":
+            total += v - before.get(key, 0.0)
+    return count, total
+
+
+async def _scrape_or_empty(url: str) -> dict[str, float]:
+    try:
+        return await asyncio.to_thread(scrape, url)
+    except (OSError, ValueError) as exc:
+        print(f"asr-loadgen: could not read {url}: {exc}", file=sys.stderr)
+        return {}
+
+
+async def run_capacity(args: argparse.Namespace) -> dict[str, Any]:
+    """`args.calls` live calls at once, each `args.seconds` of audio paced in real time in
+    `args.chunk_ms` chunks, then half-closed: did the server keep up, and at what CPU per call?"""
+    load_start = os.getloadavg()
+    if args.manifest:
+        utts = load_utterances(load_manifest(args.manifest))
+        calls = [call_audio(utts, args.seconds, i) for i in range(args.calls)]
+        source = str(args.manifest)
+    else:
+        calls = [
+            Utterance(i, asr_pb2.MULAW, G711_RATE, line_noise(args.seconds, i), G711_RATE, args.seconds, "")
+            for i in range(args.calls)
+        ]
+        source = f"line noise (white, {LINE_NOISE_DBFS:g} dBFS, 8 kHz mu-law)"
+    async with RecognizerClient(args.server, token=args.token) as probe:
+        await probe.wait_until_serving(args.wait_ready)
+    processes = max(1, min(args.client_processes, args.calls))
+    shares = [calls[p::processes] for p in range(processes)]
+    per_process_connections = max(1, args.connections // processes)
+    before = await _scrape_or_empty(args.metrics)
+    start_wall = time.time() + (2.0 if processes > 1 else 0.0)  # spawned workers start together
+    if processes == 1:
+        outcomes = [
+            await _capacity_calls(
+                args.server, args.token, shares[0], args.chunk_ms, per_process_connections, start_wall
+            )
+        ]
+    else:
+        loop = asyncio.get_running_loop()
+        with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+            outcomes = await asyncio.gather(
+                *(
+                    loop.run_in_executor(
+                        pool, _capacity_process, args.server, args.token, share, args.chunk_ms,
+                        per_process_connections, start_wall,
+                    )
+                    for share in shares
+                )
+            )  # fmt: skip
+    wall = time.time() - start_wall  # from the common start to the last stream's close
+    after = await _scrape_or_empty(args.metrics)
+    results = [r for rs, _ in outcomes for r in rs]
+    client_cpu = sum(cpu for _, cpu in outcomes)
+    lags = [r.close_lag_s for r in results if r.close_lag_s is not None]
+    by_process = server_cpu_by_process(before, after) if before and after else {}
+    cpu = sum(by_process.values()) if by_process else None
+    audio_s = sum(r.audio_s for r in results)
+    ipc_count, ipc_sum = histogram_delta(before, after, "asr_ipc_seconds") if before and after else (0.0, 0.0)
+    errors = dict(Counter(r.code for r in results if r.code != "OK"))
+    p95 = percentile(lags, 95)
+    return {
+        "mode": "capacity",
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "server": args.server,
+        "audio": source,
+        "calls": args.calls,
+        "chunk_ms": args.chunk_ms,
+        "seconds_per_call": args.seconds,
+        "connections": per_process_connections * processes,
+        "client_processes": processes,
+        "wall_s": round(wall, 3),
+        "ok": sum(1 for r in results if r.code == "OK"),
+        "errors": errors,
+        "error_details": sorted({r.details for r in results if r.code != "OK"})[:5],
+        "finals": sum(r.finals for r in results),
+        "close_lag_p50_s": percentile(lags, 50),
+        "close_lag_p95_s": p95,
+        "close_lag_max_s": max(lags) if lags else None,
+        "client_send_late_max_s": max((r.send_late_s for r in results), default=0.0),
+        "kept_up": not errors and p95 is not None and p95 <= KEEP_UP_LAG_S,
+        "server_cpu_s": cpu,
+        "server_cpu_s_by_process": by_process,
+        # CPU seconds per second of call audio: the share of one core each live call costs
+        "cpu_per_call_pct": None if cpu is None or audio_s <= 0 else 100 * cpu / audio_s,
+        "server_cores_used": None if cpu is None or wall <= 0 else cpu / wall,
+        "client_cores_used": client_cpu / wall if wall > 0 else None,
+        "ipc_utterances": int(ipc_count),
+        "ipc_mean_s": ipc_sum / ipc_count if ipc_count else None,
+        "loadavg_1m_start_end": [round(load_start[0], 2), round(os.getloadavg()[0], 2)],
+        "cpus": os.cpu_count(),
+    }
+
+
+def capacity_line(r: dict[str, Any]) -> str:
+    """One human line for a capacity run."""
+    errs = ", ".join(f"{k} {v}" for k, v in sorted(r["errors"].items())) or "0"
+    return (
+        f"{r['calls']} calls x {r['seconds_per_call']:g} s in {r['chunk_ms']} ms chunks: "
+        f"kept up {'yes' if r['kept_up'] else 'NO'}; close lag p50/p95/max "
+        f"{_f(r['close_lag_p50_s'])}/{_f(r['close_lag_p95_s'])}/{_f(r['close_lag_max_s'])} s; "
+        f"server CPU {_f(r['cpu_per_call_pct'], '{:.3f}')}% of a core per call "
+        f"({_f(r['server_cores_used'])} cores: "
+        + ", ".join(f"{k} {v:.1f} s" for k, v in r["server_cpu_s_by_process"].items())
+        + f"); IPC {r['ipc_utterances']} utterances, mean {_f(r['ipc_mean_s'], '{:.4f}')} s; "
+        f"errors {errs}; client {_f(r['client_cores_used'])} cores, sent late by at most "
+        f"{r['client_send_late_max_s']:.2f} s"
+    )
 
 
 # ---------------------------------------------------------------- reports
@@ -658,6 +862,35 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--label", default="run", help="name of this run (file names, plot legend)")
 
+    k = sub.add_parser(
+        "capacity",
+        help="N live calls at once (line noise or a manifest's speech, real-time): kept up? CPU per call?",
+    )
+    k.add_argument("--server", default="127.0.0.1:50051", help="HOST:PORT of the gRPC server")
+    k.add_argument(
+        "--metrics", required=True, help="server metrics URL (process_cpu_seconds_total, asr_ipc_seconds)"
+    )
+    k.add_argument("--calls", type=int, default=128, help="calls live at once")
+    k.add_argument("--chunk-ms", type=int, default=20, help="audio per message")
+    k.add_argument("--seconds", type=float, default=30.0, help="audio per call")
+    k.add_argument(
+        "--manifest", type=Path, default=None,
+        help="speech from this manifest, looped per call (default: line noise, 8 kHz mu-law)",
+    )  # fmt: skip
+    k.add_argument(
+        "--connections", type=int, default=32,
+        help="TCP connections the calls share (SO_REUSEPORT spreads connections, not calls, over frontends)",
+    )  # fmt: skip
+    k.add_argument(
+        "--client-processes", type=int, default=1,
+        help="processes the calls are split over, so that the load generator itself keeps pace",
+    )  # fmt: skip
+    k.add_argument("--token", default=None, help="bearer token, when the server requires one")
+    k.add_argument(
+        "--wait-ready", type=float, default=120.0, help="seconds to wait for the server to be SERVING"
+    )
+    k.add_argument("--json-out", type=Path, default=None, help="also write the report here")
+
     c = sub.add_parser("compare", help="table of a baseline run against a batched run")
     c.add_argument("baseline", type=Path)
     c.add_argument("batched", type=Path)
@@ -680,6 +913,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             (args.out / "compare.md").write_text(table)
             plot([base, batched], args.out / "compare.png")
         return 0
+    if args.cmd == "capacity":
+        bad = [
+            f"{flag} must be at least {low} (got {value})"
+            for flag, value, low in (
+                ("--calls", args.calls, 1), ("--chunk-ms", args.chunk_ms, 1), ("--seconds", args.seconds, 0.1),
+                ("--connections", args.connections, 1), ("--client-processes", args.client_processes, 1),
+            )
+            if value < low
+        ]  # fmt: skip
+        if bad:
+            print("asr-loadgen: " + "; ".join(bad), file=sys.stderr)
+            return 2
+        report = asyncio.run(run_capacity(args))
+        print(json.dumps(report, indent=2))
+        print(capacity_line(report), file=sys.stderr)
+        if args.json_out:
+            args.json_out.parent.mkdir(parents=True, exist_ok=True)
+            args.json_out.write_text(json.dumps(report, indent=2) + "\n")
+        return 0 if not report["errors"] else 1
     if args.utterances_per_level < 0 or (args.duration is not None and args.duration <= 0):
         print("asr-loadgen: --utterances-per-level and --duration must be positive", file=sys.stderr)
         return 2

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from clients.client import G711_RATE, WIDEBAND_RATE
+
 Encoding = Literal["LINEAR16", "MULAW"]
 
 # Written for this project: what callers say to a contact center, 1-6 s each when spoken.
@@ -130,7 +132,7 @@ def speak(text: str, voice: str, wpm: int, wav_out: Path) -> None:
 def to_linear16(src: Path, out: Path) -> None:
     """16 kHz mono 16-bit WAV, padded with the lead and trail silence."""
     subprocess.run(
-        ["sox", "-D", str(src), "-r", "16000", "-c", "1", "-b", "16", "-e", "signed-integer", str(out),
+        ["sox", "-D", str(src), "-r", str(WIDEBAND_RATE), "-c", "1", "-b", "16", "-e", "signed-integer", str(out),
          "pad", str(LEAD_SILENCE_S), str(TRAIL_SILENCE_S)],
         check=True,
         capture_output=True,
@@ -140,7 +142,7 @@ def to_linear16(src: Path, out: Path) -> None:
 def to_mulaw(src: Path, out: Path) -> None:
     """8 kHz mono G.711 mu-law, headerless: the bytes a telephone trunk carries."""
     subprocess.run(
-        ["sox", "-D", str(src), "-r", "8000", "-c", "1", "-e", "mu-law", "-b", "8", "-t", "raw", str(out),
+        ["sox", "-D", str(src), "-r", str(G711_RATE), "-c", "1", "-e", "mu-law", "-b", "8", "-t", "raw", str(out),
          "pad", str(LEAD_SILENCE_S), str(TRAIL_SILENCE_S)],
         check=True,
         capture_output=True,
@@ -181,7 +183,7 @@ def build_manifest(
             to_linear16(raw, wav)
             to_mulaw(raw, ulaw)
             enc = encodings[i % len(encodings)]
-            audio, rate = (wav.name, 16000) if enc == "LINEAR16" else (ulaw.name, 8000)
+            audio, rate = (wav.name, WIDEBAND_RATE) if enc == "LINEAR16" else (ulaw.name, G711_RATE)
             entries.append(ManifestEntry(audio, enc, rate, text, voice, wpm))
     path = out / name
     path.write_text("".join(e.to_json() + "\n" for e in entries))

@@ -57,6 +57,14 @@ class Engine:
             from engine.faults import crash_scheduler_after
 
             crash_scheduler_after(self._scheduler, self.config.debug_crash_scheduler_after)
+        if self.config.debug_hang_scheduler_after:
+            from engine.faults import hang_scheduler_after
+
+            hang_scheduler_after(self._scheduler, self.config.debug_hang_scheduler_after)
+        if self.config.debug_slow_encoder_s:
+            from engine.faults import slow_encoder
+
+            slow_encoder(self._scheduler, self.config.debug_slow_encoder_s)
         self._scheduler.start(on_failure)
 
     def warmup(self) -> None:
@@ -66,6 +74,11 @@ class Engine:
     @property
     def alive(self) -> bool:
         return self._scheduler.alive
+
+    @property
+    def progress(self) -> int:
+        """Iterations of the scheduler's loop so far (a heartbeat: it stops growing if the loop hangs)."""
+        return self._scheduler.loop_iterations
 
     def validate(self, options: DecodeOptions) -> None:
         """Raise ValueError naming the field if these options cannot be served by this model."""

@@ -124,6 +124,20 @@ class EngineConfig:
             "help": "TEST ONLY: crash the engine's scheduler thread after N utterances (0: off)",
         },
     )
+    debug_hang_scheduler_after: int = field(
+        default=0,
+        metadata={
+            "hidden": True,  # test only (engine/faults.py): the scheduler thread blocks for ever at utterance N+1
+            "help": "TEST ONLY: hang the engine's scheduler thread after N utterances (0: off)",
+        },
+    )
+    debug_slow_encoder_s: float = field(
+        default=0.0,
+        metadata={
+            "hidden": True,  # test only (engine/faults.py): every encoder pass takes this much longer
+            "help": "TEST ONLY: add this many seconds to every encoder pass (0: off)",
+        },
+    )
 
     def validate(self) -> list[str]:
         """Each setting outside its range, as a message naming its flag and the range ([] if all
@@ -145,6 +159,8 @@ class EngineConfig:
         check("max_encoder_batch_while_decoding", 0, 1024)  # 0: no bound beyond --max-batch
         check("threads", 0, 1024)  # 0: torch's default
         check("debug_crash_scheduler_after", 0, 1_000_000)  # test seam (engine/faults.py); 0: off
+        check("debug_hang_scheduler_after", 0, 1_000_000)  # test seam (engine/faults.py); 0: off
+        check("debug_slow_encoder_s", 0, 600, " s")  # test seam (engine/faults.py); 0: off
         if self.dtype not in DTYPES:
             problems.append(f"--dtype must be one of {', '.join(DTYPES)} (got {self.dtype!r})")
         if self.cuda_graphs not in ("auto", "on", "off"):

@@ -8,6 +8,12 @@ scheduler thread). vLLM's EngineCore process and SGLang's scheduler process spli
 
 Exit codes: 0 after SIGTERM (stop), 1 when the scheduler thread dies (every frontend sees the socket
 close and fails its open utterances), 2 when the model cannot load.
+
+Heartbeat: a process can hang without dying (a stuck device call, a deadlock in the scheduler thread).
+The I/O thread publishes, at least every HEARTBEAT_INTERVAL_S, into shared memory the supervisor
+reads: when it published, the scheduler loop's iteration count (`Engine.progress`) and how many
+utterances are in the engine with no reply yet. The supervisor (service/supervisor.py) ends an engine
+whose loop makes no progress with work pending, or that stops publishing at all.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import MutableSequence
 from concurrent.futures import Future
 from multiprocessing.connection import Connection
 from typing import Any
@@ -32,17 +39,35 @@ from engine.request import DecodeOptions, Transcript
 log = logging.getLogger("engine.core_process")
 
 EXIT_STOPPED, EXIT_SCHEDULER_DIED, EXIT_LOAD_FAILED = 0, 1, 2
+HEARTBEAT_INTERVAL_S = 0.25
+# Slots of the shared heartbeat array (multiprocessing.Array("d", HEARTBEAT_SLOTS), written here only)
+HEARTBEAT_PUBLISHED, HEARTBEAT_PROGRESS, HEARTBEAT_PENDING, HEARTBEAT_SLOTS = 0, 1, 2, 3
 
 
 class EngineCore:
     """Routes messages between the ROUTER socket and an `Engine`."""
 
-    def __init__(self, engine: Engine, socket: zmq.Socket[Any]) -> None:
+    def __init__(
+        self, engine: Engine, socket: zmq.Socket[Any], heartbeat: MutableSequence[float] | None = None
+    ) -> None:
         self.engine = engine
         self.socket = socket
         self.outbox = ipc.Mailbox()
         self.failed = threading.Event()
         self.stopping = threading.Event()
+        self.heartbeat = heartbeat
+        # utterances accepted and not yet answered: the I/O thread adds, the scheduler thread's replies take
+        self._in_flight = 0
+        self._in_flight_lock = threading.Lock()
+
+    def publish_heartbeat(self) -> None:
+        if self.heartbeat is None:
+            return
+        with self._in_flight_lock:
+            pending = self._in_flight
+        self.heartbeat[HEARTBEAT_PROGRESS] = float(self.engine.progress)
+        self.heartbeat[HEARTBEAT_PENDING] = float(pending)
+        self.heartbeat[HEARTBEAT_PUBLISHED] = time.monotonic()  # last: the others are current
 
     def on_scheduler_failure(self, exc: BaseException) -> None:
         # scheduler thread: the service's supervisor and tests look for this line
@@ -56,6 +81,8 @@ class EngineCore:
 
     def _reply(self, identity: bytes, rid: str, received: float, future: Future[Transcript]) -> None:
         published = time.monotonic()
+        with self._in_flight_lock:
+            self._in_flight -= 1
         if future.cancelled():
             header = (rid, ipc.CANCELLED, "", received, published)
             self.outbox.put([identity, ipc.FAILED, ipc.dump(header)])
@@ -82,6 +109,8 @@ class EngineCore:
                 header = (rid, kind_, message, received, time.monotonic())
                 self.socket.send_multipart([identity, ipc.FAILED, ipc.dump(header)])
                 return
+            with self._in_flight_lock:
+                self._in_flight += 1
             handle.future.add_done_callback(functools.partial(self._reply, identity, rid, received))
         elif kind == ipc.CANCEL:
             self.engine.cancel(ipc.load(frames[2].buffer))
@@ -104,7 +133,8 @@ class EngineCore:
         poller.register(self.socket, zmq.POLLIN)
         poller.register(self.outbox.fd, zmq.POLLIN)
         while not (self.failed.is_set() or self.stopping.is_set()):
-            events = dict(poller.poll())
+            self.publish_heartbeat()
+            events = dict(poller.poll(round(HEARTBEAT_INTERVAL_S * 1000)))
             if self.socket in events:
                 while True:
                     try:
@@ -120,9 +150,12 @@ class EngineCore:
         return EXIT_SCHEDULER_DIED if self.failed.is_set() else EXIT_STOPPED
 
 
-def serve(config: EngineConfig, address: str, ready: Connection) -> int:
+def serve(
+    config: EngineConfig, address: str, ready: Connection, heartbeat: MutableSequence[float] | None = None
+) -> int:
     """The engine process's life: load and warm the model, report ready (or failed) on `ready`, then
-    serve `address` until SIGTERM or a scheduler failure. Returns the process's exit code."""
+    serve `address` until SIGTERM or a scheduler failure, publishing into `heartbeat` (see the module
+    docstring). Returns the process's exit code."""
     core: EngineCore | None = None
     stop_early = threading.Event()
 
@@ -144,7 +177,7 @@ def serve(config: EngineConfig, address: str, ready: Connection) -> int:
     socket.setsockopt(zmq.LINGER, 2000)  # last replies get out before the process ends
     socket.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting frontend takes its identity back
     socket.bind(address)
-    core = EngineCore(engine, socket)
+    core = EngineCore(engine, socket, heartbeat)
     engine.start(on_failure=core.on_scheduler_failure)
     try:
         if config.warmup:
@@ -160,6 +193,7 @@ def serve(config: EngineConfig, address: str, ready: Connection) -> int:
         socket.close()
         context.term()
         return EXIT_STOPPED
+    core.publish_heartbeat()  # current before the supervisor starts watching it
     ready.send(("ready", engine.info, time.perf_counter() - started))
     try:
         return core.run()

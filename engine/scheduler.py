@@ -114,6 +114,9 @@ class Scheduler:
         self.fault_hook: Callable[[Request], None] | None = None
         self.stage_hook: Callable[[str, list[Request]], None] | None = None
         self.enqueue_hook: Callable[[Request], None] | None = None
+        # Iterations of the loop so far: the engine process's heartbeat (core_process.py). It grows while
+        # the loop runs, idle (it wakes every IDLE_POLL_S) or busy; a hung loop stops it.
+        self.loop_iterations = 0
         self._update_gauges()
 
     # --- any thread ---
@@ -167,6 +170,7 @@ class Scheduler:
     def _run(self) -> None:
         try:
             while not self._stopping.is_set():
+                self.loop_iterations += 1
                 self._take_inbox(block=self._idle_timeout())
                 batch = self._close_window()
                 if batch:

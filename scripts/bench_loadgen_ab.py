@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -36,14 +35,9 @@ sys.path.insert(0, str(REPO))  # runnable as a plain script from a checkout
 
 from clients import loadgen  # noqa: E402
 from clients.manifest import build_manifest  # noqa: E402
+from service.ports import free_port  # noqa: E402
 
 HOST = "127.0.0.1"  # benchmarks never leave the machine
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
 
 
 def server_command() -> list[str]:

@@ -20,7 +20,6 @@ import argparse
 import io
 import os
 import platform
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,8 @@ import soundfile as sf
 import soxr
 from asr.v1 import asr_pb2, asr_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from service.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 JFK_FLAC = REPO.parent / "shared" / "data" / "jfk.flac"
@@ -87,12 +88,6 @@ CASES: dict[str, list[Case]] = {
         ),
     ],
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def peak_rss_mib(pid: int) -> float:

@@ -14,8 +14,11 @@ import numpy as np
 import soundfile as sf
 import soxr
 
-TARGET_RATE = 16000
-MIN_RATE, MAX_RATE = 8000, 48000
+from engine import SAMPLE_RATE
+
+TARGET_RATE = SAMPLE_RATE  # everything downstream hears the engine's rate (engine/constants.py)
+G711_RATE = 8000  # G.711 (mu-law, A-law) is 8 kHz by definition: telephone audio, the API's floor
+MIN_RATE, MAX_RATE = G711_RATE, 48000
 MIN_CHANNELS, MAX_CHANNELS = 1, 8
 STREAM_ENCODINGS = ("LINEAR16", "MULAW", "ALAW")
 FILE_ENCODINGS = ("FLAC", "WAV")

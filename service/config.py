@@ -81,6 +81,16 @@ class ServerConfig:
             "(keep below the pod's terminationGracePeriodSeconds)"
         },
     )
+    engine_heartbeat_timeout: float = field(
+        default=60.0,
+        metadata={
+            "help": "seconds the engine process's scheduler loop may make no progress while utterances are "
+            "pending (or the process publish nothing) before the engine counts as hung: it is killed, health "
+            "turns NOT_SERVING, open streams end UNAVAILABLE, the server exits 1. One loop iteration holds one "
+            "encoder pass, ~10 s at worst for tiny.en's 16 x 30 s batch on a busy 2-core CPU: 60 s leaves "
+            "room for that; raise it for large models on CPU (0: off)"
+        },
+    )
     frontends: int = field(
         default=0,
         metadata={
@@ -111,6 +121,14 @@ class ServerConfig:
     tls_key: str = field(default="", metadata={"help": "server private key (PEM), with --tls-cert"})
     tls_client_ca: str = field(
         default="", metadata={"help": "CA (PEM) that signs client certificates: require mutual TLS"}
+    )
+    debug_profile_dir: str = field(
+        default="",
+        metadata={
+            "hidden": True,  # benchmarks only (scripts/bench_capacity.py --profile): where a frontend's time goes
+            "help": "BENCHMARKS ONLY: each frontend writes a cProfile of its event loop thread to "
+            "DIR/frontend-N-PID.prof when it exits",
+        },
     )
     engine: EngineConfig = field(default_factory=EngineConfig)
 
@@ -193,6 +211,8 @@ def validate(config: ServerConfig) -> None:
             problems.append(f"{_flag(name)} must be positive")
     if not 0 <= config.frontends <= 64:
         problems.append("--frontends must be 0-64 (0: from the CPU count)")
+    if config.engine_heartbeat_timeout != 0 and not 1 <= config.engine_heartbeat_timeout <= 3600:
+        problems.append("--engine-heartbeat-timeout must be 0 (off) or 1-3600 s")
     if config.drain_seconds < 0:
         problems.append("--drain-seconds must not be negative")
     if bool(config.tls_cert) != bool(config.tls_key):

@@ -15,6 +15,11 @@ the ceiling (issue 12); frontends scale across cores and the scheduler keeps its
 - The engine process is started first; frontends only once the model is loaded and warm.
 - The engine process dies: each frontend sees its socket close, reports NOT_SERVING, ends its open
   streams UNAVAILABLE and exits; the supervisor exits 1 (the pod restarts; no model, no service).
+- The engine process hangs without dying (a stuck device call, a deadlocked scheduler thread): it
+  publishes a heartbeat into shared memory (engine/core_process.py); when its scheduler loop makes no
+  progress for --engine-heartbeat-timeout with utterances pending, or it publishes nothing at all for
+  that long, the supervisor kills it (SIGKILL: a hung process may not heed SIGTERM) and the death path
+  above follows: NOT_SERVING, open streams UNAVAILABLE, exit 1.
 - A frontend dies: the others keep serving and the supervisor starts a new one in its place (a
   frontend holds no model: it is back in about a second), unless frontends keep dying (more than
   MAX_RESTARTS within RESTART_WINDOW_S), which is a bug a restart will not fix: then it exits 1.
@@ -44,7 +49,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, MutableSequence, Sequence
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -54,6 +59,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from engine.config import EngineConfig
+from engine.core_process import HEARTBEAT_PENDING, HEARTBEAT_PROGRESS, HEARTBEAT_PUBLISHED, HEARTBEAT_SLOTS
 from service.config import ServerConfig
 from service.logging import setup_logging
 
@@ -130,7 +136,13 @@ def _die_with_parent(parent_pid: int) -> None:
 
 
 def engine_main(
-    config: EngineConfig, address: str, ready: Connection, parent_pid: int, log_level: str, log_format: str
+    config: EngineConfig,
+    address: str,
+    ready: Connection,
+    parent_pid: int,
+    log_level: str,
+    log_format: str,
+    heartbeat: MutableSequence[float] | None = None,
 ) -> None:
     """The engine process (see engine/core_process.py)."""
     _die_with_parent(parent_pid)
@@ -138,7 +150,7 @@ def engine_main(
     setup_logging(log_level, log_format)
     from engine.core_process import serve
 
-    sys.exit(serve(config, address, ready))
+    sys.exit(serve(config, address, ready, heartbeat))
 
 
 def frontend_main(index: int, config: ServerConfig, address: str, parent_pid: int) -> None:
@@ -146,6 +158,13 @@ def frontend_main(index: int, config: ServerConfig, address: str, parent_pid: in
     _die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     setup_logging(config.log_level, config.log_format)
+    if config.debug_profile_dir:  # benchmarks: where a frontend's time goes (its event loop thread)
+        import cProfile
+
+        profiler = cProfile.Profile()
+        code = profiler.runcall(asyncio.run, _serve_frontend(index, config, address))
+        profiler.dump_stats(Path(config.debug_profile_dir) / f"frontend-{index}-{os.getpid()}.prof")
+        sys.exit(code)
     sys.exit(asyncio.run(_serve_frontend(index, config, address)))
 
 
@@ -209,6 +228,39 @@ def metrics_registry(
 # --- the supervisor ---
 
 
+class HeartbeatWatch:
+    """Tells a hung engine process from a slow one, from what it publishes (engine/core_process.py):
+    hung when its scheduler loop made no progress for `timeout_s` while utterances were pending (the
+    clock starts at the later of the last progress and the moment work became pending: an idle loop
+    owes no progress), or when it published nothing for `timeout_s` (the whole process is stuck)."""
+
+    def __init__(self, timeout_s: float, now: float) -> None:
+        self.timeout_s = timeout_s
+        self._progress = -1.0
+        self._progress_at = now
+        self._pending_since: float | None = None
+
+    def check(self, published: float, progress: float, pending: float, now: float) -> str | None:
+        """None while the engine is alive; else why it counts as hung."""
+        if progress != self._progress:
+            self._progress, self._progress_at = progress, now
+        if pending > 0:
+            if self._pending_since is None:
+                self._pending_since = now
+        else:
+            self._pending_since = None
+        if published and now - published > self.timeout_s:
+            return f"the engine process published no heartbeat for {now - published:.0f} s"
+        if self._pending_since is not None:
+            stalled = now - max(self._progress_at, self._pending_since)
+            if stalled > self.timeout_s:
+                return (
+                    f"the engine's scheduler made no progress for {stalled:.0f} s "
+                    f"with {pending:.0f} utterances pending"
+                )
+        return None
+
+
 class Supervisor:
     def __init__(self, config: ServerConfig, workdir: Path) -> None:
         self.config = config
@@ -220,6 +272,8 @@ class Supervisor:
         self.frontends: dict[int, BaseProcess] = {}
         self.restarts: list[float] = []
         self.stop_signal: int | None = None
+        # written by the engine process only (lock-free: a torn read costs one check, 0.1 s later)
+        self.heartbeat = self.ctx.Array("d", HEARTBEAT_SLOTS, lock=False)
 
     def processes(self) -> dict[str, int]:
         out = {"supervisor": os.getpid()}
@@ -278,7 +332,7 @@ class Supervisor:
         ready, child_end = self.ctx.Pipe(duplex=False)
         self.engine = self.ctx.Process(
             target=engine_main,
-            args=(c.engine, self.address, child_end, os.getpid(), c.log_level, c.log_format),
+            args=(c.engine, self.address, child_end, os.getpid(), c.log_level, c.log_format, self.heartbeat),
             name="asr-engine",
         )
         self.engine.start()
@@ -320,12 +374,27 @@ class Supervisor:
 
     def _watch(self) -> int:
         assert self.engine is not None
+        timeout = self.config.engine_heartbeat_timeout
+        heartbeat = HeartbeatWatch(timeout, time.monotonic()) if timeout else None
         while True:
             waited = multiprocessing.connection.wait(
                 [self.engine.sentinel, *(p.sentinel for p in self.frontends.values())], timeout=0.1
             )
             if self.stop_signal is not None:
                 return self._drain()
+            hung = heartbeat and heartbeat.check(
+                self.heartbeat[HEARTBEAT_PUBLISHED],
+                self.heartbeat[HEARTBEAT_PROGRESS],
+                self.heartbeat[HEARTBEAT_PENDING],
+                time.monotonic(),
+            )
+            if hung and self.engine.is_alive():
+                log.critical(
+                    f"engine process hung: {hung} (--engine-heartbeat-timeout {timeout:g}); killing it",
+                    extra={"fields": {"pid": self.engine.pid}},
+                )
+                self.engine.kill()  # its death takes the path below: frontends fail their streams
+                self.engine.join(10)
             if self.engine.sentinel in waited or not self.engine.is_alive():
                 log.critical(
                     "engine process exited; exiting", extra={"fields": {"exitcode": self.engine.exitcode}}

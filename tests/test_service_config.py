@@ -63,6 +63,7 @@ def test_flags_parse_into_typed_config() -> None:
         (["--encoder-context", "half"], "invalid choice"),
         (["--max-streams", "0"], "--max-streams must be at least 1"),
         (["--drain-seconds", "-1"], "--drain-seconds"),
+        (["--engine-heartbeat-timeout", "0.5"], "--engine-heartbeat-timeout must be 0 (off) or 1-3600 s"),
     ],
 )
 def test_bad_flags_are_refused_naming_the_flag(
@@ -103,6 +104,8 @@ ENGINE_OUT_OF_RANGE = [
     ("--max-encoder-batch-while-decoding", "-1", "--max-encoder-batch-while-decoding must be 0-1024"),
     ("--dtype", "float8", "--dtype must be one of auto, float32, float16, bfloat16"),
     ("--debug-crash-scheduler-after", "-1", "--debug-crash-scheduler-after must be 0-1000000"),
+    ("--debug-hang-scheduler-after", "-1", "--debug-hang-scheduler-after must be 0-1000000"),
+    ("--debug-slow-encoder-s", "-1", "--debug-slow-encoder-s must be 0-600 s"),
 ]
 
 

@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,17 +26,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from engine import Engine
 from service.config import ServerConfig
+from service.ports import free_port
 from service.server import AsrServer
 
+__all__ = ["HOST", "REPO", "ServerProcess", "ServerThread", "free_port", "sync_stream", "watch_health"]
 T = TypeVar("T")
 HOST = "127.0.0.1"
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
 
 
 class ServerThread:

@@ -1,0 +1,382 @@
+#!/usr/bin/env python
+"""Capacity of asr-server's frontends (issue 12): live calls per configuration, and speaking calls
+through the server against the in-process engine, in one run, one table.
+
+    python scripts/bench_capacity.py [--seconds 20] [--out bench-out/capacity] [--write]
+
+1. Line noise (8 kHz mu-law hiss, no speech: the frontends' per-chunk work and nothing for the
+   engine), paced in real time: 128 calls in 20 ms chunks and 256 calls in 100 ms chunks, each with
+   --frontends 1 and 2; a fresh server per configuration. `asr-loadgen capacity` reports whether
+   the server kept up (close lag p95 <= 0.5 s), its CPU over all its processes per call, and per
+   process.
+2. Calls held: line-noise calls in 20 ms chunks up a ladder (16, 32, 48, ...) on one server per
+   --frontends value, until a step does not keep up.
+3. 16 speaking calls sent as fast as possible (`asr-loadgen run --concurrency 16`) through the
+   server, then the same clips submitted at once to an in-process `engine.Engine` with the same
+   settings: throughput ratio, on REAL speech (pocketsphinx-testdata librivox + cards, and
+   jfk.flac, each as 8 kHz mu-law) and on ESPEAK speech (`asr-loadgen make-manifest --telephone`).
+
+--write puts the table into docs/benchmarks.md under "## Capacity: frontends and calls".
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import os
+import platform
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # runnable as a plain script from a checkout
+
+from docs_section import write_section  # noqa: E402  (beside this script)
+
+from clients import loadgen  # noqa: E402
+from clients.client import RecognizerClient  # noqa: E402
+from clients.manifest import ManifestEntry, build_manifest  # noqa: E402
+from service.ports import LOOPBACK, free_port  # noqa: E402
+
+SECTION = "## Capacity: frontends and calls"
+NOISE_RUNS = [(128, 20), (256, 100)]  # (calls, chunk ms): the issue's two live-call targets
+TARGET_PCT = {20: 0.4, 100: 0.2}  # % of a core per call, by chunk ms (issue 12)
+HELD_LADDER = (16, 32, 48, 64, 96, 128, 192, 256)  # calls, 20 ms chunks
+SPEAKING_CALLS = 16
+SPEAKING_TARGET = 0.95  # through the server >= 95% of the in-process engine's throughput
+POCKETSPHINX = Path("/usr/share/pocketsphinx/test/data")
+JFK = REPO.parent / "shared" / "data" / "jfk.flac"
+JFK_TEXT = (
+    "and so my fellow americans ask not what your country can do for you ask what you can do for your country"
+)
+
+
+# --- audio ---
+
+
+def real_speech_manifest(out: Path) -> Path:
+    """REAL: pocketsphinx-testdata's librivox and cards clips and jfk.flac as 8 kHz mu-law (sox)."""
+    out.mkdir(parents=True, exist_ok=True)
+    clips: list[tuple[Path, str]] = []
+    for folder, transcript in (("librivox", "transcription"), ("cards", "cards.transcription")):
+        for line in (POCKETSPHINX / folder / transcript).read_text().splitlines():
+            m = re.match(r"\s*(?:<s>)?(.*?)(?:</s>)?\s*\(([^)]+)\)\s*$", line)
+            if m:
+                clips.append((POCKETSPHINX / folder / f"{m.group(2)}.wav", " ".join(m.group(1).split())))
+    clips.append((JFK, JFK_TEXT))
+    entries = []
+    for i, (src, text) in enumerate(clips):
+        dst = out / f"real{i:03d}.ulaw"
+        subprocess.run(
+            [
+                "sox",
+                "-D",
+                str(src),
+                "-r",
+                "8000",
+                "-c",
+                "1",
+                "-e",
+                "mu-law",
+                "-b",
+                "8",
+                "-t",
+                "raw",
+                str(dst),
+            ],
+            check=True,
+            capture_output=True,
+        )
+        entries.append(ManifestEntry(dst.name, "MULAW", 8000, text, "", 0))
+    path = out / "manifest.jsonl"
+    path.write_text("".join(e.to_json() + "\n" for e in entries))
+    return path
+
+
+# --- a server per configuration ---
+
+
+@contextlib.contextmanager
+def server(frontends: int, threads: int, log: Path, *extra: str) -> Iterator[tuple[str, str]]:
+    """asr-server on loopback with free ports: (gRPC target, metrics URL) once SERVING."""
+    port, metrics_port = free_port(), free_port()
+    exe = Path(sys.executable).with_name("asr-server")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "service.supervisor"]
+    cmd += ["--host", LOOPBACK, "--port", str(port), "--metrics-port", str(metrics_port), "--http-port", "0"]
+    cmd += ["--frontends", str(frontends), "--threads", str(threads), "--log-format", "text"]
+    cmd += ["--log-level", "warning", "--max-streams", "1024", *extra]
+    target = f"{LOOPBACK}:{port}"
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+        try:
+
+            async def ready() -> None:
+                async with RecognizerClient(target) as client:
+                    await client.wait_until_serving(300)
+
+            asyncio.run(ready())
+            yield target, f"http://{LOOPBACK}:{metrics_port}/metrics"
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+
+# --- the runs ---
+
+
+def noise_run(calls: int, chunk_ms: int, frontends: int, args: argparse.Namespace) -> dict[str, Any]:
+    label = f"noise-{calls}x{chunk_ms}ms-f{frontends}"
+    report = args.out / f"{label}.json"
+    print(f"== {label}", file=sys.stderr, flush=True)
+    profile = ("--debug-profile-dir", str(args.out.resolve())) if args.profile else ()
+    with server(frontends, args.threads, args.out / f"server-{label}.log", *profile) as (target, metrics):
+        loadgen.main(
+            ["capacity", "--server", target, "--metrics", metrics, "--calls", str(calls),
+             "--chunk-ms", str(chunk_ms), "--seconds", str(args.seconds),
+             "--client-processes", str(args.client_processes), "--json-out", str(report)]
+        )  # fmt: skip
+    return dict(json.loads(report.read_text()))
+
+
+def held_calls(frontends: int, args: argparse.Namespace) -> dict[str, Any]:
+    """The most line-noise calls in 20 ms chunks that one server keeps up with: calls up a ladder,
+    --held-seconds each, on one server, until a step misses (every step's streams close before the
+    next starts, so no backlog carries over)."""
+    held, missed = 0, None
+    with server(frontends, args.threads, args.out / f"server-held-f{frontends}.log") as (target, metrics):
+        for calls in HELD_LADDER:
+            label = f"held-{calls}-f{frontends}"
+            print(f"== {label}", file=sys.stderr, flush=True)
+            loadgen.main(
+                ["capacity", "--server", target, "--metrics", metrics, "--calls", str(calls),
+                 "--chunk-ms", "20", "--seconds", str(args.held_seconds),
+                 "--client-processes", str(args.client_processes), "--json-out", str(args.out / f"{label}.json")]
+            )  # fmt: skip
+            report = json.loads((args.out / f"{label}.json").read_text())
+            if not report["kept_up"]:
+                missed = report
+                break
+            held = calls
+    return {"frontends": frontends, "held": held, "missed": missed}
+
+
+def server_speaking(manifest: Path, label: str, utterances: int, args: argparse.Namespace) -> dict[str, Any]:
+    print(f"== {label} through the server", file=sys.stderr, flush=True)
+    with server(args.speaking_frontends, args.threads, args.out / f"server-{label}.log") as (target, metrics):
+        loadgen.main(
+            ["run", "--server", target, "--manifest", str(manifest), "--concurrency", str(SPEAKING_CALLS),
+             "--utterances-per-level", str(utterances), "--metrics", metrics, "--warmup", "2",
+             "--out", str(args.out), "--label", label]
+        )  # fmt: skip
+    run = json.loads((args.out / f"{label}.json").read_text())
+    return {**run["levels"][0], "loadavg_1m": run["machine"]["loadavg_1m_start_end"][0]}
+
+
+def in_process_speaking(manifest: Path, utterances: int, threads: int) -> dict[str, float]:
+    """The same clips, in the same order and number, submitted at once to an in-process engine with
+    the server's settings (decoded and resampled by the service's own code)."""
+    # as asr-server does (service/supervisor.py main): spinning OpenMP workers starve everything else
+    # on a busy machine, and the comparison is with the server's engine process
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    from engine import Engine, EngineConfig
+    from service.audio import decode_file
+
+    rows = [json.loads(line) for line in manifest.read_text().splitlines() if line.strip()]
+    clips = [
+        decode_file((manifest.parent / r["audio"]).read_bytes(), r["encoding"], r["sample_rate"], 1)[0][0]
+        for r in rows
+    ]
+    from prometheus_client import REGISTRY
+
+    def fallbacks() -> float:
+        return REGISTRY.get_sample_value("asr_encoder_fallbacks_total") or 0.0
+
+    engine = Engine(EngineConfig(threads=threads))
+    engine.start()
+    try:
+        engine.warmup()
+        before = fallbacks()
+        load = os.getloadavg()[0]
+        t0 = time.perf_counter()
+        handles = [engine.submit(clips[i % len(clips)]) for i in range(utterances)]
+        for h in handles:
+            h.future.result()
+        wall = time.perf_counter() - t0
+    finally:
+        engine.stop()
+    return {
+        "utt_per_s": utterances / wall,
+        "wall_s": wall,
+        "full_context_fallbacks": fallbacks() - before,
+        "loadavg_1m": load,
+    }
+
+
+# --- the table ---
+
+
+def _f(v: float | None, fmt: str = "{:.2f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def table(
+    noise: list[dict[str, Any]], held: list[dict[str, Any]], speaking: list[dict[str, Any]], head: str
+) -> str:
+    lines = [
+        head,
+        "",
+        "| line noise, real-time calls | frontends | kept up (p95 lag <= 0.5 s) | close lag p50 / p95 / max s "
+        "| server CPU % of a core per call (target) | server cores used | engine / frontends / supervisor CPU s "
+        "| errors | client cores, sent late by at most | load average |",
+        "|---|---:|---|---|---|---:|---|---|---|---:|",
+    ]
+    for r in noise:
+        by = r["server_cpu_s_by_process"]
+        fronts = sum(v for k, v in by.items() if k.startswith("frontend"))
+        errs = ", ".join(f"{k} {v}" for k, v in sorted(r["errors"].items())) or "0"
+        pct = r["cpu_per_call_pct"]
+        target = TARGET_PCT.get(r["chunk_ms"])
+        met = (
+            "" if pct is None or target is None else (" met" if pct <= target and r["kept_up"] else " missed")
+        )
+        lines.append(
+            f"| {r['calls']} x {r['seconds_per_call']:g} s in {r['chunk_ms']} ms chunks "
+            f"| {r['frontends']} | {'yes' if r['kept_up'] else 'NO'} "
+            f"| {_f(r['close_lag_p50_s'])} / {_f(r['close_lag_p95_s'])} / {_f(r['close_lag_max_s'])} "
+            f"| {_f(pct, '{:.3f}')} (<= {target}){met} | {_f(r['server_cores_used'])} "
+            f"| {by.get('engine', 0):.1f} / {fronts:.1f} / {by.get('supervisor', 0):.1f} | {errs} "
+            f"| {_f(r['client_cores_used'])}, {r['client_send_late_max_s']:.2f} s "
+            f"| {r['loadavg_1m_start_end'][0]:.1f} |"
+        )
+    if held:
+        lines += [
+            "",
+            f"| calls held at p95 close lag <= 0.5 s (line noise, 20 ms chunks, ladder {HELD_LADDER}) | frontends "
+            "| held | first missed: calls, p95 lag s, CPU % of a core per call, server cores used, load average |",
+            "|---|---:|---:|---|",
+        ]
+        for h in held:
+            m = h["missed"]
+            miss = (
+                "none missed"
+                if m is None
+                else f"{m['calls']}, {_f(m['close_lag_p95_s'])}, {_f(m['cpu_per_call_pct'], '{:.3f}')}, "
+                f"{_f(m['server_cores_used'])}, {m['loadavg_1m_start_end'][0]:.1f}"
+            )
+            lines.append(f"| line noise, 20 ms chunks | {h['frontends']} | {h['held']} | {miss} |")
+    lines += [
+        "",
+        f"| {SPEAKING_CALLS} speaking calls, as fast as possible | clips | server utt/s | in-process utt/s "
+        f"| server / in-process (target >= {SPEAKING_TARGET:.0%}) | server p95 latency s | WER % | IPC mean ms "
+        "| errors | in-process full-context fallbacks | load average server / in-process |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---|---:|---|",
+    ]
+    for s in speaking:
+        lv, ratio = s["server"], s["server"]["utt_per_s"] / s["in_process"]["utt_per_s"]
+        ipc = lv["server_seconds_per_utterance"].get("asr_ipc_seconds")
+        errs = ", ".join(f"{k} {v}" for k, v in sorted(lv["errors"].items())) or "0"
+        lines.append(
+            f"| {s['set']} | {lv['utterances']} | {lv['utt_per_s']:.2f} | {s['in_process']['utt_per_s']:.2f} "
+            f"| {ratio:.0%} {'met' if ratio >= SPEAKING_TARGET else 'missed'} | {_f(lv['latency_p95_s'])} "
+            f"| {_f(None if lv['wer'] is None else 100 * lv['wer'], '{:.1f}')} "
+            f"| {_f(None if ipc is None else 1000 * ipc)} | {errs} "
+            f"| {s['in_process']['full_context_fallbacks']:.0f} "
+            f"| {lv['loadavg_1m']:.1f} / {s['in_process']['loadavg_1m']:.1f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seconds", type=float, default=20.0, help="audio per live call")
+    p.add_argument("--frontends", default="1,2", help="frontend counts for the line-noise runs")
+    p.add_argument(
+        "--held-seconds", type=float, default=10.0,
+        help="audio per call on each step of the calls-held ladder (0: skip the ladder)",
+    )  # fmt: skip
+    p.add_argument("--speaking-frontends", type=int, default=1, help="frontends for the speaking runs")
+    p.add_argument("--speaking-utterances", type=int, default=32, help="clips per speaking run (cycled)")
+    p.add_argument("--client-processes", type=int, default=2, help="load generator processes")
+    p.add_argument("--threads", type=int, default=2, help="torch threads (server and in-process engine)")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="cProfile each frontend (OUT/frontend-*.prof) and print its top",
+    )
+    p.add_argument("--skip-noise", action="store_true")
+    p.add_argument("--skip-speaking", action="store_true")
+    p.add_argument("--out", type=Path, default=Path("bench-out/capacity"))
+    p.add_argument("--write", action="store_true", help=f"write the table to docs/benchmarks.md ({SECTION})")
+    args = p.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    load_start = os.getloadavg()
+    started = time.monotonic()
+
+    noise: list[dict[str, Any]] = []
+    if not args.skip_noise:
+        for calls, chunk_ms in NOISE_RUNS:
+            for frontends in (int(x) for x in args.frontends.split(",")):
+                r = noise_run(calls, chunk_ms, frontends, args)
+                r["frontends"] = frontends
+                noise.append(r)
+
+    held: list[dict[str, Any]] = []
+    if args.held_seconds > 0:
+        for frontends in (int(x) for x in args.frontends.split(",")):
+            held.append(held_calls(frontends, args))
+
+    speaking: list[dict[str, Any]] = []
+    if not args.skip_speaking:
+        sets = [
+            ("REAL (librivox + cards + jfk, 8 kHz mu-law)", real_speech_manifest(args.out / "real")),
+            ("ESPEAK (make-manifest --telephone)", build_manifest(args.out / "espeak", 16, ("MULAW",))),
+        ]
+        for name, manifest in sets:
+            label = "speaking-" + name.split()[0].lower()
+            through = server_speaking(manifest, label, args.speaking_utterances, args)
+            local = in_process_speaking(manifest, args.speaking_utterances, args.threads)
+            speaking.append({"set": name, "server": through, "in_process": local})
+            print(f"{name}: server {through['utt_per_s']:.2f} utt/s, in-process {local['utt_per_s']:.2f}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+
+    if args.profile:
+        import pstats
+
+        for prof in sorted(args.out.glob("frontend-*.prof")):
+            print(f"== {prof.name}: top 25 by own time", file=sys.stderr)
+            pstats.Stats(str(prof), stream=sys.stderr).sort_stats("tottime").print_stats(25)
+    load_end = os.getloadavg()
+    head = (
+        f"`python scripts/bench_capacity.py --seconds {args.seconds:g}` on {platform.machine()}, "
+        f"{os.cpu_count()} CPUs shared with other work (load average {load_start[0]:.1f} at the start, "
+        f"{load_end[0]:.1f} at the end), {dt.date.today()}, tiny.en, --threads {args.threads}, "
+        f"{args.client_processes} load-generator processes on the same machine; a fresh server per row; "
+        f"took {time.monotonic() - started:.0f} s; calls-held ladder: {args.held_seconds:g} s per step. Speaking rows: {args.speaking_utterances} clips per set "
+        f"(cycled), --frontends {args.speaking_frontends}, in-process: all clips submitted at once."
+    )
+    text = table(noise, held, speaking, head)
+    (args.out / "capacity.json").write_text(
+        json.dumps({"noise": noise, "held": held, "speaking": speaking}, indent=1)
+    )
+    (args.out / "capacity.md").write_text(text)
+    print(text)
+    if args.write:
+        write_section(SECTION, "scripts/bench_capacity.py", text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
