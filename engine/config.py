@@ -10,6 +10,9 @@ from engine.constants import N_FFT, SAMPLE_RATE
 
 EncoderContext = Literal["full", "trim"]
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+# --quantize: auto resolves per device (engine/quantize.py); on is the old spelling of int8-per-tensor.
+QUANTIZE_MODES = ("auto", "off", "int8", "int8-per-tensor", "fp16", "on")
+QUANTIZE_PARTS = ("encoder", "decoder", "projection")
 WHISPER_TEXT_POSITIONS = 448  # every Whisper size's decoder context
 # The smallest slot that can hold a prompt and still generate: <|startoftranscript|>, language,
 # task, <|notimestamps|> (4 on a multilingual model), 2 kept free, at least 1 new token.
@@ -94,8 +97,22 @@ class EngineConfig:
             "help": "bound on one encoder pass while sequences are decoding (0: max-batch); splits large windows so decoding is blocked less"
         },
     )
-    quantize: bool = field(
-        default=False, metadata={"help": "int8 dynamic quantization of Linear layers (CPU only)"}
+    quantize: str = field(
+        default="off",
+        metadata={
+            "help": "int8 dynamic quantization of Linear layers (CPU, float32 only): int8 (per-channel "
+            "weight scales), int8-per-tensor (one scale per matrix; `on` is its old spelling), off (fp32), "
+            'or auto: int8 on a float32 CPU model, off on GPU (docs/benchmarks.md "Engine levers": the '
+            "fastest setting that kept WER on real and espeak speech)"
+        },
+    )
+    quantize_parts: str = field(
+        default="decoder,projection",
+        metadata={
+            "help": "which Linear layers --quantize int8* reaches: all, or a comma-separated subset of "
+            "encoder,decoder,projection (projection: the vocabulary projection; the encoder cost real-speech "
+            "WER in the levers table)"
+        },
     )
     threads: int = field(default=0, metadata={"help": "torch intra-op threads (0: torch's default)"})
     warmup: bool = field(
@@ -131,9 +148,29 @@ class EngineConfig:
         check("debug_crash_scheduler_after", 0, 1_000_000)  # test seam (engine/faults.py); 0: off
         if self.dtype not in DTYPES:
             problems.append(f"--dtype must be one of {', '.join(DTYPES)} (got {self.dtype!r})")
+        if self.quantize not in QUANTIZE_MODES:
+            problems.append(f"--quantize must be one of {', '.join(QUANTIZE_MODES)} (got {self.quantize!r})")
+        try:
+            parse_quantize_parts(self.quantize_parts)
+        except ValueError as e:
+            problems.append(str(e))
         if self.encoder_context not in ("full", "trim"):
             problems.append(f"--encoder-context must be full or trim (got {self.encoder_context!r})")
         return problems
+
+
+def parse_quantize_parts(text: str) -> tuple[str, ...]:
+    """`encoder,decoder,projection` (any non-empty subset, or `all`) -> the parts in canonical
+    order. Raises ValueError naming the flag and what it accepts."""
+    names = {p.strip() for p in text.split(",") if p.strip()}
+    if names == {"all"}:
+        return QUANTIZE_PARTS
+    if not names or names - set(QUANTIZE_PARTS):
+        raise ValueError(
+            f"--quantize-parts must be all or a comma-separated subset of {','.join(QUANTIZE_PARTS)} "
+            f"(got {text!r})"
+        )
+    return tuple(p for p in QUANTIZE_PARTS if p in names)
 
 
 FLAGS_WITH_RANGES = [f.name for f in dataclasses.fields(EngineConfig) if f.type in ("int", "float")]
