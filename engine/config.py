@@ -77,9 +77,9 @@ class EngineConfig:
         metadata={
             "help": "trim: encoder context trimmed to the utterance plus a margin (utterances asking for "
             "timestamps or with a prompt keep the full context), falling back to the full "
-            "context for a window whose trimmed decode loops (in docs/benchmarks.md's levers table: 2.36x "
-            "the throughput of full on espeak telephone speech, 1.14x on longer real sentences at +1 word "
-            "of 114); full: every utterance pays Whisper's 30 s window, tokens identical to transformers' "
+            "context for a window whose trimmed decode loops (in docs/benchmarks.md's levers table: 2.81x "
+            "the speed of full on espeak telephone speech, 1.10x on longer real sentences at +1 word "
+            "of 113); full: every utterance pays Whisper's 30 s window, tokens identical to transformers' "
             "generate"
         },
     )
@@ -98,20 +98,22 @@ class EngineConfig:
         },
     )
     quantize: str = field(
-        default="off",
+        default="auto",
         metadata={
-            "help": "int8 dynamic quantization of Linear layers (CPU, float32 only): int8 (per-channel "
-            "weight scales), int8-per-tensor (one scale per matrix; `on` is its old spelling), off (fp32), "
-            'or auto: int8 on a float32 CPU model, off on GPU (docs/benchmarks.md "Engine levers": the '
-            "fastest setting that kept WER on real and espeak speech)"
+            "help": "dynamic quantization of Linear layers (CPU, float32 models only): fp16 (float16 "
+            "weights, float32 activations; lossless for the bundled float16 weights), int8 (per-channel "
+            "weight scales; activations scaled per batch, so tokens can depend on batch company), "
+            "int8-per-tensor (`on` is its old spelling), off (fp32), or auto: fp16 on a float32 CPU "
+            'model, off on GPU (docs/benchmarks.md "Engine levers": the fastest setting that kept WER '
+            "and batch invariance, 1.23x in one run)"
         },
     )
     quantize_parts: str = field(
         default="decoder,projection",
         metadata={
-            "help": "which Linear layers --quantize int8* reaches: all, or a comma-separated subset of "
-            "encoder,decoder,projection (projection: the vocabulary projection; the encoder cost real-speech "
-            "WER in the levers table)"
+            "help": "which Linear layers --quantize reaches: all, or a comma-separated subset of "
+            "encoder,decoder,projection (projection: the vocabulary projection; in the levers table int8 "
+            "on the encoder cost real-speech WER and fp16 on it gained nothing)"
         },
     )
     threads: int = field(default=0, metadata={"help": "torch intra-op threads (0: torch's default)"})

@@ -39,13 +39,18 @@ log = logging.getLogger(__name__)
 QuantizeMode = Literal["off", "int8", "int8-per-tensor", "fp16"]
 
 
+# The CPU default, from scripts/bench_levers.py (docs/benchmarks.md "Engine levers"): the fastest
+# scheme that kept WER on real and espeak speech and keeps tokens independent of batch company.
+AUTO_CPU_MODE: QuantizeMode = "fp16"
+
+
 def resolve_mode(mode: str, device: torch.device, dtype: torch.dtype) -> QuantizeMode:
     """The scheme a model on `device` in `dtype` gets. `auto` means the measured CPU default
-    (per-channel int8) on a float32 CPU model and off anywhere else (quantize_dynamic's kernels
+    (AUTO_CPU_MODE) on a float32 CPU model and off anywhere else (quantize_dynamic's kernels
     are CPU only; a GPU runs float16/bfloat16 instead). An explicit int8 mode where it cannot run
     is an error, not a silent fallback."""
     if mode == "auto":
-        return "int8" if device.type == "cpu" and dtype == torch.float32 else "off"
+        return AUTO_CPU_MODE if device.type == "cpu" and dtype == torch.float32 else "off"
     if mode == "on":
         mode = "int8-per-tensor"
     if mode == "off":

@@ -146,16 +146,20 @@ def _fw_worker_init(compute_type: str, warm: np.ndarray, ready: Any) -> None:
     ready.put(os.getpid())
 
 
-def _fw_worker_task(audio: np.ndarray) -> tuple[str, float]:
+def _fw_worker_task(audio: np.ndarray) -> tuple[str, float, int, int]:
     cpu0 = time.process_time()  # this worker process, all its threads
     text = _fw_text(_worker_model, audio)
-    return text, time.process_time() - cpu0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    return text, time.process_time() - cpu0, os.getpid(), peak
 
 
-def _fw_workers(compute_type: str, warm: np.ndarray) -> tuple[Transcriber, Callable[[], float]]:
+def _fw_workers(
+    compute_type: str, warm: np.ndarray
+) -> tuple[Transcriber, Callable[[], float], dict[int, int]]:
     """faster-whisper as a throughput-minded user runs it on a CPU: one single-threaded model per
     core in its own process, each taking the next file when it finishes one. Returns the
-    transcriber and a reader of the workers' CPU seconds spent in tasks so far."""
+    transcriber, a reader of the workers' CPU seconds spent in tasks so far, and each worker's
+    peak RSS by pid (filled as they work)."""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -165,13 +169,16 @@ def _fw_workers(compute_type: str, warm: np.ndarray) -> tuple[Transcriber, Calla
     for _ in range(workers):  # every worker loaded and warmed before anything is timed
         ready.get(timeout=600)
     cpu = [0.0]
+    peaks: dict[int, int] = {}
 
     def run(audios: list[np.ndarray]) -> list[str]:
         out = pool.map(_fw_worker_task, audios, chunksize=1)
-        cpu[0] += sum(c for _, c in out)
-        return [t for t, _ in out]
+        cpu[0] += sum(c for _, c, _, _ in out)
+        for _, _, pid, peak in out:
+            peaks[pid] = max(peaks.get(pid, 0), peak)
+        return [t for t, _, _, _ in out]
 
-    return run, lambda: cpu[0]
+    return run, lambda: cpu[0], peaks
 
 
 def _faster_whisper(system: str, threads: int, batch_size: int) -> Transcriber:
@@ -321,8 +328,9 @@ def run_one(
     audios = [load_audio(e) for e in entries]
     t0 = time.perf_counter()
     worker_cpu: Callable[[], float] | None = None
+    worker_peaks: dict[int, int] = {}
     if system == "fw-int8-workers":
-        transcribe, worker_cpu = _fw_workers("int8", audios[0])
+        transcribe, worker_cpu, worker_peaks = _fw_workers("int8", audios[0])
     elif system.startswith("fw-"):
         transcribe = _faster_whisper(system, threads, batch_size)
     elif system.startswith("hf-"):
@@ -337,7 +345,13 @@ def run_one(
     cpu = _cpu_s() + (worker_cpu() if worker_cpu else 0.0) - cpu0
     audio_s = sum(len(a) for a in audios) / SAMPLE_RATE
     n = len(audios)
-    quantize = engine_config(threads, engine_options).quantize if system.startswith("engine") else ""
+    quantize = ""
+    if system.startswith("engine"):
+        from engine.quantize import resolve_mode
+
+        cfg = engine_config(threads, engine_options)
+        quantize = f"{cfg.quantize}: {resolve_mode(cfg.quantize, torch.device('cpu'), torch.float32)}"
+        quantize += f" on {cfg.quantize_parts}" if not quantize.endswith("off") else ""
     batch = {"engine-all": n, "engine-16": STREAMS, "engine-16-fp32": STREAMS, "fw-int8-workers": 1}
     return {
         "system": system,
@@ -352,7 +366,9 @@ def run_one(
         "rtfx": audio_s / wall,
         "cpu_s_per_utt": cpu / n,  # all threads: robust to other load on a shared machine
         "wer": corpus_wer([e.text for e in entries], hyps),
-        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # Linux: KiB
+        # Linux: KiB; with worker processes, the parent's peak plus each worker's
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        + sum(worker_peaks.values()),
         "load_s": round(load_s, 2),
         "threads": threads,
         "hypotheses": hyps,
@@ -496,17 +512,24 @@ def targets(result: dict[str, Any]) -> str:
     ours, fp32 = by.get("engine-16"), by.get("engine-16-fp32")
     if ours is None:
         return ""
-    lines = ["", "| target (issue 13) | ratio in this run | met |", "|---|---:|---|"]
+    # Wall-clock utt/s is the target's measure; on a shared machine it also measures how much CPU
+    # each system won from the neighbours, so the ratio of CPU seconds per utterance is shown too.
+    lines = [
+        "",
+        "| target (issue 13) | ratio, utt/s | ratio, CPU s per utt | met (utt/s) |",
+        "|---|---:|---:|---|",
+    ]
     for peer, need in (("fw-int8-seq", 2.0), ("fw-int8-workers", 1.5)):
         if peer in by:
             ratio = ours["utt_per_s"] / by[peer]["utt_per_s"]
+            cpu_ratio = by[peer]["cpu_s_per_utt"] / ours["cpu_s_per_utt"]
             lines.append(
-                f"| {STREAMS} streams >= {need}x {by[peer]['description']} | {ratio:.2f}x "
+                f"| {STREAMS} streams >= {need}x {by[peer]['description']} | {ratio:.2f}x | {cpu_ratio:.2f}x "
                 f"| {'yes' if ratio >= need else 'no'} |"
             )
     if fp32 is not None:
         delta = 100 * (ours["wer"] - fp32["wer"])
-        lines.append(f"| WER within 0.2 pt of fp32 | {delta:+.1f} pt | {'yes' if delta <= 0.2 else 'no'} |")
+        lines.append(f"| WER within 0.2 pt of fp32 | {delta:+.1f} pt | | {'yes' if delta <= 0.2 else 'no'} |")
     return "\n".join(lines) + "\n"
 
 
