@@ -105,7 +105,7 @@ class EngineConfig:
             "weight scales; activations scaled per batch, so tokens can depend on batch company), "
             "int8-per-tensor (`on` is its old spelling), off (fp32), or auto: fp16 on a float32 CPU "
             'model, off on GPU (docs/benchmarks.md "Engine levers": the fastest setting that kept WER '
-            "and batch invariance, 1.23x in one run)"
+            "and batch invariance, 1.22-1.23x in one loaded run)"
         },
     )
     quantize_parts: str = field(
