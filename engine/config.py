@@ -11,6 +11,9 @@ from engine.constants import N_FFT, SAMPLE_RATE
 EncoderContext = Literal["full", "trim"]
 CudaGraphs = Literal["auto", "on", "off"]
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+# --quantize: auto resolves per device (engine/quantize.py); on is the old spelling of int8-per-tensor.
+QUANTIZE_MODES = ("auto", "off", "int8", "int8-per-tensor", "fp16", "on")
+QUANTIZE_PARTS = ("encoder", "decoder", "projection")
 WHISPER_TEXT_POSITIONS = 448  # every Whisper size's decoder context
 # The smallest slot that can hold a prompt and still generate: <|startoftranscript|>, language,
 # task, <|notimestamps|> (4 on a multilingual model), 2 kept free, at least 1 new token.
@@ -75,9 +78,9 @@ class EngineConfig:
         metadata={
             "help": "trim: encoder context trimmed to the utterance plus a margin (utterances asking for "
             "timestamps or with a prompt keep the full context), falling back to the full "
-            "context for a window whose trimmed decode loops (in docs/benchmarks.md's levers table: 2.36x "
-            "the throughput of full on espeak telephone speech, 1.14x on longer real sentences at +1 word "
-            "of 114); full: every utterance pays Whisper's 30 s window, tokens identical to transformers' "
+            "context for a window whose trimmed decode loops (in docs/benchmarks.md's levers table: 2.81x "
+            "the speed of full on espeak telephone speech, 1.10x on longer real sentences at +1 word "
+            "of 113); full: every utterance pays Whisper's 30 s window, tokens identical to transformers' "
             "generate"
         },
     )
@@ -95,8 +98,24 @@ class EngineConfig:
             "help": "bound on one encoder pass while sequences are decoding (0: max-batch); splits large windows so decoding is blocked less"
         },
     )
-    quantize: bool = field(
-        default=False, metadata={"help": "int8 dynamic quantization of Linear layers (CPU only)"}
+    quantize: str = field(
+        default="auto",
+        metadata={
+            "help": "dynamic quantization of Linear layers (CPU, float32 models only): fp16 (float16 "
+            "weights, float32 activations; lossless for the bundled float16 weights), int8 (per-channel "
+            "weight scales; activations scaled per batch, so tokens can depend on batch company), "
+            "int8-per-tensor (`on` is its old spelling), off (fp32), or auto: fp16 on a float32 CPU "
+            'model, off on GPU (docs/benchmarks.md "Engine levers": the fastest setting that kept WER '
+            "and batch invariance, 1.22-1.23x in one loaded run)"
+        },
+    )
+    quantize_parts: str = field(
+        default="decoder,projection",
+        metadata={
+            "help": "which Linear layers --quantize reaches: all, or a comma-separated subset of "
+            "encoder,decoder,projection (projection: the vocabulary projection; in the levers table int8 "
+            "on the encoder cost real-speech WER and fp16 on it gained nothing)"
+        },
     )
     cuda_graphs: CudaGraphs = field(
         default="auto",
@@ -110,7 +129,8 @@ class EngineConfig:
         metadata={
             "help": "torch.compile the decode step (fullgraph, static shapes per batch bucket), compiling "
             "each shape on first use; off by default: on this 2-core CPU 1.06x at batch 1, 0.93x at 16, "
-            "~40 s per shape (docs/benchmarks.md, Decode step)"
+            "~40 s per shape (docs/benchmarks.md, Decode step); --quantize auto then means off (dynamic "
+            "quantized layers do not trace)"
         },
     )
     threads: int = field(default=0, metadata={"help": "torch intra-op threads (0: torch's default)"})
@@ -167,11 +187,34 @@ class EngineConfig:
             problems.append(f"--cuda-graphs must be auto, on or off (got {self.cuda_graphs!r})")
         if self.cuda_graphs == "on" and self.device == "cpu":
             problems.append("--cuda-graphs on needs a CUDA device (got --device cpu)")
-        if self.compile and self.quantize:
-            problems.append("--compile on does not combine with --quantize on (int8 dynamic layers)")
+        if self.quantize not in QUANTIZE_MODES:
+            problems.append(f"--quantize must be one of {', '.join(QUANTIZE_MODES)} (got {self.quantize!r})")
+        elif self.compile and self.quantize not in ("auto", "off"):
+            # torch.compile cannot trace the dynamic quantized layers in one graph; auto yields to it.
+            problems.append(
+                f"--compile on does not combine with --quantize {self.quantize} (use off or auto)"
+            )
+        try:
+            parse_quantize_parts(self.quantize_parts)
+        except ValueError as e:
+            problems.append(str(e))
         if self.encoder_context not in ("full", "trim"):
             problems.append(f"--encoder-context must be full or trim (got {self.encoder_context!r})")
         return problems
+
+
+def parse_quantize_parts(text: str) -> tuple[str, ...]:
+    """`encoder,decoder,projection` (any non-empty subset, or `all`) -> the parts in canonical
+    order. Raises ValueError naming the flag and what it accepts."""
+    names = {p.strip() for p in text.split(",") if p.strip()}
+    if names == {"all"}:
+        return QUANTIZE_PARTS
+    if not names or names - set(QUANTIZE_PARTS):
+        raise ValueError(
+            f"--quantize-parts must be all or a comma-separated subset of {','.join(QUANTIZE_PARTS)} "
+            f"(got {text!r})"
+        )
+    return tuple(p for p in QUANTIZE_PARTS if p in names)
 
 
 FLAGS_WITH_RANGES = [f.name for f in dataclasses.fields(EngineConfig) if f.type in ("int", "float")]

@@ -18,6 +18,7 @@ from engine.decoding import DecodingRules
 from engine.features import LogMel
 from engine.kv_cache import KVCache
 from engine.model import Whisper, from_transformers
+from engine.quantize import quantize_for
 from engine.step import DecodeStepper
 from engine.weights import LoadedWeights
 
@@ -49,8 +50,7 @@ class ModelRunner:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         model = from_transformers(weights.model).to(self.device, self.dtype)
-        if config.quantize:
-            model = _quantize_int8(model, self.device, self.dtype)
+        model = quantize_for(model, config, self.device, self.dtype)
         self.model: Whisper = model
         dims = self.model.dims
         self.logmel = LogMel(dims.n_mels, self.device)
@@ -142,19 +142,3 @@ class ModelRunner:
         logits = self.stepper.step(tokens, lengths)
         self.sync()  # the caller times this call
         return logits
-
-
-def _quantize_int8(model: Whisper, device: torch.device, dtype: torch.dtype) -> Whisper:
-    """int8 dynamic quantization of every Linear (CPU, float32 only)."""
-    if device.type != "cpu" or dtype != torch.float32:
-        raise ValueError(
-            "--quantize on needs --device cpu and float32; on GPU use --dtype float16 or bfloat16"
-        )
-    from torch.ao.quantization import quantize_dynamic
-
-    # The output projection is tied to the embedding; give it its own Linear so it quantizes too.
-    emb = model.decoder.token_embedding.weight
-    proj = torch.nn.Linear(emb.shape[1], emb.shape[0], bias=False)
-    proj.weight = torch.nn.Parameter(emb.detach().clone())
-    model.decoder.proj = proj
-    return quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)

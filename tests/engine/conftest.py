@@ -24,8 +24,10 @@ def tiny_engine(service_engine: Engine) -> Engine:
 
 @pytest.fixture(scope="session")
 def full_context_engine() -> Iterator[Engine]:
-    """tiny.en with Whisper's full 30 s encoder context: what transformers' generate runs."""
-    engine = Engine(EngineConfig(model="tiny.en", threads=2, encoder_context="full", kv_slots=8))
+    """tiny.en with Whisper's full 30 s encoder context in fp32: what transformers' generate runs."""
+    engine = Engine(
+        EngineConfig(model="tiny.en", threads=2, encoder_context="full", kv_slots=8, quantize="off")
+    )
     engine.start()
     yield engine
     engine.stop()

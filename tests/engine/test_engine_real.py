@@ -159,7 +159,9 @@ def test_trimmed_encoder_context_transcribes_and_is_batch_invariant() -> None:
 
 
 def test_int8_quantized_engine_still_transcribes() -> None:
-    engine = Engine(EngineConfig(threads=2, quantize=True, encoder_context="trim"))
+    engine = Engine(
+        EngineConfig(threads=2, quantize="int8-per-tensor", quantize_parts="all", encoder_context="trim")
+    )
     engine.start()
     try:
         text = normalize(engine.submit(jfk_16k()).future.result(timeout=120).text)
