@@ -151,6 +151,30 @@ def test_admission_queue_bound_refuses_at_once(random_model: Path) -> None:
             engine.submit(noise(1, 2))
 
 
+def test_the_encoder_budget_splits_passes_only_while_sequences_decode(random_model: Path) -> None:
+    # A budget no pass fits: while the long utterance decodes, the loop must run the policy's cut
+    # (one utterance per pass, from the measured encoder cost); with nothing decoding, one pass.
+    with running(
+        random_model, batch_window_ms=200.0, encoder_context="full", encoder_budget_while_decoding_ms=0.001
+    ) as engine:
+        d = Delta("asr_encoder_batch_size_count", "asr_encoder_batch_size_sum")
+        idle = [engine.submit(noise(1, i), DecodeOptions(max_new_tokens=3)) for i in range(3)]
+        for h in idle:
+            h.future.result(timeout=60)
+        assert (d["asr_encoder_batch_size_count"], d["asr_encoder_batch_size_sum"]) == (1, 3)
+        d = Delta("asr_encoder_batch_size_count", "asr_encoder_batch_size_sum")
+        long = engine.submit(noise(2, 9), DecodeOptions(max_new_tokens=150))
+        while engine.stats()["active"] == 0:  # admitted (its pass may still run): the rest join it
+            time.sleep(0.001)
+        joining = [engine.submit(noise(1, 10 + i), DecodeOptions(max_new_tokens=3)) for i in range(3)]
+        results = [h.future.result(timeout=60) for h in joining]
+        assert not long.future.done(), "the long utterance finished first: nothing was decoding"
+        long.future.result(timeout=120)
+    # the long one's own pass, then one pass per joining utterance
+    assert (d["asr_encoder_batch_size_count"], d["asr_encoder_batch_size_sum"]) == (4, 4)
+    assert [r.stats.encoder_batch_size for r in results] == [1, 1, 1]
+
+
 def test_encoder_blocking_is_measured_only_while_sequences_decode(random_model: Path) -> None:
     names = ("asr_scheduler_blocked_seconds_count", "asr_scheduler_blocked_seconds_sum")
     with running(random_model, batch_window_ms=1.0, encoder_context="full") as engine:
