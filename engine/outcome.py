@@ -32,25 +32,32 @@ def compression_ratio(text: str) -> float:
     return len(data) / len(zlib.compress(data)) if data else 0.0
 
 
-def window_ended(req: Request, eot: int, max_tokens: int) -> bool:
-    """This window's decode is over: end of text, its token budget spent, or its row full."""
-    return req.generated[-1] == eot or req.window_sampled >= req.max_new or req.length + 1 >= max_tokens
+def window_ended(req: Request, eot: int, max_tokens: int, full_audio_ctx: int) -> bool:
+    """This window's decode is over: end of text, its token budget spent, its row full, or (trimmed
+    windows only) a span just said twice in a row: a trimmed decode that starts looping ("Seven of
+    clubs. Seven of clubs. ...", "5 5 5 5 5 5 5 5") stops there, instead of spending the rest of its
+    budget, and goes back for its full-context pass (loop_reason says "repeat")."""
+    if req.generated[-1] == eot or req.window_sampled >= req.max_new or req.length + 1 >= max_tokens:
+        return True
+    return req.audio_ctx < full_audio_ctx and repeats_at_end([t for t in req.generated if t < eot])
 
 
 def loop_reason(req: Request, rules: DecodingRules, full_audio_ctx: int) -> LoopReason | None:
     """Why a trimmed window's decode counts as a loop ("Please hold. Please hold. ..."), or None:
-    no end of text within a generous budget (unless the caller's own token limit stopped it), a
-    span said twice at the end, or text that compresses like a loop. Full-context windows are
-    Whisper's own decode and never fall back."""
+    a span said twice at the end, no end of text within a generous budget (unless the caller's own
+    token limit stopped it), or text that compresses like a loop. Full-context windows are Whisper's
+    own decode and never fall back."""
     if req.audio_ctx >= full_audio_ctx:
         return None
     eot = rules.vocab.eot
-    if req.generated[-1] != eot:
-        caller_limit = req.options.max_new_tokens
-        caller_stopped = caller_limit is not None and req.window_sampled >= caller_limit
-        return None if caller_stopped else "no_eot"
+    ended = req.generated[-1] == eot
+    caller_limit = req.options.max_new_tokens
+    if not ended and caller_limit is not None and req.window_sampled >= caller_limit:
+        return None  # the caller's own limit is no loop
     if repeats_at_end([t for t in req.generated if t < eot]):
         return "repeat"
+    if not ended:
+        return "no_eot"
     if compression_ratio(rules.text(req.generated)) > COMPRESSION_RATIO_THRESHOLD:
         return "compression"
     return None

@@ -447,7 +447,7 @@ class Scheduler:
         for req in reqs:
             if req.status is not RequestStatus.DECODING or self._drop_if_cancelled(req):
                 continue
-            if outcome.window_ended(req, eot, self.config.max_tokens):
+            if outcome.window_ended(req, eot, self.config.max_tokens, self.runner.full_audio_ctx):
                 done.append(req)
         self._align_words(done)  # word timings need the rows' cross-attention K/V: before release
         self._release_all(done)

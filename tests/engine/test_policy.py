@@ -214,8 +214,9 @@ def decoded(rules: DecodingRules, text: str, *, eot: bool = True, ctx: int = 200
         ("I need a new password. I need a new password.", True, "repeat"),
         ("I need to check my order. " * 6 + "Thanks.", True, "compression"),
         ("I need a new password and", False, "no_eot"),
+        ("I need a new password. I need a new password.", False, "repeat"),
     ],
-    ids=["speech", "repeat", "compression", "no_eot"],
+    ids=["speech", "repeat", "compression", "no_eot", "repeat-before-eot"],
 )
 def test_a_trimmed_window_loops_for_a_named_reason(
     rules: DecodingRules, text: str, eot: bool, reason: str | None
@@ -230,14 +231,27 @@ def test_a_full_context_window_or_the_callers_own_limit_is_never_a_loop(rules: D
 
 
 def test_a_window_ends_at_end_of_text_its_budget_or_a_full_row(rules: DecodingRules) -> None:
+    eot = rules.vocab.eot
     req = decoded(rules, "Yes.", eot=False)
     req.length = 10
-    assert not window_ended(req, rules.vocab.eot, max_tokens=224)
-    assert window_ended(decoded(rules, "Yes."), rules.vocab.eot, max_tokens=224)
+    assert not window_ended(req, eot, 224, FULL_CTX)
+    assert window_ended(decoded(rules, "Yes."), eot, 224, FULL_CTX)
     req.max_new = req.sampled
-    assert window_ended(req, rules.vocab.eot, max_tokens=224)
+    assert window_ended(req, eot, 224, FULL_CTX)
     req.max_new, req.length = 100, 223
-    assert window_ended(req, rules.vocab.eot, max_tokens=224)
+    assert window_ended(req, eot, 224, FULL_CTX)
+
+
+def test_a_trimmed_decode_that_starts_looping_ends_at_once_as_a_repeat(rules: DecodingRules) -> None:
+    # What tiny.en's trimmed pass did with a real 1.5 s "seven of clubs" at 8 kHz: it ended only at
+    # its token budget. Stopped at the first repeat, it goes to its full-context pass ~25 steps sooner.
+    eot = rules.vocab.eot
+    looping = decoded(rules, "Seven of clubs. Seven of clubs.", eot=False)
+    assert window_ended(looping, eot, 224, FULL_CTX)
+    assert loop_reason(looping, rules, FULL_CTX) == "repeat"
+    assert not window_ended(decoded(rules, "Seven of clubs. Seven of", eot=False), eot, 224, FULL_CTX)
+    full = decoded(rules, "Seven of clubs. Seven of clubs.", eot=False, ctx=FULL_CTX)
+    assert not window_ended(full, eot, 224, FULL_CTX)  # Whisper's own decode is never cut
 
 
 def test_repeated_span_at_the_end_counts_as_a_loop() -> None:

@@ -248,16 +248,17 @@ def test_unknown_language_is_refused_naming_the_field(random_model: Path) -> Non
 
 
 def test_a_looping_trimmed_window_falls_back_to_the_full_context(random_model: Path) -> None:
-    # Random weights never say end-of-text: the trimmed pass runs out of its budget
-    # (16 + 12 tokens per second of audio), and the window is decoded again at 30 s.
+    # Random weights never say end-of-text and repeat themselves: the trimmed pass stops at its
+    # first repeated span (before its budget of 16 + 12 tokens per second of audio), and the window
+    # is decoded again at 30 s, where nothing cuts it short.
     with running(random_model, batch_window_ms=1.0, max_tokens=96) as engine:
         d = Delta("asr_encoder_batch_size_count")
         before = fallbacks()
         result = engine.submit(noise(1, 0)).future.result(timeout=120)
         assert engine.stats()["slots_used"] == 0
     assert {reason: n - before[reason] for reason, n in fallbacks().items()} == {
-        "no_eot": 1,
-        "repeat": 0,
+        "no_eot": 0,
+        "repeat": 1,
         "compression": 0,
     }
     assert d["asr_encoder_batch_size_count"] == 2  # the trimmed pass, then the full one
