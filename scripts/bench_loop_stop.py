@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Decode steps and wall time per real clip, one utterance at a time, before vs this checkout.
 
-    python scripts/bench_loop_stop.py [--before REF] [--out DIR]
+    python scripts/bench_loop_stop.py [--before REF] [--manifest FILE] [--out DIR]
 
 What it shows: a trimmed decode that starts looping ("Seven of clubs. Seven of clubs. ...") now stops
 at its first repeated span and goes to its full-context pass, instead of running on to its token budget
@@ -86,6 +86,9 @@ def main() -> None:
         "--before", default="", help="git ref of the 'before' code (default: merge-base with main)"
     )
     p.add_argument("--out", type=Path, default=Path("bench-out/loop-stop"))
+    p.add_argument(
+        "--manifest", type=Path, default=None, help="8 kHz mu-law manifest.jsonl (default: the REAL clips)"
+    )
     args = p.parse_args()
     ref = (
         args.before
@@ -93,7 +96,7 @@ def main() -> None:
             ["git", "merge-base", "HEAD", "main"], cwd=REPO, check=True, capture_output=True, text=True
         ).stdout.strip()
     )
-    manifest = real_speech_manifest(args.out / "manifest")
+    manifest = args.manifest.resolve() if args.manifest else real_speech_manifest(args.out / "manifest")
     tmp = Path(tempfile.mkdtemp(prefix="bench-before-"))
     load = os.getloadavg()[0]
     try:
