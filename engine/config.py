@@ -98,6 +98,14 @@ class EngineConfig:
             "help": "bound on one encoder pass while sequences are decoding (0: max-batch); splits large windows so decoding is blocked less"
         },
     )
+    encoder_budget_while_decoding_ms: float = field(
+        default=0.0,
+        metadata={
+            "help": "while sequences are decoding, cut an encoder pass to what the measured encoder cost "
+            "says fits in this many ms of holding them up (at least one utterance per pass; the rest wait "
+            "one decode step); 0: off"
+        },
+    )
     quantize: str = field(
         default="auto",
         metadata={
@@ -177,6 +185,7 @@ class EngineConfig:
         check("max_queue", 1, 1_000_000)  # beyond it, memory for queued audio
         check("trim_margin_s", MIN_TRIM_MARGIN_S, MAX_TRIM_MARGIN_S, " s")
         check("max_encoder_batch_while_decoding", 0, 1024)  # 0: no bound beyond --max-batch
+        check("encoder_budget_while_decoding_ms", 0, 60_000, " ms")  # 0: off
         check("threads", 0, 1024)  # 0: torch's default
         check("debug_crash_scheduler_after", 0, 1_000_000)  # test seam (engine/faults.py); 0: off
         check("debug_hang_scheduler_after", 0, 1_000_000)  # test seam (engine/faults.py); 0: off

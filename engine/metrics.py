@@ -71,8 +71,14 @@ ENGINE_AUDIO_SECONDS = Counter(
 )
 ENCODER_FALLBACKS = Counter(
     "asr_encoder_fallbacks_total",
-    "Windows decoded again with the full 30 s context after a trimmed pass looped (--encoder-context trim)",
+    "Windows decoded again with the full 30 s context after a trimmed pass looped (--encoder-context "
+    "trim), by reason: no_eot (no end of text within the budget), repeat (a span said twice at the end), "
+    "compression (text that compresses like a loop)",
+    ["reason"],
 )
+FALLBACK_REASONS = ("no_eot", "repeat", "compression")
+for _reason in FALLBACK_REASONS:  # every reason reads 0 from the start, so rate() and sums see it
+    ENCODER_FALLBACKS.labels(_reason)
 IPC_SECONDS = Histogram(
     "asr_ipc_seconds",
     "Per utterance, time on the wire between a frontend process and the engine process (both ways)",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import math
 import time
 from collections.abc import Collection
@@ -89,6 +90,29 @@ class Transcript:
         return math.exp(self.avg_logprob) if self.tokens else 0.0
 
 
+class RequestStatus(enum.Enum):
+    """Where an utterance is in the engine. The scheduler thread moves it along:
+
+    WAITING -> ENCODING -> DECODING -> FINISHED, and back from DECODING to WAITING when a window
+    ends and another pass is due (the next 30 s window, or a full-context fallback). Any state but
+    FINISHED can end in CANCELLED or FAILED. Only ENCODING and DECODING hold a KV-cache row."""
+
+    WAITING = "waiting"  # queued for an encoder pass
+    ENCODING = "encoding"  # in an encoder pass and its prefill; holds a row
+    DECODING = "decoding"  # takes a decode step each loop; holds a row
+    FINISHED = "finished"  # result published
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+    @property
+    def holds_row(self) -> bool:
+        return self in (RequestStatus.ENCODING, RequestStatus.DECODING)
+
+    @property
+    def done(self) -> bool:
+        return self in (RequestStatus.FINISHED, RequestStatus.CANCELLED, RequestStatus.FAILED)
+
+
 @dataclass(eq=False)
 class Request:
     """One utterance inside the engine. Owned by the scheduler thread after submit."""
@@ -100,6 +124,7 @@ class Request:
     ready_time: float = field(default_factory=time.monotonic)
     submitted: float = 0.0  # when the engine accepted it (opens the micro-batching window)
     # Filled in by the scheduler (see scheduler.py):
+    status: RequestStatus = RequestStatus.WAITING
     prompt_tokens: list[int] = field(default_factory=list)
     sot_index: int = 0  # where <|startoftranscript|> sits in the prompt (no-speech probability)
     forced: list[int] = field(default_factory=list)  # tokens to emit next regardless of logits
@@ -112,7 +137,7 @@ class Request:
     audio_ctx: int = 0  # encoder positions this window uses
     full_context: bool = False  # a trimmed pass looped: this window falls back to 30 s
     window_start: tuple[float, int] = (0.0, 0)  # (sum_logprob, sampled) when this window began
-    row: int = -1  # KV-cache row while decoding
+    row: int | None = None  # KV-cache row while ENCODING or DECODING
     length: int = 0  # tokens written to this row's self-attention cache
     max_new: int = 0
     generated: list[int] = field(default_factory=list)  # this window's tokens, forced ones included
@@ -121,9 +146,16 @@ class Request:
     no_speech_prob: float = 0.0
     window_tokens: list[list[int]] = field(default_factory=list)  # finished windows
     words: list[WordTiming] = field(default_factory=list)  # word timings of finished windows
-    encode_start: float = 0.0
+    encode_start: float | None = None  # its first encoder pass began (None: never admitted yet)
     encoder_batch_size: int = 0
     decode_steps: int = 0
+
+    @property
+    def kv_row(self) -> int:
+        """Its KV-cache row; only while it holds one."""
+        if self.row is None:
+            raise RuntimeError(f"request {self.id} holds no KV-cache row ({self.status.value})")
+        return self.row
 
     @property
     def window_sampled(self) -> int:

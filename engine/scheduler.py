@@ -1,15 +1,19 @@
-"""The scheduler: one thread that owns the model and loops
+"""The scheduler: one thread that owns the model and runs a loop of plans.
 
-    1. admit   — take ready utterances through the micro-batching window
-    2. encode  — ONE batched encoder pass for all of them (or, with encoder batching off,
-                 the baseline loop of per-utterance calls), cross-attention K/V into slots,
-                 then their prompts are prefilled together
-    3. decode  — one step for every active sequence; finished ones leave, slots are freed
-    4. publish — results resolve their futures
+Each turn: take what arrived (submits, cancels), snapshot the state, ask the policy
+(engine/policy.py, pure) for a Plan, and execute it:
 
-Window: opened by the first waiting utterance; closed W ms later, or as soon as max-batch
-(or every free slot) is filled. Utterances that become ready while others decode wait at
-most one window, then are encoded together. Nothing else in the engine touches the model.
+    1. drop    — cancelled utterances leave the queue
+    2. encode  — ONE batched encoder pass for the planned utterances (or, with encoder batching
+                 off, the baseline loop of per-utterance calls), cross-attention K/V into their
+                 rows, then their prompts are prefilled together
+    3. decode  — one step for every decoding sequence
+    4. finish  — windows that ended (engine/outcome.py) are published, or go back to the queue
+                 for their next 30 s window or a full-context fallback
+
+Request state is an explicit status (engine/request.py RequestStatus). Failure isolation lives
+here: an error in one stage fails the utterances it belongs to and the engine goes on; an error
+that leaves the device unknown stops the engine. Nothing else in the engine touches the model.
 """
 
 from __future__ import annotations
@@ -19,7 +23,6 @@ import logging
 import queue
 import threading
 import time
-import zlib
 from collections.abc import Callable
 from concurrent.futures import InvalidStateError
 from typing import Any
@@ -27,28 +30,21 @@ from typing import Any
 import torch
 
 from engine import metrics as m
+from engine import outcome
 from engine.config import EngineConfig
-from engine.constants import CHUNK_SECONDS, SAMPLE_RATE
+from engine.constants import SAMPLE_RATE
 from engine.errors import EngineOverloaded, EngineStopped, ModelInfo
-from engine.request import DecodeOptions, Request, Transcript, UtteranceStats
+from engine.policy import Plan, Policy, Snapshot, Waiting
+from engine.request import DecodeOptions, Request, RequestStatus
 from engine.runner import ModelRunner
 from engine.timing import WordAligner, alignment_heads
 from engine.weights import load
 
 log = logging.getLogger(__name__)
 
-IDLE_POLL_S = 0.5
-COMPRESSION_RATIO_THRESHOLD = 2.4  # openai/whisper's: text this compressible is a loop
 TRIMMED_TOKENS_PER_SECOND = 12
 TRIMMED_TOKENS_MIN = 16
-MIN_REPEATED_SPAN = 4  # shorter repeats ("no, no") happen in real speech
-
-
-def repeats_at_end(tokens: list[int], min_span: int = MIN_REPEATED_SPAN) -> bool:
-    """True when the text ends with a span of at least `min_span` tokens said twice in a row
-    ("Thank you for your help. Thank you for your help."): too short for the compression
-    ratio to notice, a loop all the same."""
-    return any(tokens[-k:] == tokens[-2 * k : -k] for k in range(min_span, len(tokens) // 2 + 1))
+ENCODER_COST_SMOOTHING = 0.3  # weight of the newest encoder pass in the per-position cost estimate
 
 
 def leaves_engine_unknown(exc: BaseException) -> bool:
@@ -63,11 +59,6 @@ def leaves_engine_unknown(exc: BaseException) -> bool:
         return True
     text = str(exc)
     return isinstance(exc, RuntimeError) and ("CUDA error" in text or "device-side assert" in text)
-
-
-def compression_ratio(text: str) -> float:
-    data = text.encode()
-    return len(data) / len(zlib.compress(data)) if data else 0.0
 
 
 class Scheduler:
@@ -92,8 +83,9 @@ class Scheduler:
         heads = alignment_heads(weights.generation_config, dims.n_text_layer, dims.n_text_head)
         self.aligner = WordAligner(self.runner.model, self.runner.cache, self.rules, heads)
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
-        self._waiting: list[Request] = []
-        self._active: list[Request] = []  # active[i] decodes in cache row i
+        self.policy = Policy(config, self.runner.audio_ctx_for)
+        self._waiting: list[Request] = []  # WAITING, in arrival order (the policy orders them)
+        self._active: list[Request] = []  # active[i] holds cache row i (ENCODING, then DECODING)
         self._queued = 0  # submitted, not yet in a slot: what the admission bound counts
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -105,6 +97,9 @@ class Scheduler:
         # When the current window opened: the first moment an utterance waited with a slot free
         # (time spent waiting for a slot is queueing, measured by asr_queue_wait_seconds).
         self._window_opened: float | None = None
+        # Measured wall time of one padded encoder position (s; smoothed): what the policy uses to
+        # keep an encoder pass within --encoder-budget-while-decoding-ms. 0 until the first pass.
+        self._encoder_s_per_position = 0.0
         self._on_failure: Callable[[BaseException], None] | None = None
         # Test seams. fault_hook: called for each request as its encoder pass begins (raise to
         # inject a fault). stage_hook: called with (stage, requests) as each stage begins for those
@@ -170,13 +165,9 @@ class Scheduler:
     def _run(self) -> None:
         try:
             while not self._stopping.is_set():
-                self.loop_iterations += 1
-                self._take_inbox(block=self._idle_timeout())
-                batch = self._close_window()
-                if batch:
-                    self._admit(batch)
-                if self._active:
-                    self._decode_step()
+                self.loop_iterations += 1  # the engine process's heartbeat reads it (engine/core_process.py)
+                self._take_inbox(block=self.policy.idle_wait(self._snapshot()))
+                self._execute(self.policy.plan(self._snapshot()))
                 self._update_gauges()
         except BaseException as exc:
             log.exception("scheduler thread died")
@@ -187,16 +178,42 @@ class Scheduler:
             self._fail_all(EngineStopped("the engine stopped"))
             self._update_gauges()
 
-    def _idle_timeout(self) -> float | None:
-        """How long the loop may block on its inbox: not at all while decoding."""
-        if self._active:
-            return None
-        if self._waiting and self.runner.cache.free > 0:
-            opened = min(r.submitted for r in self._waiting)
-            return max(0.0, opened + self.config.batch_window_ms / 1000 - time.monotonic())
-        return IDLE_POLL_S
+    def _snapshot(self) -> Snapshot:
+        """What the policy decides from: no tensors, no references it could change."""
+        return Snapshot(
+            now=time.monotonic(),
+            waiting=tuple(
+                Waiting(
+                    id=r.id,
+                    interim=r.options.interim,
+                    submitted=r.submitted,
+                    samples=len(r.window_audio()),
+                    # Timestamps and prompts lean on Whisper's 30 s framing: trimmed, timestamps looped
+                    # and a prompt's spellings were lost on tiny.en; they keep the full context.
+                    full_context=r.full_context or r.options.timestamps or bool(r.options.prompt),
+                    cancelled=r.future.cancelled(),
+                )
+                for r in self._waiting
+            ),
+            decoding=sum(1 for r in self._active if r.status is RequestStatus.DECODING),
+            free_rows=self.runner.cache.free,
+            window_opened=self._window_opened,
+            encoder_s_per_position=self._encoder_s_per_position,
+        )
 
-    def _take_inbox(self, block: float | None) -> None:
+    def _execute(self, plan: Plan) -> None:
+        for request_id in plan.drop:
+            self._cancel(request_id)
+        self._window_opened = plan.window_opened
+        if plan.window_waited_s is not None:
+            m.WINDOW_WAIT_SECONDS.observe(plan.window_waited_s)
+        if plan.encode:
+            batch = [self._take_waiting(admit.id) for admit in plan.encode]
+            self._admit(batch, [admit.audio_ctx for admit in plan.encode])
+        if plan.step and self._active:
+            self._decode_step()
+
+    def _take_inbox(self, block: float) -> None:
         try:
             item = self._inbox.get(timeout=block) if block else self._inbox.get_nowait()
         except queue.Empty:
@@ -212,45 +229,24 @@ class Scheduler:
             except queue.Empty:
                 return
 
-    def _close_window(self) -> list[Request]:
-        """The utterances to encode now, if the window has closed."""
-        for req in [r for r in self._waiting if r.future.cancelled()]:
-            self._cancel(req.id)
-        free = self.runner.cache.free
-        now = time.monotonic()
-        if not self._waiting or free == 0:
-            self._window_opened = None
-            return []
-        if self._window_opened is None:
-            self._window_opened = now
-        limit = min(self.config.max_batch, free)
-        bound = self.config.max_encoder_batch_while_decoding
-        if self._active and bound > 0:
-            limit = min(limit, bound)
-        opened = min(r.submitted for r in self._waiting)
-        if len(self._waiting) < limit and now - opened < self.config.batch_window_ms / 1000:
-            return []
-        m.WINDOW_WAIT_SECONDS.observe(now - self._window_opened)
-        self._window_opened = None
-        # Finals before interims; oldest first.
-        self._waiting.sort(key=lambda r: (r.options.interim, r.submitted))
-        batch, self._waiting = self._waiting[:limit], self._waiting[limit:]
-        return batch
+    def _take_waiting(self, request_id: str) -> Request:
+        for i, req in enumerate(self._waiting):
+            if req.id == request_id:
+                return self._waiting.pop(i)
+        raise RuntimeError(f"the plan admits {request_id}, which is not waiting")
 
-    def _admit(self, batch: list[Request]) -> None:
+    def _admit(self, batch: list[Request], audio_ctx: list[int]) -> None:
         blocked = bool(self._active)
         cache = self.runner.cache
         rows = cache.allocate(len(batch))
         start = time.perf_counter()
         now = time.monotonic()
-        for offset, req in enumerate(batch):
+        for offset, (req, ctx) in enumerate(zip(batch, audio_ctx, strict=True)):
             req.row = rows.start + offset
-            # Timestamps and prompts lean on Whisper's 30 s framing: trimmed, timestamps looped
-            # and a prompt's spellings were lost on tiny.en; they keep the full context.
-            full = req.full_context or req.options.timestamps or bool(req.options.prompt)
-            req.audio_ctx = self.runner.audio_ctx_for(len(req.window_audio()), full=full)
+            req.status = RequestStatus.ENCODING
+            req.audio_ctx = ctx
             req.window_start = (req.sum_logprob, req.sampled)
-            if not req.encode_start:  # first admission (not a later window or a fallback)
+            if req.encode_start is None:  # first admission (not a later window or a fallback)
                 req.encode_start = now
                 req.encoder_batch_size = len(batch)
                 m.QUEUE_WAIT_SECONDS.observe(now - req.ready_time)
@@ -298,12 +294,19 @@ class Scheduler:
                 self.fault_hook(req)
         start = time.perf_counter()
         timings = self.runner.encode(
-            [r.window_audio() for r in reqs], [r.row for r in reqs], [r.audio_ctx for r in reqs]
+            [r.window_audio() for r in reqs], [r.kv_row for r in reqs], [r.audio_ctx for r in reqs]
         )
-        m.ENCODER_SECONDS.observe(time.perf_counter() - start)
+        elapsed = time.perf_counter() - start
+        m.ENCODER_SECONDS.observe(elapsed)
         m.ENCODER_BATCH_SIZE.observe(len(reqs))
         m.FEATURE_SECONDS.observe(timings.features_s)
         m.CROSS_KV_SECONDS.observe(timings.cross_kv_s)
+        # Every row of a pass is padded to its widest context: that is what the pass costs.
+        per_position = elapsed / (len(reqs) * max(r.audio_ctx for r in reqs))
+        previous = self._encoder_s_per_position
+        self._encoder_s_per_position = (
+            per_position if previous == 0 else previous + ENCODER_COST_SMOOTHING * (per_position - previous)
+        )
 
     def _prefill(self, reqs: list[Request]) -> None:
         for req in list(reqs):
@@ -328,8 +331,8 @@ class Scheduler:
         # Releasing a failed row moves the last row into its place, so the survivors are no longer
         # in admission order; but they still fill the block at the end of the cache that their
         # window was given (rows below it never move). Address that block in row order.
-        reqs = sorted(reqs, key=lambda r: r.row)
-        rows = slice(reqs[0].row, reqs[-1].row + 1)
+        reqs = sorted(reqs, key=lambda r: r.kv_row)
+        rows = slice(reqs[0].kv_row, reqs[-1].kv_row + 1)
         if [r.row for r in reqs] != list(range(rows.start, rows.stop)):
             raise RuntimeError(f"KV-cache rows of an admitted window are not dense: {[r.row for r in reqs]}")
         start = time.perf_counter()
@@ -349,6 +352,7 @@ class Scheduler:
         m.PREFILL_SECONDS.observe(time.perf_counter() - start)
         for req in reqs:
             req.length = len(req.prompt_tokens)
+            req.status = RequestStatus.DECODING
         failed: list[tuple[Request, Exception]] = []
         try:
             self._first_token_rules(reqs, list(range(len(reqs))), last, sot)
@@ -447,30 +451,26 @@ class Scheduler:
         eot = self.rules.vocab.eot
         done = []
         for req in reqs:
-            if req.row < 0 or self._drop_if_cancelled(req):
+            if req.status is not RequestStatus.DECODING or self._drop_if_cancelled(req):
                 continue
-            if (
-                req.generated[-1] == eot
-                or req.window_sampled >= req.max_new
-                or req.length + 1 >= self.config.max_tokens
-            ):
+            if outcome.window_ended(req, eot, self.config.max_tokens, self.runner.full_audio_ctx):
                 done.append(req)
         self._align_words(done)  # word timings need the rows' cross-attention K/V: before release
         self._release_all(done)
         for req in done:
             try:
                 self._stage("loop_check", [req])
-                degenerate = self._degenerate(req)
+                reason = outcome.loop_reason(req, self.rules, self.runner.full_audio_ctx)
             except Exception as exc:
                 self._fail_in_stage(req, "loop_check", exc)
                 continue
-            if degenerate or req.window + 1 < req.windows:
-                if not degenerate:
+            if reason is not None or req.window + 1 < req.windows:
+                if reason is None:
                     req.window_tokens.append([t for t in req.generated if t != eot])
                 try:
                     self._stage("prompt", [req])
-                    if degenerate:
-                        self._fall_back_to_full_context(req)
+                    if reason is not None:
+                        self._fall_back_to_full_context(req, reason)
                     else:
                         self._next_window(req)
                 except Exception as exc:
@@ -485,8 +485,13 @@ class Scheduler:
 
     def _align_words(self, done: list[Request]) -> None:
         """Word timings (engine/timing.py) for the finished windows that asked for them, batched."""
+        full_ctx = self.runner.full_audio_ctx
         wanted = [
-            r for r in done if r.options.word_timestamps and not r.options.interim and not self._degenerate(r)
+            r
+            for r in done
+            if r.options.word_timestamps
+            and not r.options.interim
+            and outcome.loop_reason(r, self.rules, full_ctx) is None
         ]
         if not wanted:
             return
@@ -495,30 +500,15 @@ class Scheduler:
         except Exception:  # words are extra: the transcript still goes out
             log.exception("word timings failed for %d utterances", len(wanted))
 
-    def _degenerate(self, req: Request) -> bool:
-        """A trimmed encoder context can leave the decoder looping ("Please hold. Please hold.
-        ..."): no end of text within a generous budget, or text that compresses like a loop."""
-        if req.audio_ctx >= self.runner.full_audio_ctx:
-            return False
-        if req.generated[-1] != self.rules.vocab.eot:
-            caller_limit = req.options.max_new_tokens
-            return (
-                caller_limit is None or req.window_sampled < caller_limit
-            )  # the caller's own limit is no loop
-        text_tokens = [t for t in req.generated if t < self.rules.vocab.eot]
-        if repeats_at_end(text_tokens):
-            return True
-        return compression_ratio(self.rules.text(req.generated)) > COMPRESSION_RATIO_THRESHOLD
-
-    def _fall_back_to_full_context(self, req: Request) -> None:
+    def _fall_back_to_full_context(self, req: Request, reason: outcome.LoopReason) -> None:
         """Decode this window again with Whisper's full 30 s context (greedy, like the rest)."""
-        m.ENCODER_FALLBACKS.inc()
+        m.ENCODER_FALLBACKS.labels(reason).inc()
         req.full_context = True
         req.generated = []
         req.sum_logprob, req.sampled = req.window_start
         if req.window > 0:
             self.rules.build_prompt(req, self.config.max_tokens, language=req.language)
-        self._waiting.insert(0, req)
+        self._requeue(req)
 
     def _next_window(self, req: Request) -> None:
         """Audio longer than 30 s: decode the next window as its own pass, same prompt and language."""
@@ -526,39 +516,19 @@ class Scheduler:
         req.generated = []
         req.full_context = False
         self.rules.build_prompt(req, self.config.max_tokens, language=req.language)
-        self._waiting.insert(0, req)
+        self._requeue(req)
+
+    def _requeue(self, req: Request) -> None:
+        # Already admitted once: its age (from `submitted`) puts it ahead of younger finals.
+        req.status = RequestStatus.WAITING
+        self._waiting.append(req)
 
     def _publish(self, req: Request) -> None:
-        tokens = [t for window in req.window_tokens for t in window]
-        text_tokens = [t for t in tokens if t < self.rules.vocab.eot]
-        text = self.rules.text(text_tokens)
-        avg_logprob = req.sum_logprob / max(1, req.sampled)
-        is_speech = not self.rules.is_silence(req.no_speech_prob, avg_logprob, text)
-        segments: list = []
-        if req.options.timestamps:
-            for i, window in enumerate(req.window_tokens):
-                segments.extend(self.rules.segments(window, offset_s=float(CHUNK_SECONDS * i)))
-        now = time.monotonic()
-        transcript = Transcript(
-            text=text if is_speech else "",
-            tokens=tuple(text_tokens),
-            avg_logprob=avg_logprob,
-            no_speech_prob=req.no_speech_prob,
-            language=req.language or "en",
-            segments=tuple(segments) if is_speech else (),
-            words=tuple(req.words) if is_speech else (),
-            is_speech=is_speech,
-            stats=UtteranceStats(
-                audio_s=req.audio_s,
-                queue_wait_s=req.encode_start - req.ready_time,
-                encoder_batch_size=req.encoder_batch_size,
-                decode_steps=req.decode_steps,
-                latency_s=now - req.ready_time,
-            ),
-        )
+        transcript = outcome.transcript(req, self.rules)
         kind = "interim" if req.options.interim else "final"
-        m.ENGINE_REQUESTS.labels(kind, "text" if is_speech else "empty").inc()
+        m.ENGINE_REQUESTS.labels(kind, "text" if transcript.is_speech else "empty").inc()
         m.ENGINE_AUDIO_SECONDS.labels(kind).inc(req.audio_s)
+        req.status = RequestStatus.FINISHED
         with contextlib.suppress(InvalidStateError):
             req.future.set_result(transcript)
 
@@ -573,7 +543,7 @@ class Scheduler:
         for req in self._waiting:
             if req.id == request_id:
                 self._waiting.remove(req)
-                if not req.encode_start:
+                if req.encode_start is None:  # never admitted: still counted by the admission bound
                     with self._lock:
                         self._queued -= 1
                 self._mark_cancelled(req)
@@ -587,6 +557,7 @@ class Scheduler:
     def _mark_cancelled(self, req: Request) -> None:
         kind = "interim" if req.options.interim else "final"
         m.ENGINE_REQUESTS.labels(kind, "cancelled").inc()
+        req.status = RequestStatus.CANCELLED
         req.future.cancel()
 
     def _stage(self, stage: str, reqs: list[Request]) -> None:
@@ -606,19 +577,20 @@ class Scheduler:
     def _fail(self, req: Request, exc: BaseException) -> None:
         kind = "interim" if req.options.interim else "final"
         m.ENGINE_REQUESTS.labels(kind, "error").inc()
+        req.status = RequestStatus.FAILED
         with contextlib.suppress(InvalidStateError):
             req.future.set_exception(exc)
 
     def _release_all(self, reqs: list[Request]) -> None:
         """Free these requests' rows, highest first, so each move takes a row that stays."""
-        for req in sorted((r for r in reqs if r.row >= 0), key=lambda r: r.row, reverse=True):
-            row = req.row
+        for req in sorted((r for r in reqs if r.row is not None), key=lambda r: r.kv_row, reverse=True):
+            row = req.kv_row
             moved = self.runner.cache.release(row)
             last = self._active.pop()
             if moved is not None:
                 self._active[row] = last
                 last.row = row
-            req.row = -1
+            req.row = None
 
     def _fail_all(self, exc: BaseException) -> None:
         for req in [*self._waiting, *self._active]:

@@ -202,7 +202,14 @@ def in_process_speaking(manifest: Path, utterances: int, threads: int) -> dict[s
     from prometheus_client import REGISTRY
 
     def fallbacks() -> float:
-        return REGISTRY.get_sample_value("asr_encoder_fallbacks_total") or 0.0
+        # one series per reason (no_eot, repeat, compression): the unlabelled name has no sample
+        return sum(
+            s.value
+            for metric in REGISTRY.collect()
+            if metric.name == "asr_encoder_fallbacks"
+            for s in metric.samples
+            if s.name == "asr_encoder_fallbacks_total"
+        )
 
     engine = Engine(EngineConfig(threads=threads))
     engine.start()

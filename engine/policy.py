@@ -1,0 +1,129 @@
+"""The scheduling policy: a pure function from a snapshot of the engine's state to a Plan.
+
+No torch, no clock, no side effects. The loop in engine/scheduler.py takes a Snapshot, asks
+`plan()` what to do, and executes the Plan (encode, prefill, step, finish, publish), owning
+failure isolation. The split follows vLLM v1, where `Scheduler.schedule()` returns a
+SchedulerOutput that `EngineCore.step()` hands to the executor; here the decisions are the ones an
+encoder-decoder needs: which waiting utterances go into the next encoder pass, with how much
+encoder context, and whether the decoding batch takes a step.
+
+Latency rules, in order:
+  1. Finals before interims (an interim is a preview; a final is what a caller waits for).
+  2. Among finals that have waited less than MAX_REORDER_S, the shortest audio first: in a trimmed
+     encoder pass every row pays for the longest one, so short finals sharing a pass with long
+     ones wait for work that is not theirs. A final waiting longer goes by age, so nothing starves.
+  3. While sequences decode, every encoder pass holds all of them up: with
+     `encoder_budget_while_decoding_ms`, a pass is cut to what the measured encoder cost says
+     fits in that budget (at least one utterance, so waiting work always moves), and the rest
+     waits one decode step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from engine.config import EngineConfig
+
+IDLE_POLL_S = 0.5  # nothing to do: how long the loop blocks on its inbox before looking again
+MAX_REORDER_S = 1.0  # a final older than this is served by age, ahead of shorter newer ones
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A request waiting for an encoder pass, as the policy sees it."""
+
+    id: str
+    interim: bool
+    submitted: float  # when the engine accepted it (monotonic s): opens the window, ages it
+    samples: int  # audio this pass would encode (the current 30 s window)
+    full_context: bool  # needs Whisper's whole 30 s (timestamps, a prompt, a fallback)
+    cancelled: bool = False
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    now: float  # monotonic s
+    waiting: tuple[Waiting, ...]
+    decoding: int  # sequences holding a row that take the next decode step
+    free_rows: int  # KV-cache rows free
+    window_opened: float | None  # when the current micro-batching window opened (None: none open)
+    encoder_s_per_position: float = 0.0  # measured cost of one padded encoder position (0: unknown)
+
+
+@dataclass(frozen=True)
+class Admit:
+    id: str
+    audio_ctx: int  # encoder positions for this request's pass
+
+
+@dataclass(frozen=True)
+class Plan:
+    drop: tuple[str, ...] = ()  # cancelled while waiting: leave without any work
+    encode: tuple[Admit, ...] = ()  # ONE encoder pass, in this order (rows are given in this order)
+    step: bool = False  # one decode step for every decoding sequence (after this plan's encode)
+    window_opened: float | None = None  # the window still open after this plan (carry it over)
+    window_waited_s: float | None = None  # the window this plan closes had been open this long
+
+
+class Policy:
+    def __init__(self, config: EngineConfig, audio_ctx_for: Callable[[int, bool], int]) -> None:
+        """`audio_ctx_for(samples, full)`: encoder positions for audio of that many samples."""
+        self.config = config
+        self.audio_ctx_for = audio_ctx_for
+
+    def idle_wait(self, s: Snapshot) -> float:
+        """How long the loop may block on its inbox before planning: not at all while decoding;
+        until the open window closes when something waits for a free row; else a slow poll."""
+        if s.decoding:
+            return 0.0
+        live = [w for w in s.waiting if not w.cancelled]
+        if live and s.free_rows > 0:
+            opened = min(w.submitted for w in live)
+            return max(0.0, opened + self.config.batch_window_ms / 1000 - s.now)
+        return IDLE_POLL_S
+
+    def order(self, waiting: list[Waiting], now: float) -> list[Waiting]:
+        """Who goes first: finals before interims; young finals shortest first, old ones by age;
+        interims oldest first."""
+
+        def key(w: Waiting) -> tuple[bool, bool, float, float]:
+            if w.interim:
+                return (True, True, w.submitted, 0.0)
+            young = now - w.submitted < MAX_REORDER_S
+            return (False, young, float(w.samples) if young else w.submitted, w.submitted)
+
+        return sorted(waiting, key=key)
+
+    def plan(self, s: Snapshot) -> Plan:
+        drop = tuple(w.id for w in s.waiting if w.cancelled)
+        live = [w for w in s.waiting if not w.cancelled]
+        step = s.decoding > 0
+        if not live or s.free_rows == 0:
+            return Plan(drop=drop, step=step)  # waiting for a row is queueing, not a window
+        opened = s.window_opened if s.window_opened is not None else s.now
+        limit = min(self.config.max_batch, s.free_rows)
+        bound = self.config.max_encoder_batch_while_decoding
+        if s.decoding and bound > 0:
+            limit = min(limit, bound)
+        oldest = min(w.submitted for w in live)
+        if len(live) < limit and s.now - oldest < self.config.batch_window_ms / 1000:
+            return Plan(drop=drop, step=step, window_opened=opened)
+        chosen: list[Admit] = []
+        widest = 0
+        for w in self.order(live, s.now)[:limit]:
+            ctx = self.audio_ctx_for(w.samples, w.full_context)
+            if chosen and s.decoding and not self._fits(len(chosen) + 1, max(widest, ctx), s):
+                break
+            chosen.append(Admit(w.id, ctx))
+            widest = max(widest, ctx)
+        # The admitted sequences take their first step in the same turn as the others.
+        return Plan(drop=drop, encode=tuple(chosen), step=True, window_waited_s=s.now - opened)
+
+    def _fits(self, rows: int, widest_ctx: int, s: Snapshot) -> bool:
+        """Whether an encoder pass of `rows` rows padded to `widest_ctx` positions stays within the
+        blocking budget (always, with no budget or no measurement yet)."""
+        budget_s = self.config.encoder_budget_while_decoding_ms / 1000
+        if budget_s <= 0 or s.encoder_s_per_position <= 0:
+            return True
+        return rows * widest_ctx * s.encoder_s_per_position <= budget_s

@@ -1,0 +1,256 @@
+#!/usr/bin/env python
+"""End of speech -> final under load, before and after the scheduling policy, in one run.
+
+    python scripts/bench_latency_policy.py [--before REF] [--concurrency 16] [--utterances 32]
+        [--rounds 3] [--budgets-ms 30,100] [--out DIR] [-- extra asr-server flags for every server]
+
+On REAL speech: pocketsphinx-testdata's librivox and cards clips and ../shared/data/jfk.flac, made
+telephone audio by sox (8 kHz G.711 mu-law), the manifest written to DIR/manifest. One `asr-server`
+per configuration, all started on loopback (free ports) and kept up; then `--rounds` rounds, each
+driving every server in turn (rotating order) with `asr-loadgen run --realtime` at one concurrency
+(streams paced at the audio's own rate, as live calls). On a shared machine whose load drifts, the
+rotation spreads the drift over every configuration instead of handing it to one.
+
+  before          the code at REF (default: where this branch left main), extracted with
+                  `git archive`: finals first, oldest first, no encoder budget
+  after           this checkout, default flags
+  after+budget B  this checkout with --encoder-budget-while-decoding-ms B (each B in --budgets-ms)
+
+Latency is asr-loadgen's: last audio byte sent (half-close, the end of speech) -> final received,
+so the endpointer's silence wait is not in it. Prints one markdown table (p50, p95, p99 over every
+round's utterances, the utterances finalized, the ratio of each p95 to the before p95, the load
+average as each round began) and writes DIR/latency.{md,json}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # runnable as a plain script from a checkout
+
+from clients import loadgen  # noqa: E402
+from scripts.bench_loadgen_ab import HOST, free_port  # noqa: E402
+
+SPHINX = Path("/usr/share/pocketsphinx/test/data")
+JFK = REPO.parent / "shared" / "data" / "jfk.flac"
+JFK_TEXT = "And so my fellow Americans, ask not what your country can do for you, ask what you can do for your country."
+
+
+def sphinx_transcripts(path: Path) -> dict[str, str]:
+    """`<s> text </s> (file-id)` lines -> {file-id: text}."""
+    out = {}
+    for line in path.read_text().splitlines():
+        if "(" in line:
+            text, fid = line.rsplit("(", 1)
+            out[fid.strip(" )")] = text.replace("<s>", "").replace("</s>", "").strip()
+    return out
+
+
+def real_speech_manifest(out: Path) -> Path:
+    """The real clips as 8 kHz mu-law raw files and manifest.jsonl (audio, encoding, rate, text)."""
+    clips: list[tuple[Path, str]] = []
+    for folder, listing in (("librivox", "transcription"), ("cards", "cards.transcription")):
+        texts = sphinx_transcripts(SPHINX / folder / listing)
+        clips += [(SPHINX / folder / f"{fid}.wav", text) for fid, text in sorted(texts.items())]
+    clips.append((JFK, JFK_TEXT))
+    missing = [str(p) for p, _ in clips if not p.exists()]
+    if missing:
+        raise SystemExit(f"missing real-speech clips (apt install pocketsphinx-testdata?): {missing}")
+    out.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for i, (path, text) in enumerate(clips):
+        raw = out / f"real{i:02d}.ulaw"
+        subprocess.run(
+            [
+                "sox",
+                "-D",
+                str(path),
+                "-t",
+                "raw",
+                "-r",
+                "8000",
+                "-c",
+                "1",
+                "-e",
+                "mu-law",
+                "-b",
+                "8",
+                str(raw),
+            ],
+            check=True,
+        )
+        lines.append(json.dumps({"audio": raw.name, "encoding": "MULAW", "sample_rate": 8000, "text": text}))
+    manifest = out / "manifest.jsonl"
+    manifest.write_text("\n".join(lines) + "\n")
+    return manifest
+
+
+def checkout(ref: str, into: Path) -> Path:
+    """The tree at `ref`, extracted (no .git) so its server runs that code."""
+    into.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "archive", ref], cwd=REPO, check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
+
+
+@dataclass
+class Server:
+    label: str
+    flags: list[str]
+    port: int
+    proc: subprocess.Popen[bytes]
+    latencies: list[float] = field(default_factory=list)
+    utterances: int = 0
+    failed: int = 0  # not OK, or OK without a final
+    loads: list[float] = field(default_factory=list)  # 1-min load average as each round began
+
+
+def start_server(label: str, src: Path, flags: list[str], args: argparse.Namespace) -> Server:
+    port, metrics_port = free_port(), free_port()
+    log = (args.out / f"server-{label.replace(' ', '_')}.log").open("w")
+    # `-m` from the source folder, with it first on the path: that tree's engine and service run.
+    cmd = [
+        sys.executable, "-m", "service.supervisor",
+        "--host", HOST, "--port", str(port), "--metrics-port", str(metrics_port), "--log-format", "text",
+        "--http-port", "0",  # several servers at once: none takes the HTTP API's fixed default port
+        *flags, *args.server_args,
+    ]  # fmt: skip
+    print(f"== {label}: {' '.join(cmd[2:])}  (code: {src})", file=sys.stderr, flush=True)
+    proc = subprocess.Popen(cmd, cwd=src, env={**os.environ, "PYTHONPATH": str(src)}, stdout=log, stderr=log)
+    return Server(label, flags, port, proc)
+
+
+def stop_server(server: Server) -> None:
+    server.proc.send_signal(signal.SIGTERM)
+    try:
+        server.proc.wait(60)
+    except subprocess.TimeoutExpired:
+        server.proc.kill()
+        server.proc.wait(10)
+
+
+def run_round(server: Server, round_no: int, args: argparse.Namespace, manifest: Path) -> None:
+    """One loadgen level against `server`: `--utterances` streams from `--concurrency` live callers."""
+    label = f"{server.label.replace(' ', '_')}-round{round_no}"
+    server.loads.append(round(os.getloadavg()[0], 2))
+    loadgen.main(
+        [
+            "run", "--server", f"{HOST}:{server.port}", "--manifest", str(manifest), "--realtime",
+            "--concurrency", str(args.concurrency), "--utterances-per-level", str(args.utterances),
+            "--out", str(args.out), "--label", label, "--wait-ready", "300",
+            "--warmup", "1" if round_no == 0 else "0",
+        ]
+    )  # fmt: skip
+    level = json.loads((args.out / f"{label}.json").read_text())["levels"][0]
+    for sample in level["samples"]:
+        server.utterances += 1
+        if sample["code"] == "OK" and sample["latency_s"] is not None:
+            server.latencies.append(sample["latency_s"])
+        else:
+            server.failed += 1
+
+
+def summary(server: Server) -> dict[str, Any]:
+    lat = server.latencies
+    return {
+        "label": server.label,
+        "flags": " ".join(server.flags) or "(defaults)",
+        "p50": loadgen.percentile(lat, 50),
+        "p95": loadgen.percentile(lat, 95),
+        "p99": loadgen.percentile(lat, 99),
+        "finalized": len(lat),
+        "utterances": server.utterances,
+        "loads": server.loads,
+    }
+
+
+def table(rows: list[dict[str, Any]], concurrency: int) -> str:
+    base = rows[0]["p95"]
+    out = [
+        f"| configuration ({concurrency} real-time calls) | flags | p50 s | p95 s | p99 s | finalized | "
+        "p95 vs before | load (1 min) at each round's start |",
+        "|---|---|---:|---:|---:|---|---:|---|",
+    ]
+    for r in rows:
+        ratio = f"{r['p95'] / base:.2f}x" if base and r["p95"] else "-"
+        loads = ", ".join(f"{x:.1f}" for x in r["loads"])
+        out.append(
+            f"| {r['label']} | `{r['flags']}` | {r['p50']:.2f} | {r['p95']:.2f} | {r['p99']:.2f} "
+            f"| {r['finalized']}/{r['utterances']} | {ratio} | {loads} |"
+        )
+    return "\n".join(out) + "\n"
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    server_args = argv[argv.index("--") + 1 :] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument(
+        "--before", default="", help="git ref of the 'before' code (default: merge-base with main)"
+    )
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--utterances", type=int, default=32, help="utterances per configuration and round")
+    p.add_argument("--rounds", type=int, default=3, help="rounds (each drives every configuration once)")
+    p.add_argument(
+        "--budgets-ms", default="50", help="comma list of --encoder-budget-while-decoding-ms to try"
+    )
+    p.add_argument("--out", type=Path, default=Path("bench-out/latency-policy"))
+    args = p.parse_args(argv)
+    args.server_args = server_args
+    args.out.mkdir(parents=True, exist_ok=True)
+    ref = (
+        args.before
+        or subprocess.run(
+            ["git", "merge-base", "HEAD", "main"], cwd=REPO, check=True, capture_output=True, text=True
+        ).stdout.strip()
+    )
+    manifest = real_speech_manifest(args.out / "manifest")
+    tmp = Path(tempfile.mkdtemp(prefix="bench-before-"))
+    started = time.time()
+    servers: list[Server] = []
+    try:
+        before_src = checkout(ref, tmp / "src")
+        configs: list[tuple[str, Path, list[str]]] = [
+            (f"before ({ref[:7]})", before_src, []),
+            ("after", REPO, []),
+        ]
+        for b in filter(None, args.budgets_ms.split(",")):
+            configs.append((f"after+budget {b} ms", REPO, ["--encoder-budget-while-decoding-ms", b]))
+        servers = [start_server(label, src, flags, args) for label, src, flags in configs]
+        # Every server stays up; one is driven at a time, in an order that rotates each round, so
+        # that the load of a shared machine drifting during the run falls on every configuration.
+        for r in range(args.rounds):
+            for i in range(len(servers)):
+                run_round(servers[(i + r) % len(servers)], r, args, manifest)
+    finally:
+        for server in servers:
+            stop_server(server)
+        shutil.rmtree(tmp, ignore_errors=True)
+    rows = [summary(server) for server in servers]
+    md = table(rows, args.concurrency)
+    note = (
+        f"\nReal speech: {len(manifest.read_text().splitlines())} clips (pocketsphinx librivox + cards, jfk), "
+        f"8 kHz mu-law; {args.rounds} rounds of {args.utterances} utterances per configuration, servers up "
+        f"together and driven one at a time in rotating order; latency = last audio byte -> final "
+        f"(asr-loadgen --realtime); wall {time.time() - started:.0f} s; CPUs {os.cpu_count()}.\n"
+    )
+    print(md + note, end="")
+    (args.out / "latency.md").write_text(md + note)
+    (args.out / "latency.json").write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
