@@ -34,13 +34,12 @@ from service.audio import (
 )
 from service.config import ServerConfig
 from service.endpointing import Endpointer, EndpointSettings, Utterance
-from service.results import recognize_results, result_options
+from service.results import duration, recognize_results, result_options
 from service.session import (
     StreamError,
     StreamSession,
     StreamSettings,
     await_transcript,
-    duration,
     engine_refusal,
 )
 
