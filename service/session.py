@@ -1,8 +1,11 @@
 """One StreamingRecognize call: audio in, endpointing per channel, utterances to the engine, results out.
 
 Three kinds of asyncio tasks per stream, so that no one of them can stall the others:
-- the reader takes requests off the wire, decodes and endpoints the audio, and submits each utterance to
-  the engine the moment its end is detected (utterances of many calls then meet in one micro-batch);
+- the reader takes requests off the wire, decodes the audio and pushes it to each channel's endpointer;
+  the process's VAD pass scores every stream's new audio in one batched call per event-loop tick
+  (service/vad_batch.py) and hands back the probabilities (_on_scored), whereupon the endpointers' events
+  go out and each utterance is submitted to the engine the moment its end is detected (utterances of
+  many calls then meet in one micro-batch);
 - one finalizer per channel awaits that channel's utterances in order and queues their finals;
 - the writer (the RPC handler's generator) sends whatever is queued, at the client's pace.
 Interim hypotheses are extra engine requests whose results are queued unless the final overtook them
@@ -41,10 +44,12 @@ from service.endpointing import (
     SpeechEnded,
     SpeechStarted,
     Utterance,
+    vad_rate_for,
 )
 from service.interim import InterimPolicy
 from service.results import ChannelResults, ResultOptions, speech_event
 from service.stream_state import StreamState
+from service.vad_batch import vad_batcher
 
 log = logging.getLogger("service.session")
 
@@ -143,12 +148,17 @@ class StreamSession:
         self.config = config
         self.decoder = StreamDecoder(settings.encoding, settings.sample_rate_hertz, settings.channels)
         n = settings.channels if settings.separate_channels else 1
+        vad_rate = vad_rate_for(settings.sample_rate_hertz)
+        self._vad_native = vad_rate != TARGET_RATE  # 8 kHz: scored as it came, not resampled first
+        self._vad = vad_batcher()
         self.channels = [
             _Channel(
-                tag=i + 1 if settings.separate_channels else 0, endpointer=Endpointer(settings.endpointing)
+                tag=i + 1 if settings.separate_channels else 0,
+                endpointer=Endpointer(settings.endpointing, vad_rate=vad_rate),
             )
             for i in range(n)
         ]
+        self._endpointers = [ch.endpointer for ch in self.channels]
         for ch in self.channels:
             ch.results = ChannelResults(settings.results, ch.tag)
             ch.interim = InterimPolicy(config.interim_interval_s)
@@ -279,23 +289,51 @@ class StreamSession:
             )
             self._finish_input(flush=True)
             return
-        audio = self.decoder.feed(chunk)
         self._received_s += seconds
         self._audio_counter.inc(seconds)
-        self._endpoint(audio)
-        self._release_held_finals()
-        if self.state.takes_audio:
-            self._check_buffer()
+        self._push(chunk)
+        # This tick's VAD pass scores every stream's new audio at once; _on_scored goes on from there.
+        self._vad.request(self, self._endpointers, self._on_scored)
 
-    def _endpoint(self, audio: np.ndarray) -> None:
-        """[channels, n] 16 kHz -> endpointer of each channel (or the mixdown) -> events."""
-        if audio.shape[1] == 0:
-            return
-        per_channel = audio if self.settings.separate_channels else mixdown(audio)[None]
-        for ch, samples in zip(self.channels, per_channel, strict=True):
+    def _push(self, chunk: bytes) -> None:
+        """Decoded audio -> endpointer of each channel (or the mixdown), to be scored."""
+        native: np.ndarray | None = None
+        if self._vad_native:  # the VAD scores the audio as it came; the 16 kHz is for the engine
+            native, audio = self.decoder.feed_native(chunk)
+        else:
+            audio = self.decoder.feed(chunk)
+        self._push_audio(audio, native)
+
+    def _push_audio(self, audio: np.ndarray, native: np.ndarray | None) -> None:
+        if not self.settings.separate_channels:
+            audio = mixdown(audio)[None]
+            native = None if native is None else mixdown(native)[None]
+        for i, ch in enumerate(self.channels):
+            ch.endpointer.push(audio[i], None if native is None else native[i])
+
+    def _on_scored(self, probs: list[np.ndarray] | Exception) -> None:
+        """This tick's VAD probabilities for each channel: events, interims, buffer limits."""
+        if not self.state.takes_audio:
+            return  # what was pushed was scored when the input ended (_finish_input)
+        try:
+            if isinstance(probs, Exception):
+                raise probs
+            self._endpoint(probs)
+            self._release_held_finals()
+            if self.state.takes_audio:
+                self._check_buffer()
+        except StreamError as e:
+            self._fail(e)
+        except Exception as e:  # a bug of ours: fail this stream only, loudly
+            log.exception("stream endpointing failed", extra={"fields": {"stream_id": self.id}})
+            self._fail(StreamError(grpc.StatusCode.INTERNAL, f"internal error: {type(e).__name__}: {e}"))
+
+    def _endpoint(self, probs: list[np.ndarray]) -> None:
+        """Each channel's state machine over its scored windows -> events (and interims)."""
+        for ch, p in zip(self.channels, probs, strict=True):
             if not self.state.takes_audio:
                 return  # an engine refusal (or single utterance) ended the input: nothing more is sent
-            for event in ch.endpointer.feed(samples):
+            for event in ch.endpointer.advance(p):
                 self._on_event(ch, event)
                 if not self.state.takes_audio:
                     return
@@ -354,7 +392,9 @@ class StreamSession:
             return
         if flush:
             try:
-                self._endpoint(self.decoder.flush())
+                tail = self.decoder.flush()
+                self._push_audio(tail, tail[:, :0] if self._vad_native else None)
+                self._endpoint(self._vad.score_now(self._endpointers))  # no wait for the tick
                 for ch in self.channels:
                     for event in ch.endpointer.flush() if self.state.takes_audio else []:
                         self._on_event(ch, event)

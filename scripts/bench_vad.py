@@ -1,0 +1,137 @@
+#!/usr/bin/env python
+"""Endpointing cost per stream: the VAD as each stream ran it before, and batched across streams at
+the stream's own rate, side by side in one run.
+
+    python scripts/bench_vad.py [--streams 1,32,128] [--chunks-ms 20,100] [--seconds 4]
+
+N telephone calls (8 kHz mu-law made by sox from real speech: jfk.flac, each call starting at a
+different point of it) go through what a frontend does per chunk: G.711 decode, resampling to
+16 kHz for the engine, VAD, the endpointer's state machine. Every call gets one chunk per tick (the
+batch is every call; in a server it is whatever arrived in one event-loop iteration). Four ways:
+
+  per-stream 16k   each call's VAD on its own, on the 16 kHz resampling (before this change)
+  per-stream 8k    each call's VAD on its own, on the 8 kHz audio as it came
+  batched 16k      one VAD call per tick for all calls, 16 kHz
+  batched 8k       one VAD call per tick for all calls, 8 kHz (the server's path for 8 kHz calls)
+
+Prints CPU per stream as % of one core (process CPU time over the audio's duration, per call), the
+VAD's share of it, and the ratio to per-stream 16k; then the utterance bounds each way finds on the
+real-speech sets (windows off the wideband recording's cuts). The machine is shared: the load average
+is printed before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # runnable as a plain script from a checkout
+
+from service.audio import StreamDecoder  # noqa: E402
+from service.endpointing import RATE, Endpointer, Utterance, load_vad  # noqa: E402
+from tests.support.audio import make_conversation, to_mulaw_8k_bytes  # noqa: E402
+from tests.test_vad_batch import CALL, cut, jfk_16k, pocketsphinx_16k, telephone  # noqa: E402
+
+MODES = ("per-stream 16k", "per-stream 8k", "batched 16k", "batched 8k")
+
+
+def jfk_call() -> bytes:
+    return to_mulaw_8k_bytes(jfk_16k())
+
+
+def run(mode: str, calls: list[bytes], chunk_ms: int) -> tuple[float, float, int]:
+    """(CPU seconds of the whole loop, of which VAD seconds, utterances found)."""
+    vad = load_vad()
+    native = mode.endswith("8k")
+    decoders = [StreamDecoder("MULAW", 8000, 1) for _ in calls]
+    eps = [Endpointer(vad_rate=8000 if native else RATE) for _ in calls]
+    step = 8 * chunk_ms  # bytes: one per sample at 8 kHz
+    vad_s, found = 0.0, 0
+    cpu0 = time.process_time()
+    for i in range(0, len(calls[0]), step):
+        for data, decoder, ep in zip(calls, decoders, eps, strict=True):
+            if native:
+                x8, x16 = decoder.feed_native(data[i : i + step])
+                ep.push(x16[0], x8[0])
+            else:
+                ep.push(decoder.feed(data[i : i + step])[0])
+        t0 = time.process_time()
+        if mode.startswith("batched"):
+            probs = vad.score([ep.vad_state for ep in eps], [ep.windows() for ep in eps])
+        else:
+            probs = [vad(ep.vad_state, ep.windows()) for ep in eps]
+        vad_s += time.process_time() - t0
+        for ep, p in zip(eps, probs, strict=True):
+            found += sum(isinstance(e, Utterance) for e in ep.advance(p))
+    return time.process_time() - cpu0, vad_s, found
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--streams", default="1,32,128")
+    ap.add_argument("--chunks-ms", default="20,100")
+    ap.add_argument("--seconds", type=float, default=4.0, help="audio per call")
+    args = ap.parse_args()
+    load_vad()
+    jfk = jfk_call()
+    n_bytes = round(args.seconds * 8000)
+    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}  (2 cores, shared machine)")
+    print(f"{args.seconds:g} s of 8 kHz mu-law per call (jfk.flac, each call from a different offset)\n")
+    print(
+        "| calls | chunk | path | CPU per call (% of a core) | of which VAD | vs per-stream 16k | utterances |"
+    )
+    print("|---:|---:|---|---:|---:|---:|---:|")
+    for n in [int(x) for x in args.streams.split(",")]:
+        offsets = [(k * 8000 * 7 // max(n, 1)) % len(jfk) for k in range(n)]
+        calls = [(jfk[o:] + jfk)[:n_bytes] for o in offsets]
+        for chunk_ms in [int(x) for x in args.chunks_ms.split(",")]:
+            base = None
+            for mode in MODES:
+                cpu, vad_s, found = run(mode, calls, chunk_ms)
+                per_call = 100 * cpu / (n * args.seconds)
+                base = base or per_call
+                print(
+                    f"| {n} | {chunk_ms} ms | {mode} | {per_call:.3f}% | {100 * vad_s / (n * args.seconds):.3f}% "
+                    f"| {base / per_call:.2f}x | {found} |",
+                    flush=True,
+                )
+    print("\nUtterance bounds on telephone audio (8 kHz mu-law by sox), windows (32 ms) off the cuts of the")
+    print("original wideband recording, summed over each set (and the worst boundary):\n")
+    print("| set | clips | utterances (wideband, 16k path, 8k path) | 16k path off | 8k path off |")
+    print("|---|---:|---|---:|---:|")
+    for name, clips, audio in bound_sets():
+        native, resampled = telephone(audio)
+        wideband, old, new = cut(audio, None), cut(resampled, None), cut(resampled, native)
+
+        def off(cuts: list[Utterance], wideband: list[Utterance] = wideband) -> list[int]:
+            return [
+                round(abs(x - y) / 0.032)
+                for u, w in zip(cuts, wideband, strict=False)
+                for x, y in ((u.start_s, w.start_s), (u.end_s, w.end_s))
+            ]
+
+        o, n = off(old), off(new)
+        print(
+            f"| {name} | {clips} | {len(wideband)}, {len(old)}, {len(new)} | {sum(o)} (max {max(o)}) "
+            f"| {sum(n)} (max {max(n)}) |"
+        )
+    print(f"\nload average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+def bound_sets() -> list[tuple[str, int, np.ndarray]]:
+    return [
+        ("jfk.flac (real)", 1, jfk_16k()),
+        ("pocketsphinx librivox (real)", 5, pocketsphinx_16k("librivox")),
+        ("pocketsphinx cards (real)", 5, pocketsphinx_16k("cards")),
+        ("espeak-ng conversation", 1, make_conversation(CALL, pause_s=1.0)[0]),
+    ]
+
+
+if __name__ == "__main__":
+    main()

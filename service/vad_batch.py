@@ -1,0 +1,88 @@
+"""One batched VAD pass per event-loop tick for every stream of this process.
+
+A stream's reader pushes each chunk's audio into its channels' endpointers and asks for a pass; the first
+request in a tick schedules one, which runs once the loop has handled everything else that was ready (the
+other streams' chunks of the same tick), scores the new windows of every channel that asked in one
+batched model call per window depth (service/endpointing.py SileroVad.score), and hands each stream its
+probabilities. The stream's endpointers then run their state machines (Endpointer.advance).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import weakref
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from service import metrics
+from service.endpointing import Endpointer, SileroVad, load_vad
+
+log = logging.getLogger("service.vad_batch")
+
+# probabilities per endpointer, in the order asked, or the error the pass raised
+OnScored = Callable[[list[np.ndarray] | Exception], None]
+
+
+class VadBatcher:
+    def __init__(self, vad: SileroVad | None = None) -> None:
+        self._vad = vad or load_vad()
+        self._waiting: dict[object, tuple[Sequence[Endpointer], OnScored]] = {}
+        self._scheduled = False
+
+    def request(self, owner: object, endpointers: Sequence[Endpointer], on_scored: OnScored) -> None:
+        """Score what `endpointers` hold unscored in this tick's pass, then call `on_scored`. Asking
+        again before the pass runs changes nothing: the pass scores whatever is pushed by then."""
+        if owner not in self._waiting:
+            self._waiting[owner] = (endpointers, on_scored)
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._run)
+
+    def score_now(self, endpointers: Sequence[Endpointer]) -> list[np.ndarray]:
+        """Score one stream's pending windows at once, outside the tick (its end or a drain)."""
+        return self._score(list(endpointers))
+
+    def _run(self) -> None:
+        self._scheduled = False
+        waiting, self._waiting = self._waiting, {}
+        flat = [ep for eps, _ in waiting.values() for ep in eps]
+        try:
+            probs: list[np.ndarray] | Exception = self._score(flat)
+        except Exception as e:  # a bug or a broken model: each stream fails on its own, loudly
+            log.exception("VAD pass failed")
+            probs = e
+        at = 0
+        for eps, on_scored in waiting.values():
+            mine = probs if isinstance(probs, Exception) else probs[at : at + len(eps)]
+            at += len(eps)
+            try:
+                on_scored(mine)
+            except Exception:  # one stream's bug must not keep the others from their probabilities
+                log.exception("VAD result handler failed")
+
+    def _score(self, endpointers: list[Endpointer]) -> list[np.ndarray]:
+        windows = [ep.windows() for ep in endpointers]
+        scored = sum(1 for w in windows if len(w))
+        if not scored:
+            return [w[:0, 0] for w in windows]
+        started = time.perf_counter()
+        probs = self._vad.score([ep.vad_state for ep in endpointers], windows)
+        metrics.VAD_SECONDS.observe(time.perf_counter() - started)
+        metrics.VAD_BATCH_CHANNELS.observe(scored)
+        metrics.VAD_WINDOWS.inc(sum(len(w) for w in windows))
+        return probs
+
+
+_batchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, VadBatcher] = weakref.WeakKeyDictionary()
+
+
+def vad_batcher() -> VadBatcher:
+    """The batcher of the running event loop (one per frontend process; tests may run several loops)."""
+    loop = asyncio.get_running_loop()
+    batcher = _batchers.get(loop)
+    if batcher is None:
+        batcher = _batchers[loop] = VadBatcher()
+    return batcher
