@@ -32,7 +32,7 @@ from asr.v1 import asr_pb2
 from asr.v1.asr_pb2 import StreamingRecognizeResponse as Response
 from prometheus_client import Histogram
 
-from engine import DecodeOptions, Engine, EngineOverloaded, Transcript, UtteranceHandle
+from engine import DecodeOptions, EngineOverloaded, Transcript, UtteranceHandle
 from engine.api import EngineStopped
 from service import metrics
 from service.audio import TARGET_RATE, AudioFormatError, StreamDecoder, mixdown
@@ -46,6 +46,7 @@ from service.endpointing import (
     Utterance,
     vad_rate_for,
 )
+from service.engine_api import RecognitionEngine
 from service.interim import InterimPolicy
 from service.results import ChannelResults, ResultOptions, speech_event
 from service.stream_state import StreamState
@@ -139,7 +140,7 @@ class StreamSession:
         self,
         stream_id: str,
         settings: StreamSettings,
-        engine: Engine,
+        engine: RecognitionEngine,
         config: ServerConfig,
     ) -> None:
         self.id = stream_id
