@@ -14,6 +14,11 @@ batch is every call; in a server it is whatever arrived in one event-loop iterat
   batched 16k      one VAD call per tick for all calls, 16 kHz
   batched 8k       one VAD call per tick for all calls, 8 kHz (the server's path for 8 kHz calls)
 
+With --server N, it then runs N real-time calls of 8 kHz mu-law line noise (no speech: the engine
+idles, the frontend works) against `asr-server --frontends 1` of this checkout, and of another checkout
+given with --before (e.g. the main branch's), one after the other, and prints the frontend process's CPU
+per call (process_cpu_seconds_total) and the mean channels per VAD pass.
+
 Prints CPU per stream as % of one core (process CPU time over the audio's duration, per call), the
 VAD's share of it, and the ratio to per-stream 16k; then the utterance bounds each way finds on the
 real-speech sets (windows off the wideband recording's cuts). The machine is shared: the load average
@@ -23,19 +28,28 @@ is printed before and after.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
+import subprocess
 import sys
+import tempfile
 import time
+import urllib.request
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import numpy as np
+from asr.v1 import asr_pb2
+from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # runnable as a plain script from a checkout
 
+from clients.client import RecognizerClient  # noqa: E402
 from service.audio import StreamDecoder  # noqa: E402
 from service.endpointing import RATE, Endpointer, Utterance, load_vad  # noqa: E402
-from tests.support.audio import make_conversation, to_mulaw_8k_bytes  # noqa: E402
+from tests.support.audio import make_conversation, to_mulaw_8k_bytes, white_noise  # noqa: E402
+from tests.support.server import free_port  # noqa: E402
 from tests.test_vad_batch import CALL, cut, jfk_16k, pocketsphinx_16k, telephone  # noqa: E402
 
 MODES = ("per-stream 16k", "per-stream 8k", "batched 16k", "batched 8k")
@@ -77,7 +91,14 @@ def main() -> None:
     ap.add_argument("--streams", default="1,32,128")
     ap.add_argument("--chunks-ms", default="20,100")
     ap.add_argument("--seconds", type=float, default=4.0, help="audio per call")
+    ap.add_argument("--server", type=int, default=0, help="calls for the server run (0: none)")
+    ap.add_argument("--server-seconds", type=float, default=10.0)
+    ap.add_argument("--before", type=Path, help="another checkout (with its .venv) to run the server of too")
+    ap.add_argument("--skip-table", action="store_true", help="only the server run")
     args = ap.parse_args()
+    if args.skip_table:
+        server_section(args)
+        return
     load_vad()
     jfk = jfk_call()
     n_bytes = round(args.seconds * 8000)
@@ -121,7 +142,103 @@ def main() -> None:
             f"| {name} | {clips} | {len(wideband)}, {len(old)}, {len(new)} | {sum(o)} (max {max(o)}) "
             f"| {sum(n)} (max {max(n)}) |"
         )
+    if args.server:
+        server_section(args)
     print(f"\nload average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+def server_section(args: argparse.Namespace) -> None:
+    print(
+        f"\n{args.server} real-time calls of 8 kHz mu-law line noise (-45 dBFS), {args.server_seconds:g} s,"
+    )
+    print(f"20 ms chunks, against asr-server --frontends 1 (load average now {os.getloadavg()[0]:.2f}):\n")
+    print("| server | frontend CPU per call (% of a core) | VAD passes | mean channels per pass |")
+    print("|---|---:|---:|---:|")
+    checkouts = [("this checkout", REPO)] + (
+        [("before: " + str(args.before), args.before)] if args.before else []
+    )
+    for name, checkout in checkouts:
+        cpu, passes, channels = server_run(checkout, args.server, args.server_seconds)
+        mean = f"{channels / passes:.1f}" if passes else "(no VAD metric)"
+        print(
+            f"| {name} | {100 * cpu / (args.server * args.server_seconds):.3f}% | {passes:.0f} | {mean} |",
+            flush=True,
+        )
+
+
+def scrape(port: int) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "process_cpu_seconds_total" and sample.labels.get("process") != "frontend-0":
+                continue
+            out[sample.name] = out.get(sample.name, 0.0) + sample.value
+    return out
+
+
+def server_run(checkout: Path, calls: int, seconds: float) -> tuple[float, float, float]:
+    """(frontend CPU seconds, VAD passes, channels scored) over the calls."""
+    port, metrics_port = free_port(), free_port()
+    argv = [
+        str(checkout / ".venv" / "bin" / "asr-server"),
+        *(
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--metrics-port",
+            str(metrics_port),
+            "--http-port",
+            "0",
+        ),
+        *("--frontends", "1", "--max-streams", str(calls + 8), "--log-format", "json"),
+    ]
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(argv, cwd=checkout, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            before, after = asyncio.run(paced_calls(port, metrics_port, calls, seconds))
+        finally:
+            proc.terminate()
+            proc.wait(60)
+
+    def delta(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    return (
+        delta("process_cpu_seconds_total"),
+        delta("asr_vad_batch_channels_count"),
+        delta("asr_vad_batch_channels_sum"),
+    )
+
+
+async def paced_calls(
+    port: int, metrics_port: int, calls: int, seconds: float
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Metrics before and after `calls` calls of line noise, each paced in real time in 20 ms chunks."""
+    async with RecognizerClient(f"127.0.0.1:{port}") as client:
+        await client.wait_until_serving(180)
+        noise = to_mulaw_8k_bytes(white_noise(seconds, dbfs=-45.0))
+        chunks = [noise[i : i + 160] for i in range(0, len(noise), 160)]
+        config = asr_pb2.StreamingRecognitionConfig(
+            config=asr_pb2.RecognitionConfig(encoding=asr_pb2.MULAW, sample_rate_hertz=8000)
+        )
+        before = scrape(metrics_port)
+
+        async def paced(offset: float) -> AsyncIterator[bytes]:
+            await asyncio.sleep(offset)
+            start = time.monotonic()
+            for k, chunk in enumerate(chunks):
+                await asyncio.sleep(max(0.0, start + k * 0.02 - time.monotonic()))
+                yield chunk
+
+        async def call(k: int) -> None:
+            async for _ in client.stream(config, paced(0.02 * k / calls)):
+                pass
+
+        await asyncio.gather(*(call(k) for k in range(calls)))
+        return before, scrape(metrics_port)
 
 
 def bound_sets() -> list[tuple[str, int, np.ndarray]]:

@@ -537,7 +537,7 @@ async def test_final_cancels_its_interim_still_in_flight(service_engine: Engine)
                 sessions = server.server.recognizer.sessions
                 await stream.send(data[split : split + 3200])
                 await wait_until(
-                    lambda: any(ch.interim is not None for s in sessions for ch in s.channels),
+                    lambda: any(ch.interim.in_flight is not None for s in sessions for ch in s.channels),
                     30,
                     "an interim submitted",
                 )
