@@ -293,8 +293,14 @@ class StreamSession:
         self._received_s += seconds
         self._audio_counter.inc(seconds)
         self._push(chunk)
-        # This tick's VAD pass scores every stream's new audio at once; _on_scored goes on from there.
-        self._vad.request(self, self._endpointers, self._on_scored)
+        if self._vad.waiting(self):
+            # A second chunk before the pass: the client sends faster than real time. Endpoint now, as
+            # each chunk was before batching, so that the buffer limit is checked chunk by chunk and
+            # unscored audio stays small.
+            self._on_scored(self._vad.score_now(self._endpointers))
+        else:
+            # This tick's VAD pass scores every stream's new audio at once; _on_scored goes on from there.
+            self._vad.request(self, self._endpointers, self._on_scored)
 
     def _push(self, chunk: bytes) -> None:
         """Decoded audio -> endpointer of each channel (or the mixdown), to be scored."""

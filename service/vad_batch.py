@@ -53,8 +53,13 @@ class VadBatcher:
             else:
                 loop.call_soon(self._run)
 
+    def waiting(self, owner: object) -> bool:
+        """`owner` asked for this tick's pass, which has not run yet."""
+        return owner in self._waiting
+
     def score_now(self, endpointers: Sequence[Endpointer]) -> list[np.ndarray]:
-        """Score one stream's pending windows at once, outside the tick (its end or a drain)."""
+        """Score one stream's pending windows at once, outside the tick (its end, a drain, or a stream
+        that sends faster than the passes come)."""
         return self._score(list(endpointers))
 
     def _run(self) -> None:
