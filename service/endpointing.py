@@ -317,6 +317,11 @@ class Endpointer:
         return self._slice(self._audio_start, self._buf_start + self._buf_len)
 
     @property
+    def unscored_s(self) -> float:
+        """Seconds of audio pushed and not yet scored."""
+        return (self._buf_start + self._buf_len - self._scored) / RATE
+
+    @property
     def vad_rate(self) -> int:
         return self.vad_state.rate
 

@@ -55,6 +55,7 @@ from service.vad_batch import vad_batcher
 log = logging.getLogger("service.session")
 
 EventType = asr_pb2.StreamingRecognizeResponse.SpeechEventType
+_SCORE_NOW_S = 0.25  # unscored audio a stream may hold while it waits for the VAD pass
 
 
 async def await_transcript(handle: UtteranceHandle) -> Transcript:
@@ -293,10 +294,10 @@ class StreamSession:
         self._received_s += seconds
         self._audio_counter.inc(seconds)
         self._push(chunk)
-        if self._vad.waiting(self):
-            # A second chunk before the pass: the client sends faster than real time. Endpoint now, as
-            # each chunk was before batching, so that the buffer limit is checked chunk by chunk and
-            # unscored audio stays small.
+        if self._vad.waiting(self) and max(ep.unscored_s for ep in self._endpointers) >= _SCORE_NOW_S:
+            # Audio piles up before the pass: the client sends faster than real time. Endpoint now, as
+            # chunks were before batching, so that the buffer limit is still checked as audio comes and
+            # unscored audio stays small. (Real-time calls, even bunched by a late loop, stay batched.)
             self._on_scored(self._vad.score_now(self._endpointers))
         else:
             # This tick's VAD pass scores every stream's new audio at once; _on_scored goes on from there.
