@@ -24,8 +24,9 @@ log = logging.getLogger("service.vad_batch")
 
 # How long a pass waits for more streams' chunks. Without it a pass held 1.3-3.9 channels on average
 # with 32 real-time calls in 20 ms chunks (the event loop turns faster than chunks arrive), with 10 ms
-# 6-10, at less frontend CPU (scripts/bench_vad.py --server). It delays an utterance's end being
-# detected by at most this, against the 0.5 s of silence that detection waits for anyway.
+# 5.5-10 (scripts/bench_vad.py --server; the CPU it saves there is within this machine's noise, see
+# docs/benchmarks.md). It delays an utterance's end being detected by at most this, against the 0.5 s
+# of silence that detection waits for anyway.
 VAD_GATHER_S = 0.01
 
 # probabilities per endpointer, in the order asked, or the error the pass raised

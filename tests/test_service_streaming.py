@@ -295,6 +295,10 @@ async def test_client_cancel_frees_engine_slots(
                 if response.speech_event_type == Event.SPEECH_ACTIVITY_END:
                     break
             await responses.aclose()  # cancels the call
+        # The gate opens only once the server has seen the cancel (and freed the stream's slots): opened
+        # at once, a busy server could finish the utterances before the cancel reached it.
+        sessions = asr_server.server.recognizer.sessions
+        await wait_until(lambda: not sessions, 30, "the server saw the cancel")
     finally:
         engine._scheduler.fault_hook = None
         gate.set()
