@@ -1,8 +1,15 @@
 """Voice-activity endpointing: cuts one channel's 16 kHz audio into utterances with silero-vad.
 
-One ONNX session per process (`load_vad()`); each stream/channel owns a small `VadState` (the model's
-LSTM state and the last 64 samples of context) and an `Endpointer` that turns speech probabilities
-per 32 ms window into SpeechStarted / SpeechEnded / Utterance events.
+One model per process (`load_vad()`); each stream/channel owns a small `VadState` (the model's LSTM
+state and the last samples of context) and an `Endpointer` that turns speech probabilities per 32 ms
+window into SpeechStarted / SpeechEnded / Utterance events.
+
+Who computes the probabilities is separate from what the state machine does with them: `feed()` scores
+one channel on its own (tools, Recognize, tests), while a stream server pushes audio
+(`push()`), lets service/vad_batch.py score the `windows()` of every channel of every stream in one
+batched call per event-loop tick, and hands the probabilities back (`advance()`). The VAD runs at the
+stream's own rate where silero has a model for it: 8 kHz telephone audio is scored as it came (256-sample
+windows, the same 32 ms), without being resampled first; utterance audio stays 16 kHz for the engine.
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,8 +28,18 @@ RATE = 16000
 WINDOW = 512  # samples the model scores at a time (32 ms)
 _CONTEXT = 64  # samples of the previous window the model sees in front of each window
 _MAX_WINDOWS_PER_CALL = 32  # ~1 s: batching windows into one call costs ~half per window
-# The sequence export runs many windows per call and gives bit-identical probabilities to the stock model.
+# The sequence export runs many windows of one stream per call (16 kHz only) and gives bit-identical
+# probabilities to the stock model, which runs one window of many streams per call at 8 or 16 kHz.
 _MODEL = "silero_vad_16k_sequence.onnx"
+_BATCH_MODEL = "silero_vad.onnx"
+# Rates silero scores natively: window and context in samples, both 32 ms and 4 ms at every rate.
+VAD_RATES = {16000: (512, 64), 8000: (256, 32)}
+
+
+def vad_rate_for(sample_rate_hertz: int) -> int:
+    """The rate a stream's VAD runs at: its own where silero has a model for it, else 16 kHz (after the
+    resampling the engine needs anyway)."""
+    return sample_rate_hertz if sample_rate_hertz in VAD_RATES else RATE
 
 
 class EndpointingError(ValueError):
@@ -126,15 +144,25 @@ Event = SpeechStarted | SpeechEnded | Utterance
 
 @dataclass
 class VadState:
-    """Per-stream recurrent state of the model: a few KB."""
+    """Per-channel recurrent state of the model (the LSTM's h and c, stacked as the stock model keeps
+    them) and the tail of the last window scored: a few KB."""
 
-    h: np.ndarray = field(default_factory=lambda: np.zeros((1, 1, 128), dtype=np.float32))
-    c: np.ndarray = field(default_factory=lambda: np.zeros((1, 1, 128), dtype=np.float32))
+    rate: int = RATE
+    state: np.ndarray = field(default_factory=lambda: np.zeros((2, 128), dtype=np.float32))
     context: np.ndarray = field(default_factory=lambda: np.zeros(_CONTEXT, dtype=np.float32))
+
+    @property
+    def window(self) -> int:
+        return VAD_RATES[self.rate][0]
 
 
 class SileroVad:
-    """silero-vad through onnxruntime: one session, shared by all streams (run() is thread-safe)."""
+    """silero-vad through onnxruntime: shared by all streams of a process (run() is thread-safe).
+
+    `score()` is the one place probabilities are computed: any number of channels, each with any number
+    of windows, at 8 or 16 kHz. Channels are batched a window at a time (the LSTM makes a channel's own
+    windows sequential), so N streams with a window each cost one call, not N.
+    """
 
     def __init__(self, path: Path | None = None) -> None:
         opts = ort.SessionOptions()
@@ -145,29 +173,89 @@ class SileroVad:
         self._session = ort.InferenceSession(
             str(path or _model_path()), sess_options=opts, providers=["CPUExecutionProvider"]
         )
+        self._batch = ort.InferenceSession(
+            str(_model_path(_BATCH_MODEL)), sess_options=opts, providers=["CPUExecutionProvider"]
+        )
+        self._rates = {rate: np.array(rate, dtype=np.int64) for rate in VAD_RATES}
 
-    def new_state(self) -> VadState:
-        return VadState()
+    def new_state(self, rate: int = RATE) -> VadState:
+        if rate not in VAD_RATES:
+            raise ValueError(f"silero-vad scores {sorted(VAD_RATES)} Hz audio, not {rate}")
+        return VadState(rate=rate, context=np.zeros(VAD_RATES[rate][1], dtype=np.float32))
 
     def __call__(self, state: VadState, windows: np.ndarray) -> np.ndarray:
-        """Speech probability of each 512-sample window in [n, 512]; advances `state`."""
-        if len(windows) == 0:
-            return np.zeros(0, dtype=np.float32)
+        """Speech probability of each window of one channel ([n, window]); advances `state`."""
+        return self.score([state], [windows])[0]
+
+    def score(self, states: Sequence[VadState], windows: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Speech probability of each window of each channel (windows[i] is [n_i, window] at
+        states[i].rate); advances every state. One channel alone at 16 kHz runs the sequence export
+        (many windows in one call); anything else runs batched across channels, a window at a time."""
+        out = [_EMPTY] * len(states)
+        for rate in VAD_RATES:
+            group = [i for i, s in enumerate(states) if s.rate == rate and len(windows[i])]
+            if len(group) == 1 and rate == RATE:
+                i = group[0]
+                out[i] = self._sequence(states[i], windows[i])
+            elif group:
+                for i, probs in zip(
+                    group,
+                    self._batched(rate, [states[i] for i in group], [windows[i] for i in group]),
+                    strict=True,
+                ):
+                    out[i] = probs
+        return out
+
+    def _sequence(self, state: VadState, windows: np.ndarray) -> np.ndarray:
         contexts = np.concatenate([state.context[None], windows[:-1, -_CONTEXT:]])
-        probs, state.h, state.c = self._session.run(
-            None, {"input": np.concatenate([contexts, windows], axis=1), "h": state.h, "c": state.c}
+        probs, h, c = self._session.run(
+            None,
+            {
+                "input": np.concatenate([contexts, windows], axis=1),
+                "h": state.state[0].reshape(1, 1, -1),
+                "c": state.state[1].reshape(1, 1, -1),
+            },
         )
+        state.state = np.concatenate([h.reshape(1, -1), c.reshape(1, -1)])
         state.context = windows[-1, -_CONTEXT:].copy()
         return np.asarray(probs, dtype=np.float32).reshape(-1)
 
+    def _batched(self, rate: int, states: list[VadState], windows: list[np.ndarray]) -> list[np.ndarray]:
+        window, ctx = VAD_RATES[rate]
+        counts = np.array([len(w) for w in windows])
+        probs = [np.empty(n, dtype=np.float32) for n in counts]
+        live = list(range(len(states)))
+        # One call per window depth: every channel that still has a window at depth d is in it. The input
+        # row is [context | window], written straight into the batch (the one copy the model needs).
+        for d in range(int(counts.max())):
+            live = [i for i in live if counts[i] > d]
+            batch = np.empty((len(live), ctx + window), dtype=np.float32)
+            state = np.empty((2, len(live), 128), dtype=np.float32)
+            for row, i in enumerate(live):
+                w = windows[i]
+                batch[row, :ctx] = states[i].context if d == 0 else w[d - 1, -ctx:]
+                batch[row, ctx:] = w[d]
+                state[:, row] = states[i].state
+            p, state_n = self._batch.run(None, {"input": batch, "state": state, "sr": self._rates[rate]})
+            p = np.asarray(p).reshape(-1)
+            for row, i in enumerate(live):
+                probs[i][d] = p[row]
+                states[i].state = state_n[:, row]
+        for s, w in zip(states, windows, strict=True):
+            s.context = w[-1, -ctx:].copy()
+        return probs
 
-def _model_path() -> Path:
+
+_EMPTY = np.zeros(0, dtype=np.float32)
+
+
+def _model_path(name: str = _MODEL) -> Path:
     # Locate the wheel's model without importing silero_vad: its import runs torch.set_num_threads(1),
     # which would silently slow the engine's torch down for the whole process.
     spec = importlib.util.find_spec("silero_vad")
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError("silero-vad is not installed")
-    return Path(next(iter(spec.submodule_search_locations))) / "data" / _MODEL
+    return Path(next(iter(spec.submodule_search_locations))) / "data" / name
 
 
 @functools.cache
@@ -182,11 +270,16 @@ class Endpointer:
     Memory stays bounded: only the current utterance (at most max_utterance_s) plus the pad is kept.
     """
 
-    def __init__(self, settings: EndpointSettings | None = None, vad: SileroVad | None = None) -> None:
+    def __init__(
+        self, settings: EndpointSettings | None = None, vad: SileroVad | None = None, vad_rate: int = RATE
+    ) -> None:
         self.settings = s = settings or EndpointSettings()
         s.validate()
         self._vad = vad or load_vad()
-        self._state = self._vad.new_state()
+        self.vad_state = self._vad.new_state(vad_rate)
+        # Audio at the VAD's rate not yet scored, when that is not the 16 kHz of the buffer below.
+        self._native = np.zeros(0 if vad_rate == RATE else RATE, dtype=np.float32)
+        self._native_len = 0
         self._pad = round(s.speech_pad_s * RATE)
         self._max_len = round(s.max_utterance_s * RATE)
         self._min_silence = round(s.min_silence_s * RATE)
@@ -223,23 +316,79 @@ class Endpointer:
             return None
         return self._slice(self._audio_start, self._buf_start + self._buf_len)
 
-    def feed(self, samples: np.ndarray) -> list[Event]:
+    @property
+    def unscored_s(self) -> float:
+        """Seconds of audio pushed and not yet scored."""
+        return (self._buf_start + self._buf_len - self._scored) / RATE
+
+    @property
+    def vad_rate(self) -> int:
+        return self.vad_state.rate
+
+    def feed(self, samples: np.ndarray, native: np.ndarray | None = None) -> list[Event]:
+        """16 kHz samples in (and, when the VAD runs at the stream's own rate, the same audio at that
+        rate), scored here on their own; events out."""
         events: list[Event] = []
         step = _MAX_WINDOWS_PER_CALL * WINDOW
-        for i in range(0, len(samples), step):  # bounded slices keep the buffer bounded
-            self._append(np.asarray(samples[i : i + step], dtype=np.float32))
-            n = (self._buf_start + self._buf_len - self._scored) // WINDOW
-            if n == 0:
-                continue
-            windows = self._slice(self._scored, self._scored + n * WINDOW).reshape(n, WINDOW)
-            probs = self._vad(self._state, windows)
+        native_step = step * self.vad_rate // RATE
+        slices = -(-len(samples) // step)
+        if native is not None:
+            slices = max(slices, -(-len(native) // native_step))
+        for k in range(slices):  # bounded slices keep the buffer bounded
+            part = None if native is None else native[k * native_step : (k + 1) * native_step]
+            self.push(samples[k * step : (k + 1) * step], part)
+            events += self.advance(self._vad(self.vad_state, self.windows()))
+        return events
+
+    def push(self, samples: np.ndarray, native: np.ndarray | None = None) -> None:
+        """Append audio to be scored later (`windows()`, then `advance()` with their probabilities).
+        `native`: the same audio at the VAD's rate, required when that is not 16 kHz."""
+        if (native is None) != (self.vad_rate == RATE):
+            raise ValueError(f"this endpointer scores {self.vad_rate} Hz audio: pass it as `native`")
+        self._append(np.asarray(samples, dtype=np.float32))
+        if native is not None and len(native):
+            need = self._native_len + len(native)
+            if need > len(self._native):
+                grown = np.zeros(max(need, 2 * len(self._native)), dtype=np.float32)
+                grown[: self._native_len] = self._native[: self._native_len]
+                self._native = grown
+            self._native[self._native_len : need] = native
+            self._native_len = need
+
+    def windows(self) -> np.ndarray:
+        """The windows ready to score, [n, window] at the VAD's rate: a view, valid until the next
+        push() or advance(). At 8 kHz, a window is ready once its 16 kHz audio is here too (the
+        resampler holds a few ms back), so that both cover the same 32 ms."""
+        n = (self._buf_start + self._buf_len - self._scored) // WINDOW
+        if self.vad_rate == RATE:
+            start = self._scored - self._buf_start
+            return self._buf[start : start + n * WINDOW].reshape(n, WINDOW)
+        window = self.vad_state.window
+        n = min(n, self._native_len // window)
+        return self._native[: n * window].reshape(n, window)
+
+    def advance(self, probs: np.ndarray) -> list[Event]:
+        """Run the state machine over the next len(probs) windows (the probabilities of `windows()`)."""
+        events: list[Event] = []
+        n = len(probs)
+        if n:
+            start = self._scored - self._buf_start
+            windows = self._buf[start : start + n * WINDOW].reshape(n, WINDOW)
             rms = np.sqrt(np.mean(windows**2, axis=1))
-            for p, r in zip(probs.tolist(), rms.tolist(), strict=True):
+            if self._native_len:
+                used = n * self.vad_state.window
+                self._native[: self._native_len - used] = self._native[used : self._native_len]
+                self._native_len -= used
+            for p, r in zip(np.asarray(probs).tolist(), rms.tolist(), strict=True):
                 self._scored += WINDOW
                 self._step(p, r, events)
             if not self._speaking:
                 self._trim_idle()
         return events
+
+    def catch_up(self) -> list[Event]:
+        """Score what was pushed and not yet scored, here and now (end of stream, drain)."""
+        return self.advance(self._vad(self.vad_state, self.windows()))
 
     def flush(self) -> list[Event]:
         """End of stream: the utterance in progress (if it is speech) is emitted, not lost."""

@@ -103,3 +103,16 @@ GRPC_MSG_SENT = Counter("grpc_server_msg_sent_total", "Messages sent to clients"
 HTTP_REQUESTS = Counter(
     "asr_http_requests_total", "HTTP requests to the OpenAI-compatible door ended, by HTTP status", ["code"]
 )
+
+# Endpointing cost (service/vad_batch.py): one observation per batched VAD pass of a frontend process.
+VAD_SECONDS = Histogram(
+    "asr_vad_seconds",
+    "Wall time of one batched VAD pass (every channel with new audio in one event-loop tick)",
+    buckets=(0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5),
+)
+VAD_BATCH_CHANNELS = Histogram(
+    "asr_vad_batch_channels",
+    "Channels (streams, or each channel of a separately recognized stream) scored in one batched VAD pass",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+)
+VAD_WINDOWS = Counter("asr_vad_windows_total", "32 ms windows scored by the streaming VAD")

@@ -19,7 +19,7 @@ import numpy as np
 from asr.v1 import asr_pb2, asr_pb2_grpc
 from grpc import aio
 
-from engine import DecodeOptions, Engine, EngineOverloaded, Transcript, UtteranceHandle
+from engine import DecodeOptions, EngineOverloaded, Transcript, UtteranceHandle
 from engine.api import EngineStopped, ModelInfo
 from service import metrics
 from service.audio import (
@@ -34,13 +34,13 @@ from service.audio import (
 )
 from service.config import ServerConfig
 from service.endpointing import Endpointer, EndpointSettings, Utterance
-from service.results import recognize_results, result_options
+from service.engine_api import RecognitionEngine
+from service.results import duration, recognize_results, result_options
 from service.session import (
     StreamError,
     StreamSession,
     StreamSettings,
     await_transcript,
-    duration,
     engine_refusal,
 )
 
@@ -79,7 +79,7 @@ def _seconds(d: object) -> float:
     return d.seconds + d.nanos / 1e9  # type: ignore[attr-defined]
 
 
-def decode_options(config: asr_pb2.RecognitionConfig, engine: Engine) -> DecodeOptions:
+def decode_options(config: asr_pb2.RecognitionConfig, engine: RecognitionEngine) -> DecodeOptions:
     options = DecodeOptions(
         language=whisper_language(config.language_code, engine.info),
         prompt=config.prompt or None,
@@ -100,7 +100,7 @@ def endpoint_settings(ep: asr_pb2.EndpointingConfig) -> EndpointSettings:
     )
 
 
-def stream_settings(sc: asr_pb2.StreamingRecognitionConfig, engine: Engine) -> StreamSettings:
+def stream_settings(sc: asr_pb2.StreamingRecognitionConfig, engine: RecognitionEngine) -> StreamSettings:
     """Validate a StreamingRecognitionConfig (raises AudioFormatError/EndpointingError/ValueError)."""
     if not sc.HasField("config"):
         raise AudioFormatError(
@@ -174,7 +174,7 @@ class RecordingCutter:
 
 
 class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
-    def __init__(self, config: ServerConfig, engine: Engine | None = None) -> None:
+    def __init__(self, config: ServerConfig, engine: RecognitionEngine | None = None) -> None:
         self.config = config
         self.engine = engine  # None while the model loads: calls are refused UNAVAILABLE
         self.draining = False
@@ -202,7 +202,7 @@ class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
         except TimeoutError:
             return False
 
-    def _check_available(self) -> Engine:
+    def _check_available(self) -> RecognitionEngine:
         if self.draining:
             raise StreamError(grpc.StatusCode.UNAVAILABLE, "server is draining; retry on another replica")
         if self.engine is None:

@@ -1,6 +1,6 @@
 """Engine transcripts -> protobuf results, for StreamingRecognize and Recognize alike.
 
-Everything a result carries (transcript, segments, words with offsets and confidence) is built here,
+Everything a result carries (and every other response a stream sends: speech events, interims) (transcript, segments, words with offsets and confidence) is built here,
 with redaction (service/redaction.py) applied before anything leaves the server: finals, interims and
 the transcript text in logs. Offsets count from the stream's start; the engine's times count from the
 utterance audio's first sample.
@@ -147,6 +147,14 @@ def recognize_results(
 
 # --- StreamingRecognize: one channel of a stream ---------------------------------------------------
 
+
+def speech_event(kind: int, offset_s: float, tag: int) -> asr_pb2.StreamingRecognizeResponse:
+    """A SpeechEventType response (`kind`), `offset_s` from the stream's start, on channel `tag`."""
+    return asr_pb2.StreamingRecognizeResponse(
+        speech_event_type=kind, speech_event_offset=duration(offset_s), speech_event_channel_tag=tag
+    )
+
+
 OnSent = Callable[[], None] | None
 
 
@@ -204,11 +212,23 @@ class ChannelResults:
             out.append((result, f.on_sent))
         return out
 
-    def interim_alternative(self, t: Transcript) -> asr_pb2.SpeechRecognitionAlternative:
+    def interim(
+        self, t: Transcript, index: int, start_s: float, end_s: float, stability: float
+    ) -> asr_pb2.StreamingRecognitionResult:
+        """An interim hypothesis of utterance `index` (audio from start_s to end_s of the stream)."""
         text = t.text.strip()
         if self.opts.redact:
             text = join(self._redactor.interim(words_of_text(text)))
-        return asr_pb2.SpeechRecognitionAlternative(transcript=text, confidence=t.confidence)
+        return asr_pb2.StreamingRecognitionResult(
+            alternatives=[asr_pb2.SpeechRecognitionAlternative(transcript=text, confidence=t.confidence)],
+            is_final=False,
+            stability=stability,
+            start_offset=duration(start_s),
+            end_offset=duration(end_s),
+            channel_tag=self.tag,
+            language_code=t.language,
+            utterance_index=index,
+        )
 
     def log_text(self, t: Transcript) -> str:
         if not self.opts.redact:

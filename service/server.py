@@ -18,7 +18,6 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import cast
 
 import grpc
 from asr.v1 import asr_pb2, asr_pb2_grpc
@@ -31,6 +30,7 @@ from engine.client import EngineClient
 from service import metrics
 from service.auth import ENV_VAR, AuthInterceptor, TokenStore
 from service.config import ServerConfig
+from service.engine_api import RecognitionEngine
 from service.http_api import HttpApi
 from service.interceptors import MetricsInterceptor
 from service.recognizer import RecognizerServicer
@@ -58,7 +58,7 @@ class AsrServer:
     (asr-server's frontend processes, which share the port: `reuse_port`)."""
 
     def __init__(
-        self, config: ServerConfig, engine: Engine | EngineClient | None = None, *, reuse_port: bool = False
+        self, config: ServerConfig, engine: RecognitionEngine | None = None, *, reuse_port: bool = False
     ) -> None:
         self.config = config
         self.engine = engine
@@ -163,8 +163,7 @@ class AsrServer:
                 }
             },
         )
-        # EngineClient serves the same surface as Engine (submit/cancel/info/validate/alive/stats/stop)
-        self.recognizer.engine = cast(Engine, self.engine)
+        self.recognizer.engine = self.engine
         if not self._shutdown.is_set():
             await self._set_health(health_pb2.HealthCheckResponse.SERVING)
 

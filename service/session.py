@@ -1,11 +1,16 @@
 """One StreamingRecognize call: audio in, endpointing per channel, utterances to the engine, results out.
 
 Three kinds of asyncio tasks per stream, so that no one of them can stall the others:
-- the reader takes requests off the wire, decodes and endpoints the audio, and submits each utterance to
-  the engine the moment its end is detected (utterances of many calls then meet in one micro-batch);
+- the reader takes requests off the wire, decodes the audio and pushes it to each channel's endpointer;
+  the process's VAD pass scores every stream's new audio in one batched call per event-loop tick
+  (service/vad_batch.py) and hands back the probabilities (_on_scored), whereupon the endpointers' events
+  go out and each utterance is submitted to the engine the moment its end is detected (utterances of
+  many calls then meet in one micro-batch);
 - one finalizer per channel awaits that channel's utterances in order and queues their finals;
 - the writer (the RPC handler's generator) sends whatever is queued, at the client's pace.
-Interim hypotheses are extra engine requests whose results are queued unless the final overtook them.
+Interim hypotheses are extra engine requests whose results are queued unless the final overtook them
+(when to ask: service/interim.py). Responses are built by service/results.py, shared with Recognize; the
+stream's life is one StreamState (service/stream_state.py).
 """
 
 from __future__ import annotations
@@ -25,10 +30,9 @@ import grpc
 import numpy as np
 from asr.v1 import asr_pb2
 from asr.v1.asr_pb2 import StreamingRecognizeResponse as Response
-from google.protobuf.duration_pb2 import Duration
 from prometheus_client import Histogram
 
-from engine import DecodeOptions, Engine, EngineOverloaded, Transcript, UtteranceHandle
+from engine import DecodeOptions, EngineOverloaded, Transcript, UtteranceHandle
 from engine.api import EngineStopped
 from service import metrics
 from service.audio import TARGET_RATE, AudioFormatError, StreamDecoder, mixdown
@@ -40,20 +44,18 @@ from service.endpointing import (
     SpeechEnded,
     SpeechStarted,
     Utterance,
+    vad_rate_for,
 )
-from service.results import ChannelResults, ResultOptions
+from service.engine_api import RecognitionEngine
+from service.interim import InterimPolicy
+from service.results import ChannelResults, ResultOptions, speech_event
+from service.stream_state import StreamState
+from service.vad_batch import vad_batcher
 
 log = logging.getLogger("service.session")
 
 EventType = asr_pb2.StreamingRecognizeResponse.SpeechEventType
-
-MIN_INTERIM_AUDIO_S = 0.5  # shorter partials rarely hold a whole word: not worth an engine call
-
-
-def duration(seconds: float) -> Duration:
-    d = Duration()
-    d.FromNanoseconds(round(seconds * 1e9))
-    return d
+_SCORE_NOW_S = 0.25  # unscored audio a stream may hold while it waits for the VAD pass
 
 
 async def await_transcript(handle: UtteranceHandle) -> Transcript:
@@ -110,11 +112,6 @@ class _Out:
 
 
 @dataclass
-class _End:
-    status: StreamError | None = None  # None: OK
-
-
-@dataclass
 class _Pending:
     utterance: Utterance
     handle: UtteranceHandle
@@ -131,10 +128,7 @@ class _Channel:
     settled: int = 0  # utterances [0, settled) have had their final handled
     speech_start_s: float = 0.0  # where the utterance in progress began (for interim offsets)
     speech_start_wall: float = 0.0
-    first_interim_for: int = -1  # utterance index whose first interim was already sent
-    interim: UtteranceHandle | None = None  # at most one interim request in flight per channel
-    last_interim_wall: float = 0.0
-    last_interim_text: str = ""
+    interim: InterimPolicy = field(default_factory=lambda: InterimPolicy(0.0))
     results: ChannelResults = field(default_factory=lambda: ChannelResults(ResultOptions(), 0))
 
 
@@ -142,23 +136,12 @@ def _observe_since(start: float, histogram: Histogram = metrics.UTTERANCE_LATENC
     histogram.observe(time.monotonic() - start)
 
 
-def _stability(previous: str, current: str) -> float:
-    """0.5 for a fresh guess, rising to 0.9 as more of it repeats the previous interim's words."""
-    prev, cur = previous.split(), current.split()
-    same = 0
-    for a, b in zip(prev, cur, strict=False):
-        if a.strip(".,?!").lower() != b.strip(".,?!").lower():
-            break
-        same += 1
-    return 0.5 + 0.4 * (same / len(cur) if cur else 0.0)
-
-
 class StreamSession:
     def __init__(
         self,
         stream_id: str,
         settings: StreamSettings,
-        engine: Engine,
+        engine: RecognitionEngine,
         config: ServerConfig,
     ) -> None:
         self.id = stream_id
@@ -167,27 +150,40 @@ class StreamSession:
         self.config = config
         self.decoder = StreamDecoder(settings.encoding, settings.sample_rate_hertz, settings.channels)
         n = settings.channels if settings.separate_channels else 1
+        vad_rate = vad_rate_for(settings.sample_rate_hertz)
+        self._vad_native = vad_rate != TARGET_RATE  # 8 kHz: scored as it came, not resampled first
+        self._vad = vad_batcher()
         self.channels = [
             _Channel(
-                tag=i + 1 if settings.separate_channels else 0, endpointer=Endpointer(settings.endpointing)
+                tag=i + 1 if settings.separate_channels else 0,
+                endpointer=Endpointer(settings.endpointing, vad_rate=vad_rate),
             )
             for i in range(n)
         ]
+        self._endpointers = [ch.endpointer for ch in self.channels]
         for ch in self.channels:
             ch.results = ChannelResults(settings.results, ch.tag)
+            ch.interim = InterimPolicy(config.interim_interval_s)
         if settings.channels == 1:
             self.channel_mode = "mono"
         else:
             self.channel_mode = "separate" if settings.separate_channels else "mixdown"
         self._audio_counter = metrics.AUDIO_SECONDS.labels(self.channel_mode)
-        self._out: asyncio.Queue[_Out | _End] = asyncio.Queue()
+        # None tells the writer to end the stream, with _end_status (None: OK).
+        self._out: asyncio.Queue[_Out | None] = asyncio.Queue()
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._input_done = False  # no more audio is processed (half-close, drain, single utterance...)
+        self.state = StreamState.OPEN
         self._received_s = 0.0
         self._buffer_s = 0.0  # this stream's share of asr_stream_buffer_seconds
         self._end_status: StreamError | None = None
         self._finalizers: list[asyncio.Task[Any]] = []
-        self._closed = False
+
+    def _become(self, new: StreamState) -> bool:
+        """Move forward to `new`; False (and no move) when the stream is already past it."""
+        if not self.state.can_become(new):
+            return False
+        self.state = new
+        return True
 
     # --- the writer: the RPC handler iterates this ---
 
@@ -199,9 +195,9 @@ class StreamSession:
         self._spawn(self._read(requests))
         while True:
             item = await self._out.get()
-            if isinstance(item, _End):
-                if item.status is not None:
-                    raise item.status
+            if item is None:
+                if self._end_status is not None:
+                    raise self._end_status
                 return
             yield item.response
             if item.on_sent is not None:
@@ -215,17 +211,14 @@ class StreamSession:
     def abandon(self) -> None:
         """The call is over: free every engine slot it held and stop its tasks, at once (sync, so that
         it can run from the RPC's done callback whatever state the handler's generator is in)."""
-        if self._closed:
+        if not self._become(StreamState.CLOSED):
             return
-        self._closed = True
         for ch in self.channels:
             for p in ch.unsettled:
                 p.handle.cancel()
                 metrics.UTTERANCES.labels("cancelled").inc()
             ch.unsettled.clear()
-            if ch.interim is not None:
-                ch.interim.cancel()
-                ch.interim = None
+            ch.interim.cancel()
         for t in self._tasks:
             t.cancel()
         self._set_buffer(0.0)
@@ -249,10 +242,9 @@ class StreamSession:
 
     def _fail(self, error: StreamError) -> None:
         """End the stream with an error status: nothing more is read or sent after what is queued."""
-        if self._end_status is None:
+        if self._become(StreamState.FAILED):
             self._end_status = error
-        self._input_done = True
-        self._out.put_nowait(_End(error))
+            self._out.put_nowait(None)
 
     # --- the reader ---
 
@@ -275,7 +267,7 @@ class StreamSession:
                         f"audio_content of {len(chunk)} bytes is over the limit of "
                         f"{self.config.max_chunk_bytes} bytes per request (max_chunk_bytes); send smaller chunks",
                     )
-                if self._input_done:
+                if not self.state.takes_audio:
                     continue  # single utterance or draining: later audio is ignored
                 self._process(chunk)
             self._finish_input(flush=True)  # the client half-closed
@@ -299,25 +291,59 @@ class StreamSession:
             )
             self._finish_input(flush=True)
             return
-        audio = self.decoder.feed(chunk)
         self._received_s += seconds
         self._audio_counter.inc(seconds)
-        self._endpoint(audio)
-        self._release_held_finals()
-        if not self._input_done:
-            self._check_buffer()
+        self._push(chunk)
+        if self._vad.waiting(self) and max(ep.unscored_s for ep in self._endpointers) >= _SCORE_NOW_S:
+            # Audio piles up before the pass: the client sends faster than real time. Endpoint now, as
+            # chunks were before batching, so that the buffer limit is still checked as audio comes and
+            # unscored audio stays small. (Real-time calls, even bunched by a late loop, stay batched.)
+            self._on_scored(self._vad.score_now(self._endpointers))
+        else:
+            # This tick's VAD pass scores every stream's new audio at once; _on_scored goes on from there.
+            self._vad.request(self, self._endpointers, self._on_scored)
 
-    def _endpoint(self, audio: np.ndarray) -> None:
-        """[channels, n] 16 kHz -> endpointer of each channel (or the mixdown) -> events."""
-        if audio.shape[1] == 0:
-            return
-        per_channel = audio if self.settings.separate_channels else mixdown(audio)[None]
-        for ch, samples in zip(self.channels, per_channel, strict=True):
-            if self._input_done:
+    def _push(self, chunk: bytes) -> None:
+        """Decoded audio -> endpointer of each channel (or the mixdown), to be scored."""
+        native: np.ndarray | None = None
+        if self._vad_native:  # the VAD scores the audio as it came; the 16 kHz is for the engine
+            native, audio = self.decoder.feed_native(chunk)
+        else:
+            audio = self.decoder.feed(chunk)
+        self._push_audio(audio, native)
+
+    def _push_audio(self, audio: np.ndarray, native: np.ndarray | None) -> None:
+        if not self.settings.separate_channels:
+            audio = mixdown(audio)[None]
+            native = None if native is None else mixdown(native)[None]
+        for i, ch in enumerate(self.channels):
+            ch.endpointer.push(audio[i], None if native is None else native[i])
+
+    def _on_scored(self, probs: list[np.ndarray] | Exception) -> None:
+        """This tick's VAD probabilities for each channel: events, interims, buffer limits."""
+        if not self.state.takes_audio:
+            return  # what was pushed was scored when the input ended (_finish_input)
+        try:
+            if isinstance(probs, Exception):
+                raise probs
+            self._endpoint(probs)
+            self._release_held_finals()
+            if self.state.takes_audio:
+                self._check_buffer()
+        except StreamError as e:
+            self._fail(e)
+        except Exception as e:  # a bug of ours: fail this stream only, loudly
+            log.exception("stream endpointing failed", extra={"fields": {"stream_id": self.id}})
+            self._fail(StreamError(grpc.StatusCode.INTERNAL, f"internal error: {type(e).__name__}: {e}"))
+
+    def _endpoint(self, probs: list[np.ndarray]) -> None:
+        """Each channel's state machine over its scored windows -> events (and interims)."""
+        for ch, p in zip(self.channels, probs, strict=True):
+            if not self.state.takes_audio:
                 return  # an engine refusal (or single utterance) ended the input: nothing more is sent
-            for event in ch.endpointer.feed(samples):
+            for event in ch.endpointer.advance(p):
                 self._on_event(ch, event)
-                if self._input_done:
+                if not self.state.takes_audio:
                     return
             if self.settings.interim_results:
                 self._maybe_interim(ch)
@@ -326,25 +352,19 @@ class StreamSession:
         if isinstance(event, SpeechStarted):
             ch.speech_start_s = event.offset_s
             ch.speech_start_wall = time.monotonic()
-            self._put(self._speech_event(EventType.SPEECH_ACTIVITY_BEGIN, event.offset_s, ch.tag))
+            self._put(speech_event(EventType.SPEECH_ACTIVITY_BEGIN, event.offset_s, ch.tag))
         elif isinstance(event, SpeechEnded):
-            self._put(self._speech_event(EventType.SPEECH_ACTIVITY_END, event.offset_s, ch.tag))
+            self._put(speech_event(EventType.SPEECH_ACTIVITY_END, event.offset_s, ch.tag))
         else:
             self._submit(ch, event)
-            if self._input_done:
+            if not self.state.takes_audio:
                 return  # refused: the stream ends once what was admitted has its final
             if event.forced_cut:  # speech goes on: the next utterance starts at the cut
                 ch.speech_start_s = event.end_s
                 ch.speech_start_wall = time.monotonic()
             if self.settings.single_utterance:
-                self._put(self._speech_event(EventType.END_OF_SINGLE_UTTERANCE, event.end_s, ch.tag))
+                self._put(speech_event(EventType.END_OF_SINGLE_UTTERANCE, event.end_s, ch.tag))
                 self._finish_input(flush=False)
-
-    @staticmethod
-    def _speech_event(kind: int, offset_s: float, tag: int) -> Response:
-        return Response(
-            speech_event_type=kind, speech_event_offset=duration(offset_s), speech_event_channel_tag=tag
-        )
 
     def _submit(self, ch: _Channel, utterance: Utterance) -> None:
         ready = time.monotonic()
@@ -360,10 +380,7 @@ class StreamSession:
             # refusal's status (also while draining: _finish_input's flush lands here).
             self._end_after_admitted(engine_refusal(e))
             return
-        if ch.interim is not None:
-            # The final covers everything the interim in flight was asked about: save the engine's work.
-            ch.interim.cancel()
-            ch.interim = None
+        ch.interim.cancel()  # the final covers everything the interim in flight was asked about
         pending = _Pending(utterance, handle, ready)
         ch.unsettled.append(pending)
         ch.next_index = utterance.index + 1
@@ -379,27 +396,30 @@ class StreamSession:
     def _finish_input(self, *, flush: bool) -> None:
         """No more audio: optionally endpoint what was heard as if the client half-closed, then let the
         finalizers drain and end the stream."""
-        if self._input_done:
+        if not self.state.takes_audio:
             return
         if flush:
             try:
-                self._endpoint(self.decoder.flush())
+                tail = self.decoder.flush()
+                self._push_audio(tail, tail[:, :0] if self._vad_native else None)
+                self._endpoint(self._vad.score_now(self._endpointers))  # no wait for the tick
                 for ch in self.channels:
-                    for event in [] if self._input_done else ch.endpointer.flush():
+                    for event in ch.endpointer.flush() if self.state.takes_audio else []:
                         self._on_event(ch, event)
             except StreamError as e:
                 self._fail(e)
                 return
-            if self._input_done:
+            if not self.state.takes_audio:
                 return  # single_utterance ended the input while flushing
-        self._input_done = True
+        self._become(StreamState.FINISHING)
         for ch in self.channels:
             ch.finals.put_nowait(None)
         self._spawn(self._complete())
 
     async def _complete(self) -> None:
         await asyncio.gather(*self._finalizers, return_exceptions=True)
-        self._out.put_nowait(_End(self._end_status))
+        if self._become(StreamState.ENDED):
+            self._out.put_nowait(None)
 
     # --- buffering ahead of transcription ---
 
@@ -471,7 +491,7 @@ class StreamSession:
                 ready = ch.results.release()
             for result, on_sent in ready:
                 self._put(Response(results=[result]), on_sent=on_sent)
-            if not self._closed:
+            if self.state is not StreamState.CLOSED:
                 self._update_buffer()
         self._send_held(ch)  # the channel is over: nothing more to wait for
 
@@ -527,14 +547,13 @@ class StreamSession:
     def _maybe_interim(self, ch: _Channel) -> None:
         now = time.monotonic()
         if (
-            self._input_done
+            not self.state.takes_audio
             or not ch.endpointer.in_speech
-            or ch.interim is not None
-            or now - max(ch.last_interim_wall, ch.speech_start_wall) < self.config.interim_interval_s
+            or not ch.interim.due(now, ch.speech_start_wall)
         ):
             return
         audio = ch.endpointer.partial()
-        if audio is None or len(audio) < MIN_INTERIM_AUDIO_S * TARGET_RATE:
+        if audio is None or not ch.interim.enough_audio(len(audio), TARGET_RATE):
             return
         options = dataclasses.replace(self.settings.options, interim=True, timestamps=False)
         try:
@@ -544,8 +563,7 @@ class StreamSession:
         except EngineStopped as e:
             self._end_after_admitted(engine_refusal(e))  # UNAVAILABLE, as for a final
             return
-        ch.interim = handle
-        ch.last_interim_wall = now
+        ch.interim.asked(handle, now)
         self._spawn(self._interim_result(ch, handle, ch.next_index, ch.speech_start_s, self._received_s))
 
     async def _interim_result(
@@ -556,25 +574,12 @@ class StreamSession:
         except Exception:
             return  # a lost interim costs nothing: the final follows
         finally:
-            if ch.interim is handle:
-                ch.interim = None
+            ch.interim.answered(handle)
         text = t.text.strip()
         if ch.settled > index or not text:
             return  # the final overtook it: an interim must never follow its final
-        stability = _stability(ch.last_interim_text if ch.first_interim_for == index else "", text)
-        ch.last_interim_text = text
-        first = ch.first_interim_for != index
-        ch.first_interim_for = index
-        result = asr_pb2.StreamingRecognitionResult(
-            alternatives=[ch.results.interim_alternative(t)],
-            is_final=False,
-            stability=stability,
-            start_offset=duration(start_s),
-            end_offset=duration(end_s),
-            channel_tag=ch.tag,
-            language_code=t.language,
-            utterance_index=index,
-        )
+        stability, first = ch.interim.accept(index, text)
+        result = ch.results.interim(t, index, start_s, end_s, stability)
         on_sent = None
         if first:
             on_sent = functools.partial(_observe_since, ch.speech_start_wall, metrics.TIME_TO_FIRST_INTERIM)

@@ -138,6 +138,7 @@ def test_two_frontends_one_metrics_scrape_and_a_frontend_crash_is_replaced() -> 
         memory = {labels["process"]: v for labels, v in metrics["process_resident_memory_bytes"]}
         assert memory["engine"] > memory["frontend-0"] > 0  # the engine holds the model
         assert metrics["asr_ipc_seconds_count"][0][1] >= 1  # the stream's utterance (warm-up is in-engine)
+        assert metrics["asr_vad_seconds_count"][0][1] >= 1  # a frontend's VAD passes (multiprocess histogram)
         assert metrics["asr_engine_requests_total"]  # the engine process's series
         handled = [v for labels, v in metrics["grpc_server_handled_total"] if labels["grpc_code"] == "OK"]
         assert sum(handled) >= 1  # a frontend's series

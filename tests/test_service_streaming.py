@@ -295,6 +295,10 @@ async def test_client_cancel_frees_engine_slots(
                 if response.speech_event_type == Event.SPEECH_ACTIVITY_END:
                     break
             await responses.aclose()  # cancels the call
+        # The gate opens only once the server has seen the cancel (and freed the stream's slots): opened
+        # at once, a busy server could finish the utterances before the cancel reached it.
+        sessions = asr_server.server.recognizer.sessions
+        await wait_until(lambda: not sessions, 30, "the server saw the cancel")
     finally:
         engine._scheduler.fault_hook = None
         gate.set()
@@ -537,7 +541,7 @@ async def test_final_cancels_its_interim_still_in_flight(service_engine: Engine)
                 sessions = server.server.recognizer.sessions
                 await stream.send(data[split : split + 3200])
                 await wait_until(
-                    lambda: any(ch.interim is not None for s in sessions for ch in s.channels),
+                    lambda: any(ch.interim.in_flight is not None for s in sessions for ch in s.channels),
                     30,
                     "an interim submitted",
                 )
