@@ -37,11 +37,15 @@ from service.endpointing import (
     Endpointer,
     EndpointingError,
     EndpointSettings,
+    Event,
+    SpeculationCancelled,
+    SpeculativeEnd,
     SpeechEnded,
     SpeechStarted,
     Utterance,
 )
 from service.results import ChannelResults, ResultOptions
+from service.speculation import Speculations
 
 log = logging.getLogger("service.session")
 
@@ -169,7 +173,8 @@ class StreamSession:
         n = settings.channels if settings.separate_channels else 1
         self.channels = [
             _Channel(
-                tag=i + 1 if settings.separate_channels else 0, endpointer=Endpointer(settings.endpointing)
+                tag=i + 1 if settings.separate_channels else 0,
+                endpointer=Endpointer(settings.endpointing, speculative=config.speculative_endpointing),
             )
             for i in range(n)
         ]
@@ -188,6 +193,7 @@ class StreamSession:
         self._end_status: StreamError | None = None
         self._finalizers: list[asyncio.Task[Any]] = []
         self._closed = False
+        self._speculations = Speculations(engine, settings.options, stream_id)  # service/speculation.py
 
     # --- the writer: the RPC handler iterates this ---
 
@@ -218,6 +224,7 @@ class StreamSession:
         if self._closed:
             return
         self._closed = True
+        self._speculations.cancel_all()
         for ch in self.channels:
             for p in ch.unsettled:
                 p.handle.cancel()
@@ -322,8 +329,15 @@ class StreamSession:
             if self.settings.interim_results:
                 self._maybe_interim(ch)
 
-    def _on_event(self, ch: _Channel, event: SpeechStarted | SpeechEnded | Utterance) -> None:
-        if isinstance(event, SpeechStarted):
+    def _on_event(self, ch: _Channel, event: Event) -> None:
+        if isinstance(event, SpeculativeEnd):
+            # submitted now, held until the end is confirmed; it supersedes the interim in flight as a final
+            if self._speculations.offer(ch.tag, event.utterance, time.monotonic()) and ch.interim is not None:
+                ch.interim.cancel()
+                ch.interim = None
+        elif isinstance(event, SpeculationCancelled):
+            self._speculations.cancel(ch.tag)
+        elif isinstance(event, SpeechStarted):
             ch.speech_start_s = event.offset_s
             ch.speech_start_wall = time.monotonic()
             self._put(self._speech_event(EventType.SPEECH_ACTIVITY_BEGIN, event.offset_s, ch.tag))
@@ -349,7 +363,7 @@ class StreamSession:
     def _submit(self, ch: _Channel, utterance: Utterance) -> None:
         ready = time.monotonic()
         try:
-            handle = self.engine.submit(
+            handle = self._speculations.take(ch.tag, utterance) or self.engine.submit(
                 utterance.audio,
                 self.settings.options,
                 ready_time=ready,
@@ -392,6 +406,7 @@ class StreamSession:
                 return
             if self._input_done:
                 return  # single_utterance ended the input while flushing
+        self._speculations.cancel_all()  # what was not confirmed by now is not an utterance
         self._input_done = True
         for ch in self.channels:
             ch.finals.put_nowait(None)
@@ -530,6 +545,7 @@ class StreamSession:
             self._input_done
             or not ch.endpointer.in_speech
             or ch.interim is not None
+            or self._speculations.pending(ch.tag)  # a final candidate is already being recognized
             or now - max(ch.last_interim_wall, ch.speech_start_wall) < self.config.interim_interval_s
         ):
             return
