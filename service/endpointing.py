@@ -236,8 +236,8 @@ class Endpointer:
         self._speculative = speculative
         # the SpeculativeEnd in flight: (audio_start, audio_end, speech_start, speech_end) and its utterance
         self._spec: tuple[tuple[int, int, int, int], Utterance] | None = None
-        # windows from the last speech window to the window that confirms the end (min silence, rounded up
-        # to whole windows as _step counts it)
+        # samples from the last speech window's end to the end of the window that confirms the end of the
+        # utterance (min silence rounded up to whole windows, as _step counts it)
         self._confirm_after = -(-self._min_silence // WINDOW) * WINDOW
 
     @property
@@ -323,13 +323,16 @@ class Endpointer:
             self._maybe_speculate(events)
 
     def _maybe_speculate(self, events: list[Event]) -> None:
-        """In the silence after speech: once the audio the end would be cut with is all buffered, offer
-        the utterance early. The cut is the one _step will make if no speech comes back before the
-        silence reaches min_silence_s: audio to min(last speech + pad, the confirming window's end)."""
+        """In the silence after speech: once the audio the end would be cut with is all here and scored
+        silent, offer the utterance early. The cut is the one _step will make if no speech comes back
+        before the silence reaches min_silence_s: audio to min(last speech + pad, the confirming window's
+        end). Waiting for the pad to be scored (not merely received) keeps one silent window between
+        words from costing an engine request when audio comes faster than real time; in a live call the
+        pad is the last audio received anyway."""
         confirm_at = self._last_speech + self._confirm_after
         audio_end = min(self._last_speech + self._pad, confirm_at)
-        if audio_end > self._buf_start + self._buf_len:
-            return  # the trailing pad has not arrived yet
+        if audio_end > self._scored:
+            return  # the trailing pad has not been heard (as silence) yet
         # a forced cut would come first (the utterance hits max_utterance_s within the silence): the cut
         # it makes is elsewhere, so there is nothing to offer
         forced_at = -(-(self._audio_start + self._max_len) // WINDOW) * WINDOW
