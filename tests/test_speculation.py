@@ -114,6 +114,23 @@ def test_speculation_changes_no_utterance(mixed: np.ndarray, chunk: int) -> None
     assert sum(isinstance(e, SpeculationCancelled) for e in on) >= 1  # the short pause at least
 
 
+def test_offers_do_not_depend_on_how_fast_audio_arrives(mixed: np.ndarray) -> None:
+    """Sent faster than real time, the pad is buffered at the first silent window: an offer there would
+    cost an engine request at every dip between words. Offers wait for the pad to be scored silent, so
+    they fall at the same windows whether audio comes in 10 ms chunks or all at once."""
+
+    def offers(chunk: int) -> list[tuple[str, int, float]]:
+        out = []
+        for e in run(mixed, True, chunk):
+            if isinstance(e, SpeculativeEnd):
+                out.append(("offer", e.utterance.index, e.utterance.end_s))
+            elif isinstance(e, SpeculationCancelled):
+                out.append(("cancel", e.index, 0.0))
+        return out
+
+    assert offers(160) == offers(len(mixed))
+
+
 def test_offer_comes_once_the_pad_is_there_and_before_the_end(jfk: np.ndarray) -> None:
     """The utterance is offered as soon as the audio through its trailing pad is buffered: well before
     the silence reaches min_silence_s, and it is the object the end then confirms."""
