@@ -418,3 +418,41 @@ def test_a_miss_is_cancelled_in_the_engine_process(
     assert after.get(("speculative", "hit"), 0) == before.get(("speculative", "hit"), 0) + 1
     # sent at once, the cancel reaches the engine process before it has recognized the offer
     assert after.get(("engine", "cancelled"), 0) >= before.get(("engine", "cancelled"), 0) + 1
+
+
+@pytest.mark.slow
+async def test_an_offer_cancels_the_interim_in_flight(
+    service_engine: Engine, servers: dict[bool, ServerThread]
+) -> None:
+    """A speculative final supersedes the interim still waiting for the engine, as a final does: the
+    interim is cancelled in the engine and never sent."""
+    audio = spoken_then_pause()
+    head = round(1.2 * RATE)
+    cancelled = metric("asr_engine_requests_total", kind="interim", outcome="cancelled")
+    server = ServerThread(
+        ServerConfig(speculative_endpointing=True, interim_interval_s=0.2), service_engine
+    ).start()
+    try:
+        with scheduler_gate(service_engine) as gate:
+            await gate.close()
+            async with aio.insecure_channel(server.target) as channel:
+                config = config_request(enable_word_time_offsets=True)
+                config.streaming_config.interim_results = True
+                s = OpenStream(channel, config=config)
+                await s.open()
+                await s.send(pcm(audio[:head]))  # speech has begun
+                await asyncio.sleep(0.3)  # longer than the interim interval
+                await s.send(pcm(audio[head : head + 3200]))
+                await wait_until(lambda: gate.queued() == 1, 30, "an interim submitted")
+                await s.send(pcm(audio[head + 3200 :]))
+                await wait_until(lambda: offer_pending(server), 30, "the utterance offered")
+                sessions = list(server.server.recognizer.sessions)
+                assert sessions and all(ch.interim is None for x in sessions for ch in x.channels)
+                gate.open()
+                outcome = await s.finish()
+    finally:
+        server.stop()
+    assert outcome.code == grpc.StatusCode.OK, outcome.details
+    assert metric("asr_engine_requests_total", kind="interim", outcome="cancelled") == cancelled + 1
+    assert not [r for x in outcome.responses for r in x.results if not r.is_final]
+    assert final_results(outcome.responses) == await final_off(servers, audio)
