@@ -45,6 +45,8 @@ SPECULATIVE_ENDPOINTS = Counter(
     "engine), refused (the engine refused or failed it: submitted again when confirmed)",
     ["outcome"],
 )
+for _outcome in ("hit", "miss", "refused"):  # at 0 from the start, so that rates and ratios have data
+    SPECULATIVE_ENDPOINTS.labels(_outcome)
 SPECULATIVE_WASTED_AUDIO = Counter(
     "asr_speculative_wasted_audio_seconds_total",
     "Audio of speculative requests cancelled on a miss: an upper bound of the engine work wasted (a "

@@ -313,18 +313,23 @@ async def final_off(servers: dict[bool, ServerThread], audio: np.ndarray) -> lis
 
 @pytest.mark.slow
 async def test_half_close_with_an_offer_pending_still_gets_the_final(
-    servers: dict[bool, ServerThread],
+    service_engine: Engine, servers: dict[bool, ServerThread]
 ) -> None:
     audio = spoken_then_pause()
     hits = metric("asr_speculative_endpoints_total", outcome="hit")
-    async with aio.insecure_channel(servers[True].target) as channel:
-        s = OpenStream(channel, config=config_request(enable_word_time_offsets=True))
-        await s.open()
-        await s.send(pcm(audio))
-        await wait_until(lambda: offer_pending(servers[True]), 30, "the utterance offered")
-        outcome = await s.finish()
+    with scheduler_gate(service_engine) as recorder:  # never closed: only records what is encoded
+        async with aio.insecure_channel(servers[True].target) as channel:
+            s = OpenStream(channel, config=config_request(enable_word_time_offsets=True))
+            stream_id = await s.open()
+            await s.send(pcm(audio))
+            await wait_until(lambda: offer_pending(servers[True]), 30, "the utterance offered")
+            outcome = await s.finish()
     assert outcome.code == grpc.StatusCode.OK, outcome.details
     assert len(final_results(outcome.responses)) == 1
+    # the speculative request became the final: none was made at the confirmation (its id would be
+    # the plain "<stream>-<channel>-<index>" of service/session.py)
+    encoded = [rid for rid, _ in recorder.encoded if rid.startswith(f"{stream_id}-")]
+    assert encoded and "-spec" in encoded[-1] and f"{stream_id}-0-0" not in encoded
     assert final_results(outcome.responses) == await final_off(servers, audio)
     assert metric("asr_speculative_endpoints_total", outcome="hit") == hits + 1  # the flush confirmed it
 
@@ -453,6 +458,6 @@ async def test_an_offer_cancels_the_interim_in_flight(
     finally:
         server.stop()
     assert outcome.code == grpc.StatusCode.OK, outcome.details
-    assert metric("asr_engine_requests_total", kind="interim", outcome="cancelled") == cancelled + 1
+    assert metric("asr_engine_requests_total", kind="interim", outcome="cancelled") >= cancelled + 1
     assert not [r for x in outcome.responses for r in x.results if not r.is_final]
     assert final_results(outcome.responses) == await final_off(servers, audio)
