@@ -331,10 +331,10 @@ class StreamSession:
 
     def _on_event(self, ch: _Channel, event: Event) -> None:
         if isinstance(event, SpeculativeEnd):
-            # submitted now, held until the end is confirmed; it supersedes the interim in flight as a final
-            if self._speculations.offer(ch.tag, event.utterance, time.monotonic()) and ch.interim is not None:
-                ch.interim.cancel()
-                ch.interim = None
+            # submitted now, held until the end is confirmed (_submit). The interim in flight is left alone
+            # until then, as without speculation: on a miss the utterance goes on and the interim is still
+            # wanted (cancelling it at each offer starved interims on a busy engine)
+            self._speculations.offer(ch.tag, event.utterance, time.monotonic())
         elif isinstance(event, SpeculationCancelled):
             self._speculations.cancel(ch.tag)
         elif isinstance(event, SpeechStarted):
