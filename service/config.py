@@ -74,6 +74,15 @@ class ServerConfig:
         default=1.0,
         metadata={"help": "with interim_results: re-transcribe the partial utterance at most this often"},
     )
+    speculative_endpointing: bool = field(
+        default=True,
+        metadata={
+            "help": "start recognizing an utterance as soon as its audio is known (speech pad after its "
+            "end), before the silence is long enough to confirm it; the result is sent only once confirmed "
+            "and is cancelled if speech resumes: end of speech -> final latency becomes the larger of the "
+            "silence wait and the recognition time instead of their sum (finals are identical)"
+        },
+    )
     drain_seconds: float = field(
         default=25.0,
         metadata={

@@ -2,7 +2,9 @@
 
 One model per process (`load_vad()`); each stream/channel owns a small `VadState` (the model's LSTM
 state and the last samples of context) and an `Endpointer` that turns speech probabilities per 32 ms
-window into SpeechStarted / SpeechEnded / Utterance events.
+window into SpeechStarted / SpeechEnded / Utterance events (and, with `speculative=True`,
+SpeculativeEnd / SpeculationCancelled: the utterance offered as soon as its audio is known, before the
+silence is long enough to confirm it).
 
 Who computes the probabilities is separate from what the state machine does with them: `feed()` scores
 one channel on its own (tools, Recognize, tests), while a stream server pushes audio
@@ -139,7 +141,26 @@ class Utterance:
         return self.start_s - self.lead_s
 
 
-Event = SpeechStarted | SpeechEnded | Utterance
+@dataclass(frozen=True)
+class SpeculativeEnd:
+    """Speech has stopped and the audio the utterance would have if the silence lasts is all here.
+
+    `utterance` is the very object the confirming `Utterance` event will carry (same audio, bounds and
+    index) unless speech resumes, a forced cut intervenes or the stream ends elsewhere: then a
+    `SpeculationCancelled` comes first. Only from an Endpointer made with `speculative=True`.
+    """
+
+    utterance: Utterance
+
+
+@dataclass(frozen=True)
+class SpeculationCancelled:
+    """The last SpeculativeEnd will not be confirmed (speech resumed, or the utterance was cut elsewhere)."""
+
+    index: int
+
+
+Event = SpeechStarted | SpeechEnded | SpeculativeEnd | SpeculationCancelled | Utterance
 
 
 @dataclass
@@ -271,7 +292,12 @@ class Endpointer:
     """
 
     def __init__(
-        self, settings: EndpointSettings | None = None, vad: SileroVad | None = None, vad_rate: int = RATE
+        self,
+        settings: EndpointSettings | None = None,
+        vad: SileroVad | None = None,
+        vad_rate: int = RATE,
+        *,
+        speculative: bool = False,
     ) -> None:
         self.settings = s = settings or EndpointSettings()
         s.validate()
@@ -299,6 +325,12 @@ class Endpointer:
         self._audio_start = 0  # sample where the current utterance's audio begins
         self._kept_from = 0  # audio before this went out with the previous utterance
         self._index = 0
+        self._speculative = speculative
+        # the SpeculativeEnd in flight: (audio_start, audio_end, speech_start, speech_end) and its utterance
+        self._spec: tuple[tuple[int, int, int, int], Utterance] | None = None
+        # samples from the last speech window's end to the end of the window that confirms the end of the
+        # utterance (min silence rounded up to whole windows, as _step counts it)
+        self._confirm_after = -(-self._min_silence // WINDOW) * WINDOW
 
     @property
     def in_speech(self) -> bool:
@@ -399,6 +431,7 @@ class Endpointer:
             end = total if self._last_speech == self._scored else self._last_speech
             if self._confirmed or end - self._speech_start >= self._min_speech:
                 self._end_utterance(end, min(end + self._pad, total), events)
+        self._cancel_speculation(events)  # (none is left after an end; kept for safety)
         self._speaking = self._confirmed = False
         self._kept_from = total
         self._trim_idle()
@@ -426,30 +459,71 @@ class Endpointer:
         if not self._confirmed and self._last_speech - self._speech_start >= self._min_speech:
             self._confirmed = True
             events.append(SpeechStarted(self._speech_start / RATE))
+        if self._spec is not None and self._last_speech != self._spec[0][3]:
+            self._cancel_speculation(events)  # speech resumed before the silence was long enough
         if end - self._last_speech >= self._min_silence:
             if self._confirmed:
                 self._end_utterance(self._last_speech, min(self._last_speech + self._pad, end), events)
             self._speaking = self._confirmed = False  # a burst shorter than min_speech_s: dropped
         elif end - self._audio_start >= self._max_len:
             self._forced_cut(events)
+        elif self._speculative and self._confirmed and self._spec is None and end > self._last_speech:
+            self._maybe_speculate(events)
+
+    def _maybe_speculate(self, events: list[Event]) -> None:
+        """In the silence after speech: once the audio the end would be cut with is all here and scored
+        silent, offer the utterance early. The cut is the one _step will make if no speech comes back
+        before the silence reaches min_silence_s: audio to min(last speech + pad, the confirming window's
+        end). Waiting for the pad to be scored (not merely received) keeps one silent window between
+        words from costing an engine request when audio comes faster than real time; in a live call the
+        pad is the last audio received anyway."""
+        confirm_at = self._last_speech + self._confirm_after
+        audio_end = min(self._last_speech + self._pad, confirm_at)
+        if audio_end > self._scored:
+            return  # the trailing pad has not been heard (as silence) yet
+        # a forced cut would come first (the utterance hits max_utterance_s within the silence): the cut
+        # it makes is elsewhere, so there is nothing to offer
+        forced_at = -(-(self._audio_start + self._max_len) // WINDOW) * WINDOW
+        if forced_at < confirm_at:
+            return
+        key = (self._audio_start, audio_end, self._speech_start, self._last_speech)
+        utterance = self._utterance(self._last_speech, audio_end, forced=False)
+        self._spec = (key, utterance)
+        events.append(SpeculativeEnd(utterance))
+
+    def _cancel_speculation(self, events: list[Event]) -> None:
+        if self._spec is not None:
+            events.append(SpeculationCancelled(self._spec[1].index))
+            self._spec = None
 
     def _end_utterance(
         self, speech_end: int, audio_end: int, events: list[Event], forced: bool = False
     ) -> None:
+        utterance = None
+        if self._spec is not None:
+            key, offered = self._spec
+            if not forced and key == (self._audio_start, audio_end, self._speech_start, speech_end):
+                utterance = offered  # the speculation holds: the very same utterance is confirmed
+                self._spec = None
+            else:
+                self._cancel_speculation(events)
         if not forced:
             events.append(SpeechEnded(speech_end / RATE))
-        events.append(
-            Utterance(
-                audio=self._slice(self._audio_start, audio_end),
-                start_s=self._speech_start / RATE,
-                end_s=speech_end / RATE,
-                index=self._index,
-                forced_cut=forced,
-                lead_s=(self._speech_start - self._audio_start) / RATE,
-            )
-        )
+        if utterance is None:
+            utterance = self._utterance(speech_end, audio_end, forced)
+        events.append(utterance)
         self._index += 1
         self._kept_from = audio_end
+
+    def _utterance(self, speech_end: int, audio_end: int, forced: bool) -> Utterance:
+        return Utterance(
+            audio=self._slice(self._audio_start, audio_end),
+            start_s=self._speech_start / RATE,
+            end_s=speech_end / RATE,
+            index=self._index,
+            forced_cut=forced,
+            lead_s=(self._speech_start - self._audio_start) / RATE,
+        )
 
     def _forced_cut(self, events: list[Event]) -> None:
         """Cut at the quietest window in the last 30% of the allowed span; the rest goes on."""

@@ -38,6 +38,20 @@ UTTERANCES = Counter(
     "Utterances by outcome: final (text sent), empty (silence or noise), cancelled, error",
     ["outcome"],
 )
+SPECULATIVE_ENDPOINTS = Counter(
+    "asr_speculative_endpoints_total",
+    "Utterances submitted to the engine before their end was confirmed (--speculative-endpointing), by "
+    "outcome: hit (confirmed: that request became the final), miss (speech resumed: cancelled in the "
+    "engine), refused (the engine refused or failed it: submitted again when confirmed)",
+    ["outcome"],
+)
+for _outcome in ("hit", "miss", "refused"):  # at 0 from the start, so that rates and ratios have data
+    SPECULATIVE_ENDPOINTS.labels(_outcome)
+SPECULATIVE_WASTED_AUDIO = Counter(
+    "asr_speculative_wasted_audio_seconds_total",
+    "Audio of speculative requests cancelled on a miss: an upper bound of the engine work wasted (a "
+    "request cancelled while still queued cost nothing)",
+)
 STREAM_BUFFER_SECONDS = Gauge(
     "asr_stream_buffer_seconds",
     "Audio received but not yet transcribed, summed over open streams (clients sending faster than real time)",

@@ -41,6 +41,9 @@ from service.endpointing import (
     Endpointer,
     EndpointingError,
     EndpointSettings,
+    Event,
+    SpeculationCancelled,
+    SpeculativeEnd,
     SpeechEnded,
     SpeechStarted,
     Utterance,
@@ -49,6 +52,7 @@ from service.endpointing import (
 from service.engine_api import RecognitionEngine
 from service.interim import InterimPolicy
 from service.results import ChannelResults, ResultOptions, speech_event
+from service.speculation import Speculations
 from service.stream_state import StreamState
 from service.vad_batch import vad_batcher
 
@@ -156,7 +160,9 @@ class StreamSession:
         self.channels = [
             _Channel(
                 tag=i + 1 if settings.separate_channels else 0,
-                endpointer=Endpointer(settings.endpointing, vad_rate=vad_rate),
+                endpointer=Endpointer(
+                    settings.endpointing, vad_rate=vad_rate, speculative=config.speculative_endpointing
+                ),
             )
             for i in range(n)
         ]
@@ -177,6 +183,7 @@ class StreamSession:
         self._buffer_s = 0.0  # this stream's share of asr_stream_buffer_seconds
         self._end_status: StreamError | None = None
         self._finalizers: list[asyncio.Task[Any]] = []
+        self._speculations = Speculations(engine, settings.options, stream_id)  # service/speculation.py
 
     def _become(self, new: StreamState) -> bool:
         """Move forward to `new`; False (and no move) when the stream is already past it."""
@@ -213,6 +220,7 @@ class StreamSession:
         it can run from the RPC's done callback whatever state the handler's generator is in)."""
         if not self._become(StreamState.CLOSED):
             return
+        self._speculations.cancel_all()
         for ch in self.channels:
             for p in ch.unsettled:
                 p.handle.cancel()
@@ -348,8 +356,15 @@ class StreamSession:
             if self.settings.interim_results:
                 self._maybe_interim(ch)
 
-    def _on_event(self, ch: _Channel, event: SpeechStarted | SpeechEnded | Utterance) -> None:
-        if isinstance(event, SpeechStarted):
+    def _on_event(self, ch: _Channel, event: Event) -> None:
+        if isinstance(event, SpeculativeEnd):
+            # submitted now, held until the end is confirmed (_submit). The interim in flight is left alone
+            # until then, as without speculation: on a miss the utterance goes on and the interim is still
+            # wanted (cancelling it at each offer starved interims on a busy engine)
+            self._speculations.offer(ch.tag, event.utterance, time.monotonic())
+        elif isinstance(event, SpeculationCancelled):
+            self._speculations.cancel(ch.tag)
+        elif isinstance(event, SpeechStarted):
             ch.speech_start_s = event.offset_s
             ch.speech_start_wall = time.monotonic()
             self._put(speech_event(EventType.SPEECH_ACTIVITY_BEGIN, event.offset_s, ch.tag))
@@ -369,7 +384,7 @@ class StreamSession:
     def _submit(self, ch: _Channel, utterance: Utterance) -> None:
         ready = time.monotonic()
         try:
-            handle = self.engine.submit(
+            handle = self._speculations.take(ch.tag, utterance) or self.engine.submit(
                 utterance.audio,
                 self.settings.options,
                 ready_time=ready,
@@ -411,6 +426,7 @@ class StreamSession:
                 return
             if not self.state.takes_audio:
                 return  # single_utterance ended the input while flushing
+        self._speculations.cancel_all()  # what was not confirmed by now is not an utterance
         self._become(StreamState.FINISHING)
         for ch in self.channels:
             ch.finals.put_nowait(None)
@@ -550,6 +566,7 @@ class StreamSession:
             not self.state.takes_audio
             or not ch.endpointer.in_speech
             or not ch.interim.due(now, ch.speech_start_wall)
+            or self._speculations.pending(ch.tag)  # a final candidate is already being recognized
         ):
             return
         audio = ch.endpointer.partial()

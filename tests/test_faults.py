@@ -136,6 +136,14 @@ class Hook:
         return [size for rid, size in self.seen if rid.startswith(prefix)]
 
 
+@pytest.fixture(autouse=True)
+def no_speculation(asr_server: ServerThread, monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests count one utterance's engine requests and queue places exactly while the scheduler is
+    held; a speculative miss (speech(1) pauses 0.2-0.5 s at its comma) adds a request, whose cancel then
+    waits for the held scheduler. Speculation's own fault cases are in tests/test_speculation.py."""
+    monkeypatch.setattr(asr_server.config, "speculative_endpointing", False)
+
+
 @pytest.fixture
 def hook(service_engine: Engine) -> Iterator[Hook]:
     scheduler = service_engine._scheduler

@@ -1,0 +1,106 @@
+"""Speculative end of utterance: a stream's engine requests for utterances whose end is not yet confirmed.
+
+The endpointer (`Endpointer(speculative=True)`) offers an utterance as soon as its audio is all there
+(`SpeculativeEnd`), about `min_silence_s - speech_pad_s` before the silence is long enough to confirm it.
+It is submitted to the engine at once as a final; its result is held here, never sent, until:
+- the endpointer confirms the very same utterance: `take()` hands the request over to become the
+  final (no second engine call), so the wait for silence and the recognition overlap;
+- speech resumes (`SpeculationCancelled`), or the stream ends another way: the request is cancelled in
+  the engine (in its own process too, through the engine client) and counted as a miss.
+An engine that refuses the speculative request (or fails it) costs nothing: the utterance is submitted
+again when it is confirmed, exactly as without speculation.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from dataclasses import dataclass
+
+from engine import DecodeOptions, EngineOverloaded, UtteranceHandle
+from engine.api import EngineStopped
+from service import metrics
+from service.audio import TARGET_RATE
+from service.endpointing import Utterance
+from service.engine_api import RecognitionEngine
+
+
+@dataclass
+class _Offer:
+    utterance: Utterance
+    handle: UtteranceHandle
+
+
+class Speculations:
+    """The speculative requests of one stream, at most one per channel (keyed by channel tag)."""
+
+    def __init__(self, engine: RecognitionEngine, options: DecodeOptions, stream_id: str) -> None:
+        self._engine = engine
+        self._options = options
+        self._stream_id = stream_id
+        self._offers: dict[int, _Offer] = {}
+        self._attempts = 0  # request ids stay unique: a cancelled id may still be in flight
+
+    def pending(self, channel: int) -> bool:
+        return channel in self._offers
+
+    def offer(self, channel: int, utterance: Utterance, ready_time: float) -> bool:
+        """Submit `utterance` as a final candidate; False when the engine refused it (then the confirmed
+        utterance is submitted the ordinary way)."""
+        self.cancel(channel)
+        self._attempts += 1
+        try:
+            handle = self._engine.submit(
+                utterance.audio,
+                self._options,
+                ready_time=ready_time,
+                request_id=f"{self._stream_id}-{channel}-{utterance.index}-spec{self._attempts}",
+            )
+        except (EngineOverloaded, EngineStopped, ValueError):
+            metrics.SPECULATIVE_ENDPOINTS.labels("refused").inc()
+            return False
+        self._offers[channel] = _Offer(utterance, handle)
+        return True
+
+    def take(self, channel: int, utterance: Utterance) -> UtteranceHandle | None:
+        """The confirmed `utterance`'s request if it was offered and is still good, else None (and what
+        was offered instead is cancelled)."""
+        offer = self._offers.pop(channel, None)
+        if offer is None:
+            return None
+        if offer.utterance is not utterance:
+            self._cancelled(offer)  # the endpointer cancels first; kept against a missed cancel
+            return None
+        if _failed(offer.handle):
+            # an engine in another process refuses on the future: submit again now, as without speculation
+            metrics.SPECULATIVE_ENDPOINTS.labels("refused").inc()
+            return None
+        metrics.SPECULATIVE_ENDPOINTS.labels("hit").inc()
+        return offer.handle
+
+    def cancel(self, channel: int) -> None:
+        """Speech resumed (or the stream ends): the offered request is dropped in the engine."""
+        offer = self._offers.pop(channel, None)
+        if offer is not None:
+            self._cancelled(offer)
+
+    def cancel_all(self) -> None:
+        for channel in list(self._offers):
+            self.cancel(channel)
+
+    @staticmethod
+    def _cancelled(offer: _Offer) -> None:
+        offer.handle.cancel()
+        metrics.SPECULATIVE_ENDPOINTS.labels("miss").inc()
+        metrics.SPECULATIVE_WASTED_AUDIO.inc(len(offer.utterance.audio) / TARGET_RATE)
+
+
+def _failed(handle: UtteranceHandle) -> bool:
+    """The request already failed (refused, cancelled): the confirmed utterance is better submitted again,
+    whose outcome is then exactly that of the path without speculation."""
+    future = handle.future
+    if not future.done():
+        return False
+    try:
+        return future.exception(timeout=0) is not None
+    except concurrent.futures.CancelledError:
+        return True
