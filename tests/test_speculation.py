@@ -450,11 +450,11 @@ async def test_interims_as_without_speculation(
                 await s.send(pcm(audio[head : head + 3200]))
                 await wait_until(lambda: gate.queued() == 1, 30, "an interim submitted")
                 (session,) = server.server.recognizer.sessions
-                interim = session.channels[0].interim
+                interim = session.channels[0].interim.in_flight
                 assert interim is not None
                 await s.send(pcm(audio[head + 3200 :]))
                 await wait_until(lambda: offer_pending(server), 30, "the utterance offered")
-                assert session.channels[0].interim is interim  # still in flight, not cancelled
+                assert session.channels[0].interim.in_flight is interim  # still in flight, not cancelled
                 assert not interim.future.cancelled()
                 gate.open()
                 outcome = await s.finish()
