@@ -28,7 +28,6 @@ import datetime as dt
 import json
 import os
 import platform
-import re
 import signal
 import subprocess
 import sys
@@ -41,10 +40,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # runnable as a plain script from a checkout
 
 from docs_section import write_section  # noqa: E402  (beside this script)
+from real_speech import build_real_manifest  # noqa: E402  (beside this script)
 
 from clients import loadgen  # noqa: E402
 from clients.client import RecognizerClient  # noqa: E402
-from clients.manifest import ManifestEntry, build_manifest  # noqa: E402
+from clients.manifest import build_manifest  # noqa: E402
 from service.ports import LOOPBACK, free_port  # noqa: E402
 
 SECTION = "## Capacity: frontends and calls"
@@ -53,53 +53,9 @@ TARGET_PCT = {20: 0.4, 100: 0.2}  # % of a core per call, by chunk ms (issue 12)
 HELD_LADDER = (16, 32, 48, 64, 96, 128, 192, 256)  # calls, 20 ms chunks
 SPEAKING_CALLS = 16
 SPEAKING_TARGET = 0.95  # through the server >= 95% of the in-process engine's throughput
-POCKETSPHINX = Path("/usr/share/pocketsphinx/test/data")
-JFK = REPO.parent / "shared" / "data" / "jfk.flac"
-JFK_TEXT = (
-    "and so my fellow americans ask not what your country can do for you ask what you can do for your country"
-)
 
 
 # --- audio ---
-
-
-def real_speech_manifest(out: Path) -> Path:
-    """REAL: pocketsphinx-testdata's librivox and cards clips and jfk.flac as 8 kHz mu-law (sox)."""
-    out.mkdir(parents=True, exist_ok=True)
-    clips: list[tuple[Path, str]] = []
-    for folder, transcript in (("librivox", "transcription"), ("cards", "cards.transcription")):
-        for line in (POCKETSPHINX / folder / transcript).read_text().splitlines():
-            m = re.match(r"\s*(?:<s>)?(.*?)(?:</s>)?\s*\(([^)]+)\)\s*$", line)
-            if m:
-                clips.append((POCKETSPHINX / folder / f"{m.group(2)}.wav", " ".join(m.group(1).split())))
-    clips.append((JFK, JFK_TEXT))
-    entries = []
-    for i, (src, text) in enumerate(clips):
-        dst = out / f"real{i:03d}.ulaw"
-        subprocess.run(
-            [
-                "sox",
-                "-D",
-                str(src),
-                "-r",
-                "8000",
-                "-c",
-                "1",
-                "-e",
-                "mu-law",
-                "-b",
-                "8",
-                "-t",
-                "raw",
-                str(dst),
-            ],
-            check=True,
-            capture_output=True,
-        )
-        entries.append(ManifestEntry(dst.name, "MULAW", 8000, text, "", 0))
-    path = out / "manifest.jsonl"
-    path.write_text("".join(e.to_json() + "\n" for e in entries))
-    return path
 
 
 # --- a server per configuration ---
@@ -348,7 +304,7 @@ def main() -> int:
     speaking: list[dict[str, Any]] = []
     if not args.skip_speaking:
         sets = [
-            ("REAL (librivox + cards + jfk, 8 kHz mu-law)", real_speech_manifest(args.out / "real")),
+            ("REAL (librivox + cards + jfk, 8 kHz mu-law)", build_real_manifest(args.out / "real")),
             ("ESPEAK (make-manifest --telephone)", build_manifest(args.out / "espeak", 16, ("MULAW",))),
         ]
         for name, manifest in sets:

@@ -42,59 +42,7 @@ sys.path.insert(0, str(REPO))  # runnable as a plain script from a checkout
 
 from clients import loadgen  # noqa: E402
 from scripts.bench_loadgen_ab import HOST, free_port  # noqa: E402
-
-SPHINX = Path("/usr/share/pocketsphinx/test/data")
-JFK = REPO.parent / "shared" / "data" / "jfk.flac"
-JFK_TEXT = "And so my fellow Americans, ask not what your country can do for you, ask what you can do for your country."
-
-
-def sphinx_transcripts(path: Path) -> dict[str, str]:
-    """`<s> text </s> (file-id)` lines -> {file-id: text}."""
-    out = {}
-    for line in path.read_text().splitlines():
-        if "(" in line:
-            text, fid = line.rsplit("(", 1)
-            out[fid.strip(" )")] = text.replace("<s>", "").replace("</s>", "").strip()
-    return out
-
-
-def real_speech_manifest(out: Path) -> Path:
-    """The real clips as 8 kHz mu-law raw files and manifest.jsonl (audio, encoding, rate, text)."""
-    clips: list[tuple[Path, str]] = []
-    for folder, listing in (("librivox", "transcription"), ("cards", "cards.transcription")):
-        texts = sphinx_transcripts(SPHINX / folder / listing)
-        clips += [(SPHINX / folder / f"{fid}.wav", text) for fid, text in sorted(texts.items())]
-    clips.append((JFK, JFK_TEXT))
-    missing = [str(p) for p, _ in clips if not p.exists()]
-    if missing:
-        raise SystemExit(f"missing real-speech clips (apt install pocketsphinx-testdata?): {missing}")
-    out.mkdir(parents=True, exist_ok=True)
-    lines = []
-    for i, (path, text) in enumerate(clips):
-        raw = out / f"real{i:02d}.ulaw"
-        subprocess.run(
-            [
-                "sox",
-                "-D",
-                str(path),
-                "-t",
-                "raw",
-                "-r",
-                "8000",
-                "-c",
-                "1",
-                "-e",
-                "mu-law",
-                "-b",
-                "8",
-                str(raw),
-            ],
-            check=True,
-        )
-        lines.append(json.dumps({"audio": raw.name, "encoding": "MULAW", "sample_rate": 8000, "text": text}))
-    manifest = out / "manifest.jsonl"
-    manifest.write_text("\n".join(lines) + "\n")
-    return manifest
+from scripts.real_speech import build_real_manifest  # noqa: E402
 
 
 def checkout(ref: str, into: Path) -> Path:
@@ -217,7 +165,7 @@ def main() -> None:
             ["git", "merge-base", "HEAD", "main"], cwd=REPO, check=True, capture_output=True, text=True
         ).stdout.strip()
     )
-    manifest = real_speech_manifest(args.out / "manifest")
+    manifest = build_real_manifest(args.out / "manifest")
     tmp = Path(tempfile.mkdtemp(prefix="bench-before-"))
     started = time.time()
     servers: list[Server] = []
