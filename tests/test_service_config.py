@@ -102,6 +102,7 @@ ENGINE_OUT_OF_RANGE = [
     ("--max-tokens", "449", "--max-tokens must be 7-448"),
     ("--threads", "-1", "--threads must be 0-1024"),
     ("--max-encoder-batch-while-decoding", "-1", "--max-encoder-batch-while-decoding must be 0-1024"),
+    ("--encoder-budget-while-decoding-ms", "-1", "--encoder-budget-while-decoding-ms must be 0-60000 ms"),
     ("--dtype", "float8", "--dtype must be one of auto, float32, float16, bfloat16"),
     ("--debug-crash-scheduler-after", "-1", "--debug-crash-scheduler-after must be 0-1000000"),
     ("--debug-hang-scheduler-after", "-1", "--debug-hang-scheduler-after must be 0-1000000"),

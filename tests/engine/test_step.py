@@ -31,7 +31,8 @@ from tests.support.engine import jfk_16k
 @pytest.fixture(scope="module")
 def engine() -> Iterator[Engine]:
     # 4 slots: batch buckets 1, 2, 4; a 300 ms window so that submits back to back share it.
-    engine = Engine(EngineConfig(threads=2, batch_window_ms=300.0, kv_slots=4))
+    # unquantized: what --compile on and a GPU run (--quantize auto means off for both)
+    engine = Engine(EngineConfig(threads=2, batch_window_ms=300.0, kv_slots=4, quantize="off"))
     engine.start()
     yield engine
     engine.stop()
@@ -212,8 +213,8 @@ def test_step_flags_are_validated(engine: Engine) -> None:
     ]
     assert "--cuda-graphs must be auto, on or off" in EngineConfig(cuda_graphs="always").validate()[0]  # type: ignore[arg-type]
     assert (
-        "--compile on does not combine with --quantize on"
-        in EngineConfig(compile=True, quantize=True).validate()[0]
+        "--compile on does not combine with --quantize int8"
+        in EngineConfig(compile=True, quantize="int8").validate()[0]
     )
     assert EngineConfig(cuda_graphs="auto", compile=True).validate() == []
     runner = runner_of(engine)  # --device auto that resolved to the CPU
