@@ -41,7 +41,13 @@ OWN_CONNECTION = (("grpc.use_local_subchannel_pool", 1),)
 @pytest.mark.parametrize("frontends", [1, 2])
 async def test_prestop_pause_then_sigterm_drains_streams_then_exits_zero(frontends: int) -> None:
     audio, bounds = make_conversation(
-        ["Thank you for calling, how can I help you today?", "I would like to check the status of my order."],
+        [
+            "Thank you for calling, how can I help you today?",
+            "I would like to check the status of my order.",
+            # Keeps the first two streams open past the preStop pause and into the drain: with
+            # speculative endpointing their last final is ready the moment their audio ends.
+            "It was placed last week and it has not arrived yet.",
+        ],
         pause_s=1.0,
     )
     server = ServerProcess(
