@@ -38,10 +38,18 @@ _BATCH_MODEL = "silero_vad.onnx"
 VAD_RATES = {16000: (512, 64), 8000: (256, 32)}
 
 
+# Rates a stream's VAD may run at besides 16 kHz. Empty: silero's 8 kHz model on the call's own audio
+# measured ~4x slower end of speech -> final at 16 real-time calls (p50/p95 1.65/6.27 s against
+# 0.52/0.82 s at 16 kHz, real speech, docs/benchmarks.md "Latency under load"): its cuts cost the engine
+# more. Telephone audio is resampled for the engine anyway; the 8 kHz path stays (Endpointer(vad_rate=...))
+# for when a measurement favours it.
+NATIVE_VAD_RATES: frozenset[int] = frozenset()
+
+
 def vad_rate_for(sample_rate_hertz: int) -> int:
-    """The rate a stream's VAD runs at: its own where silero has a model for it, else 16 kHz (after the
+    """The rate a stream's VAD runs at: its own where that is in NATIVE_VAD_RATES, else 16 kHz (after the
     resampling the engine needs anyway)."""
-    return sample_rate_hertz if sample_rate_hertz in VAD_RATES else RATE
+    return sample_rate_hertz if sample_rate_hertz in NATIVE_VAD_RATES else RATE
 
 
 class EndpointingError(ValueError):
