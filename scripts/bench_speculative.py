@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -41,8 +40,9 @@ from prometheus_client.parser import text_string_to_metric_families
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from scripts.docs_section import write_section  # noqa: E402
+from service.ports import LOOPBACK as HOST  # noqa: E402
+from service.ports import free_port  # noqa: E402
 
-HOST = "127.0.0.1"
 DATA = Path("/usr/share/pocketsphinx/test/data")
 JFK = REPO.parent / "shared" / "data" / "jfk.flac"
 FRAME_S = 0.02
@@ -64,12 +64,6 @@ class Final:
     text: str
     end_s: float
     latency_s: float
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
 
 
 def to_mulaw(path: Path, work: Path) -> bytes:
