@@ -13,6 +13,7 @@ from asr.v1 import asr_pb2
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from service.audio import StreamDecoder
 from service.call_metrics import (
     CallMetrics,
     CallMetricsError,
@@ -22,7 +23,7 @@ from service.call_metrics import (
     validate_interval,
 )
 from service.endpointing import Endpointer, Utterance
-from tests.support.audio import RATE, silence, speak, speech_bounds
+from tests.support.audio import RATE, silence, speak, speech_bounds, stereo, to_mulaw_8k_bytes
 
 Timeline = dict[int, list[tuple[float, float]]]
 
@@ -375,9 +376,9 @@ def _utterances(audio: np.ndarray) -> list[Utterance]:
 
 
 def test_real_stereo_call_through_the_endpointer() -> None:
-    """Agent (en-us) and customer (en-gb, 10 dB quieter) on their own channels: agent, 3 s of silence,
-    customer, 1 s, agent, and the customer cuts in 1.5 s into the agent's second sentence; 3 s of
-    silence at the end. Tolerances: 0.3 s of talk per channel, 0.25 s of overlap, 0.4 s of non-talk
+    """Agent (en-us) and customer (en-gb, 10 dB quieter) on their own channels of a stereo 8 kHz mu-law
+    call, decoded by the service's own decoder: agent, 3 s of silence, customer, 1 s, agent, and the
+    customer cuts in 1.5 s into the agent's second sentence; 3 s of silence at the end. Tolerances: 0.3 s of talk per channel, 0.25 s of overlap, 0.4 s of non-talk
     against the energy bounds of the speech laid out (silero's 32 ms windows and hysteresis; measured:
     every bound within 0.1 s), loudness within 1 dB."""
     a1, a2 = _speech(AGENT[0], "en-us"), _speech(AGENT[1], "en-us")
@@ -391,14 +392,17 @@ def test_real_stereo_call_through_the_endpointer() -> None:
     truth: Timeline = {1: [s_a1, s_a2], 2: [s_c1, s_c2]}
     assert s_c2[0] < s_a2[1] - 1.0, "the customer must cut in for over a second"
 
-    cut = {1: _utterances(agent), 2: _utterances(customer)}
+    decoder = StreamDecoder("MULAW", 8000, 2)
+    call = to_mulaw_8k_bytes(stereo(agent, customer))
+    heard = np.concatenate([decoder.feed(call), decoder.flush()], axis=1)
+    cut = {1: _utterances(heard[0]), 2: _utterances(heard[1])}
     assert [len(u) for u in cut.values()] == [2, 2], "each sentence is one utterance"
     tracker = CallMetricsTracker([1, 2])
     for tag, utterances in cut.items():  # in report order: all of a channel's, then the other's
         for u in utterances:
             tracker.utterance(tag, u)
             tracker.final(tag, u.start_s, u.end_s, len((AGENT if tag == 1 else CUSTOMER)[u.index].split()))
-    tracker.advance(total)
+    tracker.advance(heard.shape[1] / RATE)
     m = tracker.snapshot()
 
     want = CallMetricsTracker([1, 2])
