@@ -25,43 +25,53 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10\x61sr/v1/asr.proto\x12\x06\x61sr.v1\x1a\x1egoogle/protobuf/duration.proto\"\xd6\x02\n\x11RecognitionConfig\x12\'\n\x08\x65ncoding\x18\x01 \x01(\x0e\x32\x15.asr.v1.AudioEncoding\x12\x19\n\x11sample_rate_hertz\x18\x02 \x01(\x05\x12\x1b\n\x13\x61udio_channel_count\x18\x03 \x01(\x05\x12/\n\'enable_separate_recognition_per_channel\x18\x04 \x01(\x08\x12\x15\n\rlanguage_code\x18\x05 \x01(\t\x12\x0e\n\x06prompt\x18\x06 \x01(\t\x12#\n\x1b\x65nable_segment_time_offsets\x18\x07 \x01(\x08\x12 \n\x18\x65nable_word_time_offsets\x18\x08 \x01(\x08\x12\x1e\n\x16\x65nable_word_confidence\x18\t \x01(\x08\x12!\n\x06redact\x18\n \x03(\x0e\x32\x11.asr.v1.Redaction\"\xfd\x01\n\x11\x45ndpointingConfig\x12\x1e\n\x16speech_start_threshold\x18\x01 \x01(\x02\x12\x1c\n\x14speech_end_threshold\x18\x02 \x01(\x02\x12\x37\n\x14min_silence_duration\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x39\n\x16max_utterance_duration\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x36\n\x13min_speech_duration\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xaa\x01\n\x1aStreamingRecognitionConfig\x12)\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x19.asr.v1.RecognitionConfig\x12\x18\n\x10single_utterance\x18\x02 \x01(\x08\x12\x17\n\x0finterim_results\x18\x03 \x01(\x08\x12.\n\x0b\x65ndpointing\x18\x04 \x01(\x0b\x32\x19.asr.v1.EndpointingConfig\"\x89\x01\n\x19StreamingRecognizeRequest\x12>\n\x10streaming_config\x18\x01 \x01(\x0b\x32\".asr.v1.StreamingRecognitionConfigH\x00\x12\x17\n\raudio_content\x18\x02 \x01(\x0cH\x00\x42\x13\n\x11streaming_request\"}\n\rWordOrSegment\x12\x0c\n\x04text\x18\x01 \x01(\t\x12/\n\x0cstart_offset\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12-\n\nend_offset\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x90\x01\n\x1cSpeechRecognitionAlternative\x12\x12\n\ntranscript\x18\x01 \x01(\t\x12\x12\n\nconfidence\x18\x02 \x01(\x02\x12\'\n\x08segments\x18\x03 \x03(\x0b\x32\x15.asr.v1.WordOrSegment\x12\x1f\n\x05words\x18\x04 \x03(\x0b\x32\x10.asr.v1.WordInfo\"\x8c\x01\n\x08WordInfo\x12\x0c\n\x04word\x18\x01 \x01(\t\x12/\n\x0cstart_offset\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12-\n\nend_offset\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x12\n\nconfidence\x18\x04 \x01(\x02\"\xa2\x02\n\x1aStreamingRecognitionResult\x12:\n\x0c\x61lternatives\x18\x01 \x03(\x0b\x32$.asr.v1.SpeechRecognitionAlternative\x12\x10\n\x08is_final\x18\x02 \x01(\x08\x12\x11\n\tstability\x18\x03 \x01(\x02\x12/\n\x0cstart_offset\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12-\n\nend_offset\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x13\n\x0b\x63hannel_tag\x18\x06 \x01(\x05\x12\x15\n\rlanguage_code\x18\x07 \x01(\t\x12\x17\n\x0futterance_index\x18\x08 \x01(\x05\"\x8c\x03\n\x1aStreamingRecognizeResponse\x12\x33\n\x07results\x18\x01 \x03(\x0b\x32\".asr.v1.StreamingRecognitionResult\x12M\n\x11speech_event_type\x18\x02 \x01(\x0e\x32\x32.asr.v1.StreamingRecognizeResponse.SpeechEventType\x12\x36\n\x13speech_event_offset\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12 \n\x18speech_event_channel_tag\x18\x04 \x01(\x05\"\x8f\x01\n\x0fSpeechEventType\x12\x1c\n\x18SPEECH_EVENT_UNSPECIFIED\x10\x00\x12\x19\n\x15SPEECH_ACTIVITY_BEGIN\x10\x01\x12\x17\n\x13SPEECH_ACTIVITY_END\x10\x02\x12\x1b\n\x17\x45ND_OF_SINGLE_UTTERANCE\x10\x03\x12\r\n\tRECONNECT\x10\x04\"T\n\x10RecognizeRequest\x12)\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x19.asr.v1.RecognitionConfig\x12\x15\n\raudio_content\x18\x02 \x01(\x0c\"\xe1\x01\n\x17SpeechRecognitionResult\x12:\n\x0c\x61lternatives\x18\x01 \x03(\x0b\x32$.asr.v1.SpeechRecognitionAlternative\x12\x13\n\x0b\x63hannel_tag\x18\x02 \x01(\x05\x12/\n\x0cstart_offset\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12-\n\nend_offset\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x15\n\rlanguage_code\x18\x05 \x01(\t\"~\n\x11RecognizeResponse\x12\x30\n\x07results\x18\x01 \x03(\x0b\x32\x1f.asr.v1.SpeechRecognitionResult\x12\x37\n\x14total_audio_duration\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration*_\n\rAudioEncoding\x12\x18\n\x14\x45NCODING_UNSPECIFIED\x10\x00\x12\x0c\n\x08LINEAR16\x10\x01\x12\x08\n\x04\x46LAC\x10\x02\x12\t\n\x05MULAW\x10\x03\x12\x08\n\x04\x41LAW\x10\x04\x12\x07\n\x03WAV\x10\x05*E\n\tRedaction\x12\x19\n\x15REDACTION_UNSPECIFIED\x10\x00\x12\x07\n\x03PCI\x10\x01\x12\x07\n\x03SSN\x10\x02\x12\x0b\n\x07NUMBERS\x10\x03\x32\xaf\x01\n\nRecognizer\x12_\n\x12StreamingRecognize\x12!.asr.v1.StreamingRecognizeRequest\x1a\".asr.v1.StreamingRecognizeResponse(\x01\x30\x01\x12@\n\tRecognize\x12\x18.asr.v1.RecognizeRequest\x1a\x19.asr.v1.RecognizeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10\x61sr/v1/asr.proto\x12\x06\x61sr.v1\x1a\x1egoogle/protobuf/duration.proto\"\xc1\x03\n\x11RecognitionConfig\x12\'\n\x08\x65ncoding\x18\x01 \x01(\x0e\x32\x15.asr.v1.AudioEncoding\x12\x19\n\x11sample_rate_hertz\x18\x02 \x01(\x05\x12\x1b\n\x13\x61udio_channel_count\x18\x03 \x01(\x05\x12/\n\'enable_separate_recognition_per_channel\x18\x04 \x01(\x08\x12\x15\n\rlanguage_code\x18\x05 \x01(\t\x12\x0e\n\x06prompt\x18\x06 \x01(\t\x12#\n\x1b\x65nable_segment_time_offsets\x18\x07 \x01(\x08\x12 \n\x18\x65nable_word_time_offsets\x18\x08 \x01(\x08\x12\x1e\n\x16\x65nable_word_confidence\x18\t \x01(\x08\x12!\n\x06redact\x18\n \x03(\x0e\x32\x11.asr.v1.Redaction\x12\x10\n\x08keyterms\x18\x0b \x03(\t\x12&\n\nformatting\x18\x0c \x01(\x0e\x32\x12.asr.v1.Formatting\x12/\n\x0c\x63\x61ll_metrics\x18\r \x01(\x0b\x32\x19.asr.v1.CallMetricsConfig\"\x8a\x01\n\x11\x43\x61llMetricsConfig\x12\x38\n\x15min_non_talk_duration\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12;\n\x18min_interruption_overlap\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xfd\x01\n\x11\x45ndpointingConfig\x12\x1e\n\x16speech_start_threshold\x18\x01 \x01(\x02\x12\x1c\n\x14speech_end_threshold\x18\x02 \x01(\x02\x12\x37\n\x14min_silence_duration\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x39\n\x16max_utterance_duration\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x36\n\x13min_speech_duration\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xe4\x01\n\x1aStreamingRecognitionConfig\x12)\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x19.asr.v1.RecognitionConfig\x12\x18\n\x10single_utterance\x18\x02 \x01(\x08\x12\x17\n\x0finterim_results\x18\x03 \x01(\x08\x12.\n\x0b\x65ndpointing\x18\x04 \x01(\x0b\x32\x19.asr.v1.EndpointingConfig\x12\x38\n\x15\x63\x61ll_metrics_interval\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\"\"\n\x0eKeytermsUpdate\x12\x10\n\x08keyterms\x18\x01 \x03(\t\"\xbc\x01\n\x19StreamingRecognizeRequest\x12>\n\x10streaming_config\x18\x01 \x01(\x0b\x32\".asr.v1.StreamingRecognitionConfigH\x00\x12\x17\n\raudio_content\x18\x02 \x01(\x0cH\x00\x12\x31\n\x0fkeyterms_update\x18\x03 \x01(\x0b\x32\x16.asr.v1.KeytermsUpdateH\x00\x42\x13\n\x11streaming_request\"}\n\rWordOrSegment\x12\x0c\n\x04text\x18\x01 \x01(\t\x12/\n\x0cstart_offset\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12-\n\nend_offset\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x90\x01\n\x1cSpeechRecognitionAlternative\x12\x12\n\ntranscript\x18\x01 \x01(\t\x12\x12\n\nconfidence\x18\x02 \x01(\x02\x12\'\n\x08segments\x18\x03 \x03(\x0b\x32\x15.asr.v1.WordOrSegment\x12\x1f\n\x05words\x18\x04 \x03(\x0b\x32\x10.asr.v1.WordInfo\"\x8c\x01\n\x08WordInfo\x12\x0c\n\x04word\x18\x01 \x01(\t\x12/\n\x0cstart_offset\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12-\n\nend_offset\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x12\n\nconfidence\x18\x04 \x01(\x02\"\xa2\x02\n\x1aStreamingRecognitionResult\x12:\n\x0c\x61lternatives\x18\x01 \x03(\x0b\x32$.asr.v1.SpeechRecognitionAlternative\x12\x10\n\x08is_final\x18\x02 \x01(\x08\x12\x11\n\tstability\x18\x03 \x01(\x02\x12/\n\x0cstart_offset\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12-\n\nend_offset\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x13\n\x0b\x63hannel_tag\x18\x06 \x01(\x05\x12\x15\n\rlanguage_code\x18\x07 \x01(\t\x12\x17\n\x0futterance_index\x18\x08 \x01(\x05\"\xb7\x03\n\x1aStreamingRecognizeResponse\x12\x33\n\x07results\x18\x01 \x03(\x0b\x32\".asr.v1.StreamingRecognitionResult\x12M\n\x11speech_event_type\x18\x02 \x01(\x0e\x32\x32.asr.v1.StreamingRecognizeResponse.SpeechEventType\x12\x36\n\x13speech_event_offset\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12 \n\x18speech_event_channel_tag\x18\x04 \x01(\x05\x12)\n\x0c\x63\x61ll_metrics\x18\x05 \x01(\x0b\x32\x13.asr.v1.CallMetrics\"\x8f\x01\n\x0fSpeechEventType\x12\x1c\n\x18SPEECH_EVENT_UNSPECIFIED\x10\x00\x12\x19\n\x15SPEECH_ACTIVITY_BEGIN\x10\x01\x12\x17\n\x13SPEECH_ACTIVITY_END\x10\x02\x12\x1b\n\x17\x45ND_OF_SINGLE_UTTERANCE\x10\x03\x12\r\n\tRECONNECT\x10\x04\"T\n\x10RecognizeRequest\x12)\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x19.asr.v1.RecognitionConfig\x12\x15\n\raudio_content\x18\x02 \x01(\x0c\"\xe1\x01\n\x17SpeechRecognitionResult\x12:\n\x0c\x61lternatives\x18\x01 \x03(\x0b\x32$.asr.v1.SpeechRecognitionAlternative\x12\x13\n\x0b\x63hannel_tag\x18\x02 \x01(\x05\x12/\n\x0cstart_offset\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12-\n\nend_offset\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x15\n\rlanguage_code\x18\x05 \x01(\t\"\xa9\x01\n\x11RecognizeResponse\x12\x30\n\x07results\x18\x01 \x03(\x0b\x32\x1f.asr.v1.SpeechRecognitionResult\x12\x37\n\x14total_audio_duration\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12)\n\x0c\x63\x61ll_metrics\x18\x03 \x01(\x0b\x32\x13.asr.v1.CallMetrics\"\xc9\x01\n\x0b\x43\x61llMetrics\x12(\n\x08\x63hannels\x18\x01 \x03(\x0b\x32\x16.asr.v1.ChannelMetrics\x12\x30\n\rnon_talk_time\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12/\n\x0coverlap_time\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12-\n\ntotal_time\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xbc\x01\n\x0e\x43hannelMetrics\x12\x13\n\x0b\x63hannel_tag\x18\x01 \x01(\x05\x12,\n\ttalk_time\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x15\n\rinterruptions\x18\x03 \x01(\x05\x12\x18\n\x10words_per_minute\x18\x04 \x01(\x02\x12\x1f\n\x12mean_loudness_dbfs\x18\x05 \x01(\x02H\x00\x88\x01\x01\x42\x15\n\x13_mean_loudness_dbfs*_\n\rAudioEncoding\x12\x18\n\x14\x45NCODING_UNSPECIFIED\x10\x00\x12\x0c\n\x08LINEAR16\x10\x01\x12\x08\n\x04\x46LAC\x10\x02\x12\t\n\x05MULAW\x10\x03\x12\x08\n\x04\x41LAW\x10\x04\x12\x07\n\x03WAV\x10\x05*A\n\nFormatting\x12\x1a\n\x16\x46ORMATTING_UNSPECIFIED\x10\x00\x12\x0c\n\x08VERBATIM\x10\x01\x12\t\n\x05SMART\x10\x02*E\n\tRedaction\x12\x19\n\x15REDACTION_UNSPECIFIED\x10\x00\x12\x07\n\x03PCI\x10\x01\x12\x07\n\x03SSN\x10\x02\x12\x0b\n\x07NUMBERS\x10\x03\x32\xaf\x01\n\nRecognizer\x12_\n\x12StreamingRecognize\x12!.asr.v1.StreamingRecognizeRequest\x1a\".asr.v1.StreamingRecognizeResponse(\x01\x30\x01\x12@\n\tRecognize\x12\x18.asr.v1.RecognizeRequest\x1a\x19.asr.v1.RecognizeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'asr.v1.asr_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_AUDIOENCODING']._serialized_start=2525
-  _globals['_AUDIOENCODING']._serialized_end=2620
-  _globals['_REDACTION']._serialized_start=2622
-  _globals['_REDACTION']._serialized_end=2691
+  _globals['_AUDIOENCODING']._serialized_start=3400
+  _globals['_AUDIOENCODING']._serialized_end=3495
+  _globals['_FORMATTING']._serialized_start=3497
+  _globals['_FORMATTING']._serialized_end=3562
+  _globals['_REDACTION']._serialized_start=3564
+  _globals['_REDACTION']._serialized_end=3633
   _globals['_RECOGNITIONCONFIG']._serialized_start=61
-  _globals['_RECOGNITIONCONFIG']._serialized_end=403
-  _globals['_ENDPOINTINGCONFIG']._serialized_start=406
-  _globals['_ENDPOINTINGCONFIG']._serialized_end=659
-  _globals['_STREAMINGRECOGNITIONCONFIG']._serialized_start=662
-  _globals['_STREAMINGRECOGNITIONCONFIG']._serialized_end=832
-  _globals['_STREAMINGRECOGNIZEREQUEST']._serialized_start=835
-  _globals['_STREAMINGRECOGNIZEREQUEST']._serialized_end=972
-  _globals['_WORDORSEGMENT']._serialized_start=974
-  _globals['_WORDORSEGMENT']._serialized_end=1099
-  _globals['_SPEECHRECOGNITIONALTERNATIVE']._serialized_start=1102
-  _globals['_SPEECHRECOGNITIONALTERNATIVE']._serialized_end=1246
-  _globals['_WORDINFO']._serialized_start=1249
-  _globals['_WORDINFO']._serialized_end=1389
-  _globals['_STREAMINGRECOGNITIONRESULT']._serialized_start=1392
-  _globals['_STREAMINGRECOGNITIONRESULT']._serialized_end=1682
-  _globals['_STREAMINGRECOGNIZERESPONSE']._serialized_start=1685
-  _globals['_STREAMINGRECOGNIZERESPONSE']._serialized_end=2081
-  _globals['_STREAMINGRECOGNIZERESPONSE_SPEECHEVENTTYPE']._serialized_start=1938
-  _globals['_STREAMINGRECOGNIZERESPONSE_SPEECHEVENTTYPE']._serialized_end=2081
-  _globals['_RECOGNIZEREQUEST']._serialized_start=2083
-  _globals['_RECOGNIZEREQUEST']._serialized_end=2167
-  _globals['_SPEECHRECOGNITIONRESULT']._serialized_start=2170
-  _globals['_SPEECHRECOGNITIONRESULT']._serialized_end=2395
-  _globals['_RECOGNIZERESPONSE']._serialized_start=2397
-  _globals['_RECOGNIZERESPONSE']._serialized_end=2523
-  _globals['_RECOGNIZER']._serialized_start=2694
-  _globals['_RECOGNIZER']._serialized_end=2869
+  _globals['_RECOGNITIONCONFIG']._serialized_end=510
+  _globals['_CALLMETRICSCONFIG']._serialized_start=513
+  _globals['_CALLMETRICSCONFIG']._serialized_end=651
+  _globals['_ENDPOINTINGCONFIG']._serialized_start=654
+  _globals['_ENDPOINTINGCONFIG']._serialized_end=907
+  _globals['_STREAMINGRECOGNITIONCONFIG']._serialized_start=910
+  _globals['_STREAMINGRECOGNITIONCONFIG']._serialized_end=1138
+  _globals['_KEYTERMSUPDATE']._serialized_start=1140
+  _globals['_KEYTERMSUPDATE']._serialized_end=1174
+  _globals['_STREAMINGRECOGNIZEREQUEST']._serialized_start=1177
+  _globals['_STREAMINGRECOGNIZEREQUEST']._serialized_end=1365
+  _globals['_WORDORSEGMENT']._serialized_start=1367
+  _globals['_WORDORSEGMENT']._serialized_end=1492
+  _globals['_SPEECHRECOGNITIONALTERNATIVE']._serialized_start=1495
+  _globals['_SPEECHRECOGNITIONALTERNATIVE']._serialized_end=1639
+  _globals['_WORDINFO']._serialized_start=1642
+  _globals['_WORDINFO']._serialized_end=1782
+  _globals['_STREAMINGRECOGNITIONRESULT']._serialized_start=1785
+  _globals['_STREAMINGRECOGNITIONRESULT']._serialized_end=2075
+  _globals['_STREAMINGRECOGNIZERESPONSE']._serialized_start=2078
+  _globals['_STREAMINGRECOGNIZERESPONSE']._serialized_end=2517
+  _globals['_STREAMINGRECOGNIZERESPONSE_SPEECHEVENTTYPE']._serialized_start=2374
+  _globals['_STREAMINGRECOGNIZERESPONSE_SPEECHEVENTTYPE']._serialized_end=2517
+  _globals['_RECOGNIZEREQUEST']._serialized_start=2519
+  _globals['_RECOGNIZEREQUEST']._serialized_end=2603
+  _globals['_SPEECHRECOGNITIONRESULT']._serialized_start=2606
+  _globals['_SPEECHRECOGNITIONRESULT']._serialized_end=2831
+  _globals['_RECOGNIZERESPONSE']._serialized_start=2834
+  _globals['_RECOGNIZERESPONSE']._serialized_end=3003
+  _globals['_CALLMETRICS']._serialized_start=3006
+  _globals['_CALLMETRICS']._serialized_end=3207
+  _globals['_CHANNELMETRICS']._serialized_start=3210
+  _globals['_CHANNELMETRICS']._serialized_end=3398
+  _globals['_RECOGNIZER']._serialized_start=3636
+  _globals['_RECOGNIZER']._serialized_end=3811
 # @@protoc_insertion_point(module_scope)

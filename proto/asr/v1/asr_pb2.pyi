@@ -19,6 +19,12 @@ class AudioEncoding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ALAW: _ClassVar[AudioEncoding]
     WAV: _ClassVar[AudioEncoding]
 
+class Formatting(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FORMATTING_UNSPECIFIED: _ClassVar[Formatting]
+    VERBATIM: _ClassVar[Formatting]
+    SMART: _ClassVar[Formatting]
+
 class Redaction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     REDACTION_UNSPECIFIED: _ClassVar[Redaction]
@@ -31,13 +37,16 @@ FLAC: AudioEncoding
 MULAW: AudioEncoding
 ALAW: AudioEncoding
 WAV: AudioEncoding
+FORMATTING_UNSPECIFIED: Formatting
+VERBATIM: Formatting
+SMART: Formatting
 REDACTION_UNSPECIFIED: Redaction
 PCI: Redaction
 SSN: Redaction
 NUMBERS: Redaction
 
 class RecognitionConfig(_message.Message):
-    __slots__ = ("encoding", "sample_rate_hertz", "audio_channel_count", "enable_separate_recognition_per_channel", "language_code", "prompt", "enable_segment_time_offsets", "enable_word_time_offsets", "enable_word_confidence", "redact")
+    __slots__ = ("encoding", "sample_rate_hertz", "audio_channel_count", "enable_separate_recognition_per_channel", "language_code", "prompt", "enable_segment_time_offsets", "enable_word_time_offsets", "enable_word_confidence", "redact", "keyterms", "formatting", "call_metrics")
     ENCODING_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_RATE_HERTZ_FIELD_NUMBER: _ClassVar[int]
     AUDIO_CHANNEL_COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -48,6 +57,9 @@ class RecognitionConfig(_message.Message):
     ENABLE_WORD_TIME_OFFSETS_FIELD_NUMBER: _ClassVar[int]
     ENABLE_WORD_CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
     REDACT_FIELD_NUMBER: _ClassVar[int]
+    KEYTERMS_FIELD_NUMBER: _ClassVar[int]
+    FORMATTING_FIELD_NUMBER: _ClassVar[int]
+    CALL_METRICS_FIELD_NUMBER: _ClassVar[int]
     encoding: AudioEncoding
     sample_rate_hertz: int
     audio_channel_count: int
@@ -58,7 +70,18 @@ class RecognitionConfig(_message.Message):
     enable_word_time_offsets: bool
     enable_word_confidence: bool
     redact: _containers.RepeatedScalarFieldContainer[Redaction]
-    def __init__(self, encoding: _Optional[_Union[AudioEncoding, str]] = ..., sample_rate_hertz: _Optional[int] = ..., audio_channel_count: _Optional[int] = ..., enable_separate_recognition_per_channel: _Optional[bool] = ..., language_code: _Optional[str] = ..., prompt: _Optional[str] = ..., enable_segment_time_offsets: _Optional[bool] = ..., enable_word_time_offsets: _Optional[bool] = ..., enable_word_confidence: _Optional[bool] = ..., redact: _Optional[_Iterable[_Union[Redaction, str]]] = ...) -> None: ...
+    keyterms: _containers.RepeatedScalarFieldContainer[str]
+    formatting: Formatting
+    call_metrics: CallMetricsConfig
+    def __init__(self, encoding: _Optional[_Union[AudioEncoding, str]] = ..., sample_rate_hertz: _Optional[int] = ..., audio_channel_count: _Optional[int] = ..., enable_separate_recognition_per_channel: _Optional[bool] = ..., language_code: _Optional[str] = ..., prompt: _Optional[str] = ..., enable_segment_time_offsets: _Optional[bool] = ..., enable_word_time_offsets: _Optional[bool] = ..., enable_word_confidence: _Optional[bool] = ..., redact: _Optional[_Iterable[_Union[Redaction, str]]] = ..., keyterms: _Optional[_Iterable[str]] = ..., formatting: _Optional[_Union[Formatting, str]] = ..., call_metrics: _Optional[_Union[CallMetricsConfig, _Mapping]] = ...) -> None: ...
+
+class CallMetricsConfig(_message.Message):
+    __slots__ = ("min_non_talk_duration", "min_interruption_overlap")
+    MIN_NON_TALK_DURATION_FIELD_NUMBER: _ClassVar[int]
+    MIN_INTERRUPTION_OVERLAP_FIELD_NUMBER: _ClassVar[int]
+    min_non_talk_duration: _duration_pb2.Duration
+    min_interruption_overlap: _duration_pb2.Duration
+    def __init__(self, min_non_talk_duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., min_interruption_overlap: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class EndpointingConfig(_message.Message):
     __slots__ = ("speech_start_threshold", "speech_end_threshold", "min_silence_duration", "max_utterance_duration", "min_speech_duration")
@@ -75,24 +98,34 @@ class EndpointingConfig(_message.Message):
     def __init__(self, speech_start_threshold: _Optional[float] = ..., speech_end_threshold: _Optional[float] = ..., min_silence_duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_utterance_duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., min_speech_duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class StreamingRecognitionConfig(_message.Message):
-    __slots__ = ("config", "single_utterance", "interim_results", "endpointing")
+    __slots__ = ("config", "single_utterance", "interim_results", "endpointing", "call_metrics_interval")
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     SINGLE_UTTERANCE_FIELD_NUMBER: _ClassVar[int]
     INTERIM_RESULTS_FIELD_NUMBER: _ClassVar[int]
     ENDPOINTING_FIELD_NUMBER: _ClassVar[int]
+    CALL_METRICS_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     config: RecognitionConfig
     single_utterance: bool
     interim_results: bool
     endpointing: EndpointingConfig
-    def __init__(self, config: _Optional[_Union[RecognitionConfig, _Mapping]] = ..., single_utterance: _Optional[bool] = ..., interim_results: _Optional[bool] = ..., endpointing: _Optional[_Union[EndpointingConfig, _Mapping]] = ...) -> None: ...
+    call_metrics_interval: _duration_pb2.Duration
+    def __init__(self, config: _Optional[_Union[RecognitionConfig, _Mapping]] = ..., single_utterance: _Optional[bool] = ..., interim_results: _Optional[bool] = ..., endpointing: _Optional[_Union[EndpointingConfig, _Mapping]] = ..., call_metrics_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class KeytermsUpdate(_message.Message):
+    __slots__ = ("keyterms",)
+    KEYTERMS_FIELD_NUMBER: _ClassVar[int]
+    keyterms: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, keyterms: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StreamingRecognizeRequest(_message.Message):
-    __slots__ = ("streaming_config", "audio_content")
+    __slots__ = ("streaming_config", "audio_content", "keyterms_update")
     STREAMING_CONFIG_FIELD_NUMBER: _ClassVar[int]
     AUDIO_CONTENT_FIELD_NUMBER: _ClassVar[int]
+    KEYTERMS_UPDATE_FIELD_NUMBER: _ClassVar[int]
     streaming_config: StreamingRecognitionConfig
     audio_content: bytes
-    def __init__(self, streaming_config: _Optional[_Union[StreamingRecognitionConfig, _Mapping]] = ..., audio_content: _Optional[bytes] = ...) -> None: ...
+    keyterms_update: KeytermsUpdate
+    def __init__(self, streaming_config: _Optional[_Union[StreamingRecognitionConfig, _Mapping]] = ..., audio_content: _Optional[bytes] = ..., keyterms_update: _Optional[_Union[KeytermsUpdate, _Mapping]] = ...) -> None: ...
 
 class WordOrSegment(_message.Message):
     __slots__ = ("text", "start_offset", "end_offset")
@@ -149,7 +182,7 @@ class StreamingRecognitionResult(_message.Message):
     def __init__(self, alternatives: _Optional[_Iterable[_Union[SpeechRecognitionAlternative, _Mapping]]] = ..., is_final: _Optional[bool] = ..., stability: _Optional[float] = ..., start_offset: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., end_offset: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., channel_tag: _Optional[int] = ..., language_code: _Optional[str] = ..., utterance_index: _Optional[int] = ...) -> None: ...
 
 class StreamingRecognizeResponse(_message.Message):
-    __slots__ = ("results", "speech_event_type", "speech_event_offset", "speech_event_channel_tag")
+    __slots__ = ("results", "speech_event_type", "speech_event_offset", "speech_event_channel_tag", "call_metrics")
     class SpeechEventType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         SPEECH_EVENT_UNSPECIFIED: _ClassVar[StreamingRecognizeResponse.SpeechEventType]
@@ -166,11 +199,13 @@ class StreamingRecognizeResponse(_message.Message):
     SPEECH_EVENT_TYPE_FIELD_NUMBER: _ClassVar[int]
     SPEECH_EVENT_OFFSET_FIELD_NUMBER: _ClassVar[int]
     SPEECH_EVENT_CHANNEL_TAG_FIELD_NUMBER: _ClassVar[int]
+    CALL_METRICS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[StreamingRecognitionResult]
     speech_event_type: StreamingRecognizeResponse.SpeechEventType
     speech_event_offset: _duration_pb2.Duration
     speech_event_channel_tag: int
-    def __init__(self, results: _Optional[_Iterable[_Union[StreamingRecognitionResult, _Mapping]]] = ..., speech_event_type: _Optional[_Union[StreamingRecognizeResponse.SpeechEventType, str]] = ..., speech_event_offset: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., speech_event_channel_tag: _Optional[int] = ...) -> None: ...
+    call_metrics: CallMetrics
+    def __init__(self, results: _Optional[_Iterable[_Union[StreamingRecognitionResult, _Mapping]]] = ..., speech_event_type: _Optional[_Union[StreamingRecognizeResponse.SpeechEventType, str]] = ..., speech_event_offset: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., speech_event_channel_tag: _Optional[int] = ..., call_metrics: _Optional[_Union[CallMetrics, _Mapping]] = ...) -> None: ...
 
 class RecognizeRequest(_message.Message):
     __slots__ = ("config", "audio_content")
@@ -195,9 +230,37 @@ class SpeechRecognitionResult(_message.Message):
     def __init__(self, alternatives: _Optional[_Iterable[_Union[SpeechRecognitionAlternative, _Mapping]]] = ..., channel_tag: _Optional[int] = ..., start_offset: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., end_offset: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., language_code: _Optional[str] = ...) -> None: ...
 
 class RecognizeResponse(_message.Message):
-    __slots__ = ("results", "total_audio_duration")
+    __slots__ = ("results", "total_audio_duration", "call_metrics")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_AUDIO_DURATION_FIELD_NUMBER: _ClassVar[int]
+    CALL_METRICS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[SpeechRecognitionResult]
     total_audio_duration: _duration_pb2.Duration
-    def __init__(self, results: _Optional[_Iterable[_Union[SpeechRecognitionResult, _Mapping]]] = ..., total_audio_duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    call_metrics: CallMetrics
+    def __init__(self, results: _Optional[_Iterable[_Union[SpeechRecognitionResult, _Mapping]]] = ..., total_audio_duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., call_metrics: _Optional[_Union[CallMetrics, _Mapping]] = ...) -> None: ...
+
+class CallMetrics(_message.Message):
+    __slots__ = ("channels", "non_talk_time", "overlap_time", "total_time")
+    CHANNELS_FIELD_NUMBER: _ClassVar[int]
+    NON_TALK_TIME_FIELD_NUMBER: _ClassVar[int]
+    OVERLAP_TIME_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_TIME_FIELD_NUMBER: _ClassVar[int]
+    channels: _containers.RepeatedCompositeFieldContainer[ChannelMetrics]
+    non_talk_time: _duration_pb2.Duration
+    overlap_time: _duration_pb2.Duration
+    total_time: _duration_pb2.Duration
+    def __init__(self, channels: _Optional[_Iterable[_Union[ChannelMetrics, _Mapping]]] = ..., non_talk_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., overlap_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., total_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class ChannelMetrics(_message.Message):
+    __slots__ = ("channel_tag", "talk_time", "interruptions", "words_per_minute", "mean_loudness_dbfs")
+    CHANNEL_TAG_FIELD_NUMBER: _ClassVar[int]
+    TALK_TIME_FIELD_NUMBER: _ClassVar[int]
+    INTERRUPTIONS_FIELD_NUMBER: _ClassVar[int]
+    WORDS_PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
+    MEAN_LOUDNESS_DBFS_FIELD_NUMBER: _ClassVar[int]
+    channel_tag: int
+    talk_time: _duration_pb2.Duration
+    interruptions: int
+    words_per_minute: float
+    mean_loudness_dbfs: float
+    def __init__(self, channel_tag: _Optional[int] = ..., talk_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., interruptions: _Optional[int] = ..., words_per_minute: _Optional[float] = ..., mean_loudness_dbfs: _Optional[float] = ...) -> None: ...
