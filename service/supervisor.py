@@ -103,21 +103,29 @@ def default_frontends(cpus: int | None = None) -> int:
 
 
 def reserve_port(host: str, port: int) -> socket.socket:
-    """Check that nothing listens on (host, port) (a bind without SO_REUSEPORT fails if anything holds
-    it), then hold it with an SO_REUSEPORT socket that never listens, so a second server's own check
-    fails while this one runs. Frontends bind the same port with SO_REUSEPORT; only listening sockets
-    take connections. Port 0 picks a free port."""
+    """Check that no live server has (host, port), then hold it for this one; port 0 picks a free port.
+
+    The probe binds with SO_REUSEADDR and without SO_REUSEPORT. On Linux that bind succeeds over
+    sockets that are only closing (TIME_WAIT, FIN_WAIT2: a previous server's connections, kept for up
+    to a minute after it stopped or was killed, e.g. towards a keep-alive client that never reads), so
+    a restart serves at once; it fails on a listening socket, and on another server's holder (bound
+    without SO_REUSEADDR), so two live servers never share the port. The holder is an SO_REUSEPORT
+    socket that never listens, held while this server runs: frontends bind the same port with
+    SO_REUSEPORT (only listening sockets take connections), and a second server's probe fails on it,
+    also while this one is still loading its model."""
     family, kind, proto, _, address = socket.getaddrinfo(
         host.strip("[]") or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
     )[0]
     with socket.socket(family, kind, proto) as probe:
         if family == socket.AF_INET6:
             probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         probe.bind(address)
         port = probe.getsockname()[1]
     holder = socket.socket(family, kind, proto)
     if family == socket.AF_INET6:
         holder.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    # no SO_REUSEADDR here: it would let a second server's probe bind over this holder
     holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     holder.bind((address[0], port, *address[2:]))
     return holder

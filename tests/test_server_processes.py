@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.client
 import json
 import os
 import signal
+import socket
 import threading
 import time
 import urllib.request
@@ -19,13 +21,14 @@ import grpc
 import psutil
 import pytest
 from asr.v1 import asr_pb2, asr_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from clients.client import RecognizerClient
 from service.supervisor import default_frontends, usable_cpus
 from tests.support.audio import make_conversation, to_linear16_bytes
 from tests.support.calls import config_request
-from tests.support.server import ServerProcess, watch_health
+from tests.support.server import HOST, ServerProcess, watch_health
 
 pytestmark = pytest.mark.slow
 Event = asr_pb2.StreamingRecognizeResponse.SpeechEventType
@@ -282,19 +285,89 @@ def test_failed_start_leaves_no_process_behind(tmp_path: Path) -> None:
         server.stop()
 
 
-def test_a_second_server_on_the_same_port_is_refused() -> None:
-    """Frontends share the port with SO_REUSEPORT; another server must never join them silently."""
-    first = ServerProcess("--frontends", "2").wait_serving()
-    second = ServerProcess("--port", str(first.port))
+def test_a_second_server_on_a_port_in_use_is_refused() -> None:
+    """Frontends share the gRPC and HTTP ports with SO_REUSEPORT; another server must never join them
+    silently, on any of its three ports (gRPC, HTTP, metrics)."""
+    first = ServerProcess("--frontends", "2", http=True).wait_serving()
     try:
-        assert second.wait(60) == 2, second.log()
-        assert f"{first.port} is not free" in second.log()
+        for flag, port, message in (
+            ("--port", first.port, f"{first.port} is not free"),
+            ("--http-port", str(first.http_port), f"{first.http_port} is not free"),
+            ("--metrics-port", str(first.metrics_port), f"metrics server on port {first.metrics_port}"),
+        ):
+            second = ServerProcess(flag, str(port), http=True)  # its other ports are free ones
+            try:
+                assert second.wait(60) == 2, second.log()
+                assert message in second.log(), second.log()
+            finally:
+                second.stop()
         assert first.health() == "SERVING"
+        assert "thank you for calling" in recognize_once(first.target).lower()
     finally:
-        second.stop()
         first.terminate()
         first.wait(60)
         first.stop()
+
+
+def closing_connections(port: int) -> set[str]:
+    """States of this machine's TCP sockets on local `port` that are neither listening nor connected:
+    connections the server closed and the kernel still keeps (FIN_WAIT*, TIME_WAIT, ...)."""
+    return {
+        c.status
+        for c in psutil.net_connections("tcp")
+        if c.laddr and c.laddr.port == port and c.status not in (psutil.CONN_LISTEN, psutil.CONN_ESTABLISHED)
+    }
+
+
+@pytest.mark.parametrize("stop", ["sigterm", "sigkill"])
+def test_a_restart_on_the_same_ports_serves_at_once_while_old_connections_close(stop: str) -> None:
+    """A pod's container restarts in the same network namespace: the old server's connections are still
+    closing (TIME_WAIT, FIN_WAIT2 towards a keep-alive client that never reads) when the new one starts
+    on the same ports. It must serve, not exit 2 for up to a minute."""
+    first = ServerProcess("--frontends", "1", http=True).wait_serving()
+    second: ServerProcess | None = None
+    held: list[object] = []  # clients that keep their connections open through the stop, as real ones do
+    try:
+        pids = [p.pid for p in children(first)]
+        keep_alive = http.client.HTTPConnection(HOST, first.http_port, timeout=10)
+        keep_alive.request("GET", "/v1/models")
+        assert keep_alive.getresponse().read() and keep_alive.sock is not None
+        held.append(keep_alive)
+        channel = grpc.insecure_channel(first.target)
+        health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+        held.append(channel)
+        scrape(first)
+        # gRPC and urllib clients close their end as soon as the server closes (or before): a client that
+        # has gone quiet (a stalled process, a half-dead peer) leaves the server's end in FIN_WAIT2, as
+        # the keep-alive client does, on every port
+        for port in (first.port, first.http_port, first.metrics_port):
+            held.append(socket.create_connection((HOST, port), timeout=10))
+        if stop == "sigterm":
+            first.terminate()
+            assert first.wait(60) == 0, first.log()[-3000:]
+        else:
+            first.proc.kill()
+            first.wait(10)
+        assert_gone(pids)
+        ports = {"gRPC": first.port, "HTTP": first.http_port, "metrics": first.metrics_port}
+        closing = {name: closing_connections(port) for name, port in ports.items()}
+        assert all(closing.values()), (
+            f"nothing left closing on some port: the test would prove nothing: {closing}"
+        )
+
+        second = ServerProcess("--frontends", "1", ports_of=first).wait_serving()
+        assert "thank you for calling" in recognize_once(second.target).lower()
+        with urllib.request.urlopen(f"{second.http_url}/v1/models", timeout=10) as r:
+            assert r.status == 200
+        assert [v for _, v in scrape(second)["asr_serving"]] == [1.0]
+    finally:
+        for h in held:
+            h.close()  # type: ignore[attr-defined]
+        first.stop()
+        if second is not None:
+            second.terminate()
+            second.wait(60)
+            second.stop()
 
 
 def test_default_frontends_leave_one_core_to_the_engine() -> None:
