@@ -24,7 +24,11 @@ the ceiling (issue 12); frontends scale across cores and the scheduler keeps its
   frontend holds no model: it is back in about a second), unless frontends keep dying (more than
   MAX_RESTARTS within RESTART_WINDOW_S), which is a bug a restart will not fix: then it exits 1.
 - SIGTERM/SIGINT: every frontend drains (health NOT_SERVING, open streams get their finals) while the
-  engine keeps serving them; then the engine stops; exit 0 within --drain-seconds.
+  engine keeps serving them; then the engine stops; exit 0 within --drain-seconds. The supervisor alone
+  orders this, whoever got the signal: children ignore SIGTERM and SIGINT (systemd's KillMode=
+  control-group, `kill -- -PGID` and a terminal's Ctrl-C reach every process at once) and heed only
+  CONTROL_SIGNAL, which only the supervisor sends (a frontend drains, the engine stops). They start with
+  SIGTERM and SIGINT blocked, so one that reaches the group while a child starts is discarded, not fatal.
 - /metrics: prometheus-client's multiprocess mode (each process writes its own values to a fresh
   directory; the supervisor serves their combination). Chosen over the supervisor gathering values
   over IPC: every existing metric keeps its name, type and meaning with no code at the call sites,
@@ -50,6 +54,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, MutableSequence, Sequence
+from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -68,6 +73,10 @@ log = logging.getLogger("service.supervisor")
 EXIT_OK, EXIT_ENGINE_FAILED, EXIT_LOAD_FAILED = 0, 1, 2
 MAX_RESTARTS, RESTART_WINDOW_S = 5, 60.0
 _PR_SET_PDEATHSIG = 1
+# The supervisor's word to its children: a frontend drains, the engine process stops. Signals from
+# outside (to the whole process group or cgroup) are for the supervisor only.
+CONTROL_SIGNAL = signal.SIGUSR1
+OUTSIDE_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 
 # --- how many frontends ---
@@ -135,12 +144,36 @@ def reserve_port(host: str, port: int) -> socket.socket:
 
 
 def _die_with_parent(parent_pid: int) -> None:
-    """SIGKILL this process when the supervisor ends, however it ends (Linux PR_SET_PDEATHSIG)."""
+    """SIGKILL this process when the supervisor ends, however it ends (Linux PR_SET_PDEATHSIG); heed
+    SIGTERM and SIGINT from outside no more (they were blocked since the start: see start_child)."""
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
     if os.getppid() != parent_pid:  # the supervisor died before prctl took effect
         os._exit(EXIT_ENGINE_FAILED)
+    for sig in OUTSIDE_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)  # discards one already pending
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, OUTSIDE_SIGNALS)
+
+
+def start_child(p: BaseProcess) -> None:
+    """Start a child with SIGTERM and SIGINT blocked (a spawned child inherits the mask): one sent to
+    the whole group while it starts waits until the child ignores it, instead of killing it."""
+    # Started first: starting it unblocks these signals in this process (as it protects itself the same
+    # way), which would undo the mask below for the child started on the way.
+    resource_tracker.ensure_running()
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, OUTSIDE_SIGNALS)
+    try:
+        p.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def tell_to_stop(p: BaseProcess) -> None:
+    """A frontend drains, the engine process stops (what SIGTERM is to the supervisor)."""
+    if p.pid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p.pid, CONTROL_SIGNAL)
 
 
 def engine_main(
@@ -152,19 +185,18 @@ def engine_main(
     log_format: str,
     heartbeat: MutableSequence[float] | None = None,
 ) -> None:
-    """The engine process (see engine/core_process.py)."""
+    """The engine process (see engine/core_process.py); stops on CONTROL_SIGNAL."""
     _die_with_parent(parent_pid)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the supervisor decides
     setup_logging(log_level, log_format)
     from engine.core_process import serve
 
-    sys.exit(serve(config, address, ready, heartbeat))
+    sys.exit(serve(config, address, ready, heartbeat, stop_signal=CONTROL_SIGNAL))
 
 
 def frontend_main(index: int, config: ServerConfig, address: str, parent_pid: int) -> None:
-    """A frontend process: gRPC server on the shared port, its engine an EngineClient."""
+    """A frontend process: gRPC server on the shared port, its engine an EngineClient; drains on
+    CONTROL_SIGNAL."""
     _die_with_parent(parent_pid)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     setup_logging(config.log_level, config.log_format)
     if config.debug_profile_dir:  # benchmarks: where a frontend's time goes (its event loop thread)
         import cProfile
@@ -188,7 +220,7 @@ async def _serve_frontend(index: int, config: ServerConfig, address: str) -> int
         log.error(f"frontend-{index} could not reach the engine process: {e!r}")
         return EXIT_ENGINE_FAILED
     server = AsrServer(config, client, reuse_port=True)
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, server.request_shutdown)
+    asyncio.get_running_loop().add_signal_handler(CONTROL_SIGNAL, server.request_shutdown)
     return await server.run()
 
 
@@ -307,7 +339,7 @@ class Supervisor:
             args=(index, self.config, self.address, os.getpid()),
             name=f"asr-frontend-{index}",
         )
-        p.start()
+        start_child(p)
         self.frontends[index] = p
 
     def run(self) -> int:
@@ -343,7 +375,7 @@ class Supervisor:
             args=(c.engine, self.address, child_end, os.getpid(), c.log_level, c.log_format, self.heartbeat),
             name="asr-engine",
         )
-        self.engine.start()
+        start_child(self.engine)
         child_end.close()
         message = None
         while message is None:
@@ -436,23 +468,21 @@ class Supervisor:
             extra={"fields": {"signal": self.stop_signal, "drain_seconds": self.config.drain_seconds}},
         )
         for p in self.frontends.values():
-            with contextlib.suppress(ProcessLookupError):
-                p.terminate()
+            tell_to_stop(p)
         deadline = time.monotonic() + self.config.drain_seconds + 1.0
         for p in self.frontends.values():
             p.join(max(0.0, deadline - time.monotonic()))
-        # a frontend still starting when the signal came ends by it (-SIGTERM): it had nothing open
-        failed = [p.exitcode for p in self.frontends.values() if p.exitcode not in (0, None, -signal.SIGTERM)]
+        # a frontend still starting when told ends by the signal's default action: it had nothing open
+        failed = [p.exitcode for p in self.frontends.values() if p.exitcode not in (0, None, -CONTROL_SIGNAL)]
         self._stop_all(grace=5.0)
         return EXIT_ENGINE_FAILED if failed else EXIT_OK
 
     def _stop_all(self, grace: float) -> None:
-        """SIGTERM what still runs, frontends first, then SIGKILL what outlives `grace`."""
+        """Tell what still runs to stop, frontends first, then SIGKILL what outlives `grace`."""
         children = [*self.frontends.values(), *([self.engine] if self.engine is not None else [])]
         for p in children:
             if p.is_alive():
-                with contextlib.suppress(ProcessLookupError):
-                    p.terminate()
+                tell_to_stop(p)
                 p.join(grace)
             if p.is_alive():
                 log.warning(f"{p.name} did not stop; killing it")

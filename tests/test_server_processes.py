@@ -175,10 +175,16 @@ def test_two_frontends_one_metrics_scrape_and_a_frontend_crash_is_replaced() -> 
         server.stop()
 
 
-async def test_sigterm_drains_two_frontends_and_loses_no_final() -> None:
+@pytest.mark.parametrize("to", ["supervisor", "process group"])
+async def test_sigterm_drains_two_frontends_and_loses_no_final(to: str) -> None:
+    """SIGTERM to the supervisor (Kubernetes, docker stop) or to every process of the server at once
+    (systemd's KillMode=control-group, `kill -- -PGID`, a terminal's Ctrl-C as SIGINT): the same drain.
+    The supervisor alone orders the shutdown: frontends drain first, the engine stops after them."""
     drain_seconds = 20
     audio, _ = make_conversation(SENTENCES, pause_s=1.0)
-    server = ServerProcess("--frontends", "2", "--drain-seconds", str(drain_seconds)).wait_serving()
+    server = ServerProcess(
+        "--frontends", "2", "--drain-seconds", str(drain_seconds), own_process_group=to == "process group"
+    ).wait_serving()
     n = 4  # own connections each, spread over the two frontends by SO_REUSEPORT
     received: list[list[asr_pb2.StreamingRecognizeResponse]] = [[] for _ in range(n)]
     second_sentence = [asyncio.Event() for _ in range(n)]
@@ -198,7 +204,10 @@ async def test_sigterm_drains_two_frontends_and_loses_no_final() -> None:
         streams = [asyncio.create_task(stream(i)) for i in range(n)]
         await asyncio.wait_for(asyncio.gather(*(e.wait() for e in second_sentence)), 60)
         await asyncio.sleep(0.8)  # a few words into the second sentence
-        server.terminate()
+        if to == "supervisor":
+            server.terminate()
+        else:
+            os.killpg(server.proc.pid, signal.SIGTERM)  # its own group: the supervisor leads it
         await asyncio.wait_for(asyncio.gather(*streams), drain_seconds)
         code = await asyncio.to_thread(server.wait, drain_seconds + 10)
         assert code == 0, server.log()[-3000:]
