@@ -34,6 +34,7 @@ from service.engine_api import RecognitionEngine
 from service.http_api import HttpApi
 from service.interceptors import MetricsInterceptor
 from service.recognizer import RecognizerServicer
+from service.stream_limit import StreamLimit
 from service.tls import server_credentials
 
 log = logging.getLogger("service.server")
@@ -55,17 +56,24 @@ class AsrServer:
     """One server: gRPC services, health, and the engine's lifecycle. Usable in-process (tests) too.
 
     The engine is an in-process `Engine` (tests, embedding) or an `EngineClient` to the engine process
-    (asr-server's frontend processes, which share the port: `reuse_port`)."""
+    (asr-server's frontend processes, which share the port, `reuse_port`, and the --max-streams count,
+    `stream_limit`)."""
 
     def __init__(
-        self, config: ServerConfig, engine: RecognitionEngine | None = None, *, reuse_port: bool = False
+        self,
+        config: ServerConfig,
+        engine: RecognitionEngine | None = None,
+        *,
+        reuse_port: bool = False,
+        stream_limit: StreamLimit | None = None,
     ) -> None:
         self.config = config
         self.engine = engine
         self.reuse_port = reuse_port
         self.port = 0
         self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]
-        self.recognizer = RecognizerServicer(config)  # the engine is attached once loaded (load())
+        # the engine is attached once loaded (load()); `stream_limit`: a count shared with other frontends
+        self.recognizer = RecognizerServicer(config, stream_limit=stream_limit)
         self._server: aio.Server | None = None
         self._shutdown = asyncio.Event()
         self._failure: BaseException | None = None

@@ -23,6 +23,8 @@ the ceiling (issue 12); frontends scale across cores and the scheduler keeps its
 - A frontend dies: the others keep serving and the supervisor starts a new one in its place (a
   frontend holds no model: it is back in about a second), unless frontends keep dying (more than
   MAX_RESTARTS within RESTART_WINDOW_S), which is a bug a restart will not fix: then it exits 1.
+- --max-streams is the server's: the frontends count their streams in shared memory the supervisor
+  creates, which gives a dead frontend's places back (service/stream_limit.py).
 - SIGTERM/SIGINT: every frontend drains (health NOT_SERVING, open streams get their finals) while the
   engine keeps serving them; then the engine stops; exit 0 within --drain-seconds. The supervisor alone
   orders this, whoever got the signal: children ignore SIGTERM and SIGINT (systemd's KillMode=
@@ -67,6 +69,7 @@ from engine.config import EngineConfig
 from engine.core_process import HEARTBEAT_PENDING, HEARTBEAT_PROGRESS, HEARTBEAT_PUBLISHED, HEARTBEAT_SLOTS
 from service.config import ServerConfig
 from service.logging import setup_logging
+from service.stream_limit import SharedStreamCounts, SharedStreamLimit
 
 log = logging.getLogger("service.supervisor")
 
@@ -193,7 +196,9 @@ def engine_main(
     sys.exit(serve(config, address, ready, heartbeat, stop_signal=CONTROL_SIGNAL))
 
 
-def frontend_main(index: int, config: ServerConfig, address: str, parent_pid: int) -> None:
+def frontend_main(
+    index: int, config: ServerConfig, address: str, parent_pid: int, streams: SharedStreamCounts
+) -> None:
     """A frontend process: gRPC server on the shared port, its engine an EngineClient; drains on
     CONTROL_SIGNAL."""
     _die_with_parent(parent_pid)
@@ -202,13 +207,13 @@ def frontend_main(index: int, config: ServerConfig, address: str, parent_pid: in
         import cProfile
 
         profiler = cProfile.Profile()
-        code = profiler.runcall(asyncio.run, _serve_frontend(index, config, address))
+        code = profiler.runcall(asyncio.run, _serve_frontend(index, config, address, streams))
         profiler.dump_stats(Path(config.debug_profile_dir) / f"frontend-{index}-{os.getpid()}.prof")
         sys.exit(code)
-    sys.exit(asyncio.run(_serve_frontend(index, config, address)))
+    sys.exit(asyncio.run(_serve_frontend(index, config, address, streams)))
 
 
-async def _serve_frontend(index: int, config: ServerConfig, address: str) -> int:
+async def _serve_frontend(index: int, config: ServerConfig, address: str, streams: SharedStreamCounts) -> int:
     from engine.client import EngineClient
     from service.server import AsrServer, init_metrics
 
@@ -219,7 +224,8 @@ async def _serve_frontend(index: int, config: ServerConfig, address: str) -> int
     except Exception as e:
         log.error(f"frontend-{index} could not reach the engine process: {e!r}")
         return EXIT_ENGINE_FAILED
-    server = AsrServer(config, client, reuse_port=True)
+    limit = SharedStreamLimit(config.max_streams, streams, index)
+    server = AsrServer(config, client, reuse_port=True, stream_limit=limit)
     asyncio.get_running_loop().add_signal_handler(CONTROL_SIGNAL, server.request_shutdown)
     return await server.run()
 
@@ -314,6 +320,12 @@ class Supervisor:
         self.stop_signal: int | None = None
         # written by the engine process only (lock-free: a torn read costs one check, 0.1 s later)
         self.heartbeat = self.ctx.Array("d", HEARTBEAT_SLOTS, lock=False)
+        # --max-streams for the whole server: each frontend's open streams (service/stream_limit.py)
+        lock_path = workdir / "streams.lock"
+        lock_path.touch(mode=0o600)
+        self.streams = SharedStreamCounts(
+            self.ctx.Array("i", self.frontend_count, lock=False), str(lock_path)
+        )
 
     def processes(self) -> dict[str, int]:
         out = {"supervisor": os.getpid()}
@@ -336,7 +348,7 @@ class Supervisor:
     def _start_frontend(self, index: int) -> None:
         p = self.ctx.Process(
             target=frontend_main,
-            args=(index, self.config, self.address, os.getpid()),
+            args=(index, self.config, self.address, os.getpid(), self.streams),
             name=f"asr-frontend-{index}",
         )
         start_child(p)
@@ -448,6 +460,7 @@ class Supervisor:
                     continue
                 p.join()
                 self._reaped(p)
+                self.streams.clear(i)  # its streams died with it: their places are free
                 now = time.monotonic()
                 self.restarts = [t for t in self.restarts if now - t < RESTART_WINDOW_S] + [now]
                 if len(self.restarts) > MAX_RESTARTS:

@@ -21,13 +21,14 @@ import grpc
 import psutil
 import pytest
 from asr.v1 import asr_pb2, asr_pb2_grpc
+from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from clients.client import RecognizerClient
 from service.supervisor import default_frontends, usable_cpus
 from tests.support.audio import make_conversation, to_linear16_bytes
-from tests.support.calls import config_request
+from tests.support.calls import OpenStream, config_request
 from tests.support.server import HOST, ServerProcess, watch_health
 
 pytestmark = pytest.mark.slow
@@ -220,6 +221,77 @@ async def test_sigterm_drains_two_frontends_and_loses_no_final(to: str) -> None:
         assert len(finals) == 2, responses
         assert "thank you for calling" in finals[0].alternatives[0].transcript.lower()
         assert [x.speech_event_type for x in responses].count(Event.RECONNECT) == 1
+
+
+OWN_CONNECTION = (("grpc.use_local_subchannel_pool", 1),)  # a TCP connection per channel: any frontend
+
+
+def frontend_of(stream_id: str) -> int:
+    """The pid of the frontend that accepted a stream: its id is s<pid in hex>-<n>."""
+    return int(stream_id.split("-")[0][1:], 16)
+
+
+async def test_max_streams_is_the_servers_limit_shared_by_its_frontends() -> None:
+    """--max-streams 2 with two frontends: one stream open on each fills the server (each frontend's own
+    count would still be 1); a frontend that dies gives its places back."""
+    server = ServerProcess("--frontends", "2", "--max-streams", "2").wait_serving()
+    channels: list[aio.Channel] = []
+
+    def connection() -> aio.Channel:
+        channels.append(aio.insecure_channel(server.target, options=OWN_CONNECTION))
+        return channels[-1]
+
+    async def open_stream() -> tuple[OpenStream, str]:
+        stream = OpenStream(connection(), deadline_s=120)
+        return stream, await stream.open()
+
+    async def assert_refused() -> None:
+        stream, stream_id = await open_stream()
+        outcome = await stream.finish()
+        assert not stream_id and outcome.code == grpc.StatusCode.RESOURCE_EXHAUSTED, (stream_id, outcome)
+        assert "limit of 2 concurrent streams (max_streams)" in outcome.details
+
+    try:
+        held: dict[int, OpenStream] = {}  # frontend pid -> the stream it holds
+        for _ in range(50):  # SO_REUSEPORT picks the frontend: until each holds one
+            stream, stream_id = await open_stream()
+            assert stream_id, f"refused below the limit: {await stream.finish()}"
+            if frontend_of(stream_id) in held:
+                assert (await stream.finish()).code == grpc.StatusCode.OK  # its place is given back
+            else:
+                held[frontend_of(stream_id)] = stream
+            if len(held) == 2:
+                break
+        assert len(held) == 2, "every stream went to one frontend"
+        for _ in range(4):  # new connections, spread over both frontends
+            await assert_refused()
+
+        # a frontend dies with its stream: once the supervisor has seen it, its place is free again
+        dead = next(iter(held))
+        os.kill(dead, signal.SIGKILL)
+        assert (await held.pop(dead).finish()).code in (
+            grpc.StatusCode.UNAVAILABLE,
+            grpc.StatusCode.CANCELLED,
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            stream, stream_id = await open_stream()
+            if stream_id:
+                break
+            outcome = await stream.finish()  # refused (not yet seen dead) or reset (a dying listener)
+            assert outcome.code in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE), outcome
+            assert time.monotonic() < deadline, f"the dead frontend's place never came back: {outcome}"
+            await asyncio.sleep(0.2)
+        held[frontend_of(stream_id)] = stream
+        await assert_refused()  # two open again: the limit still holds
+        for s in held.values():
+            assert (await s.finish()).code == grpc.StatusCode.OK
+        server.terminate()
+        assert await asyncio.to_thread(server.wait, 60) == 0, server.log()[-3000:]
+    finally:
+        for c in channels:
+            await c.close()
+        server.stop()
 
 
 def test_engine_process_death_fails_streams_unavailable_and_exits_non_zero() -> None:
