@@ -6,8 +6,9 @@ calls and finished futures into replies, so the scheduler thread keeps the devic
 touches a socket. Results reach the I/O thread through a `Mailbox` (futures complete on the
 scheduler thread). vLLM's EngineCore process and SGLang's scheduler process split the same way.
 
-Exit codes: 0 after SIGTERM (stop), 1 when the scheduler thread dies (every frontend sees the socket
-close and fails its open utterances), 2 when the model cannot load.
+Exit codes: 0 after the stop signal (SIGTERM; in asr-server the supervisor's own CONTROL_SIGNAL), 1 when
+the scheduler thread dies (every frontend sees the socket close and fails its open utterances), 2 when
+the model cannot load.
 
 Heartbeat: a process can hang without dying (a stuck device call, a deadlock in the scheduler thread).
 The I/O thread publishes, at least every HEARTBEAT_INTERVAL_S, into shared memory the supervisor
@@ -151,21 +152,26 @@ class EngineCore:
 
 
 def serve(
-    config: EngineConfig, address: str, ready: Connection, heartbeat: MutableSequence[float] | None = None
+    config: EngineConfig,
+    address: str,
+    ready: Connection,
+    heartbeat: MutableSequence[float] | None = None,
+    stop_signal: int = signal.SIGTERM,
 ) -> int:
     """The engine process's life: load and warm the model, report ready (or failed) on `ready`, then
-    serve `address` until SIGTERM or a scheduler failure, publishing into `heartbeat` (see the module
-    docstring). Returns the process's exit code."""
+    serve `address` until `stop_signal` (asr-server's supervisor sends its own: service/supervisor.py)
+    or a scheduler failure, publishing into `heartbeat` (see the module docstring). Returns the
+    process's exit code."""
     core: EngineCore | None = None
     stop_early = threading.Event()
 
-    def on_sigterm(signum: int, frame: object) -> None:
+    def on_stop_signal(signum: int, frame: object) -> None:
         if core is not None:
             core.request_stop()
         else:
             stop_early.set()
 
-    signal.signal(signal.SIGTERM, on_sigterm)
+    signal.signal(stop_signal, on_stop_signal)
     started = time.perf_counter()
     try:
         engine = Engine(config)

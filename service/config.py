@@ -83,6 +83,45 @@ class ServerConfig:
             "silence wait and the recognition time instead of their sum (finals are identical)"
         },
     )
+    # --- idle and vanished clients, the RPC bound (docs/operations.md "Idle and vanished clients") ---
+    idle_audio_timeout: float = field(
+        default=30.0,
+        metadata={
+            "help": "seconds a stream may go without audio (after its config, or since its last audio) "
+            "while not half-closed: what it sent gets its finals, then OUT_OF_RANGE 'Audio Timeout Error' "
+            "(as Google Speech answers). A telephone leg sends audio all the time, silence too; 30 s leaves "
+            "room for a client's hiccups (0: off)"
+        },
+    )
+    keepalive_time: float = field(
+        default=30.0,
+        metadata={
+            "help": "seconds a connection may be quiet before the server sends it an HTTP/2 keepalive ping; "
+            "no answer within --keepalive-timeout closes it and ends its calls (a client whose network died "
+            "without a FIN is found within about 50 s instead of gRPC's 2 h)"
+        },
+    )
+    keepalive_timeout: float = field(
+        default=20.0,
+        metadata={"help": "seconds to wait for the answer to a keepalive ping (gRPC's default)"},
+    )
+    max_connection_age: float = field(
+        default=1800.0,
+        metadata={
+            "help": "seconds after which a connection is asked (GOAWAY, +-10% jitter) to take its next calls "
+            "elsewhere, so long-lived client channels spread over replicas added since; calls in flight "
+            "are never cut (the grace is --max-stream-seconds) (0: off)"
+        },
+    )
+    max_concurrent_rpcs: int = field(
+        default=0,
+        metadata={
+            "help": "most RPCs one frontend process runs at once, every method counted (health checks too); "
+            "beyond it RESOURCE_EXHAUSTED before the request is read. A backstop for memory: --max-streams "
+            "refuses streams first. 0: --max-streams + 128 (one frontend may hold every stream of the "
+            "server, with room beside them for Recognize, health and reflection)"
+        },
+    )
     drain_seconds: float = field(
         default=25.0,
         metadata={
@@ -222,6 +261,15 @@ def validate(config: ServerConfig) -> None:
         problems.append("--frontends must be 0-64 (0: from the CPU count)")
     if config.engine_heartbeat_timeout != 0 and not 1 <= config.engine_heartbeat_timeout <= 3600:
         problems.append("--engine-heartbeat-timeout must be 0 (off) or 1-3600 s")
+    if config.idle_audio_timeout < 0:
+        problems.append("--idle-audio-timeout must be 0 (off) or positive")
+    for name in ("keepalive_time", "keepalive_timeout"):
+        if getattr(config, name) < 1:
+            problems.append(f"{_flag(name)} must be at least 1 s")
+    if config.max_connection_age != 0 and config.max_connection_age < 1:
+        problems.append("--max-connection-age must be 0 (off) or at least 1 s")
+    if config.max_concurrent_rpcs < 0:
+        problems.append("--max-concurrent-rpcs must be 0 (from --max-streams) or positive")
     if config.drain_seconds < 0:
         problems.append("--drain-seconds must not be negative")
     if bool(config.tls_cert) != bool(config.tls_key):

@@ -43,6 +43,7 @@ from service.session import (
     await_transcript,
     engine_refusal,
 )
+from service.stream_limit import StreamLimit
 
 log = logging.getLogger("service.recognizer")
 
@@ -174,12 +175,19 @@ class RecordingCutter:
 
 
 class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
-    def __init__(self, config: ServerConfig, engine: RecognitionEngine | None = None) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        engine: RecognitionEngine | None = None,
+        stream_limit: StreamLimit | None = None,
+    ) -> None:
         self.config = config
         self.engine = engine  # None while the model loads: calls are refused UNAVAILABLE
+        # --max-streams, shared by every frontend process of asr-server (service/stream_limit.py)
+        self.stream_limit = stream_limit or StreamLimit(config.max_streams)
         self.draining = False
         self.sessions: set[StreamSession] = set()
-        self._reserved = 0  # streams admitted, counted before their first message arrives
+        self._reserved = 0  # streams of this process admitted (and holding a place under the limit)
         self._idle = asyncio.Event()
         self._idle.set()
         self._ids = itertools.count()
@@ -231,6 +239,7 @@ class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
                 self.sessions.discard(session)
                 session.abandon()
             if admitted:
+                self.stream_limit.release()
                 self._reserved -= 1
                 metrics.ACTIVE_STREAMS.dec()
                 if self._reserved == 0:
@@ -258,10 +267,10 @@ class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
                     f"first request must carry streaming_config; none came within {FIRST_REQUEST_TIMEOUT_S:g} s",
                 ) from None
             engine = self._check_available()
-            if self._reserved >= self.config.max_streams:
+            if not self.stream_limit.try_acquire():
                 raise StreamError(
                     grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    f"server is at its limit of {self.config.max_streams} concurrent streams (max_streams)",
+                    f"server is at its limit of {self.stream_limit.limit} concurrent streams (max_streams)",
                 )
             self._reserved += 1
             self._idle.clear()

@@ -34,6 +34,7 @@ from service.engine_api import RecognitionEngine
 from service.http_api import HttpApi
 from service.interceptors import MetricsInterceptor
 from service.recognizer import RecognizerServicer
+from service.stream_limit import StreamLimit
 from service.tls import server_credentials
 
 log = logging.getLogger("service.server")
@@ -55,17 +56,24 @@ class AsrServer:
     """One server: gRPC services, health, and the engine's lifecycle. Usable in-process (tests) too.
 
     The engine is an in-process `Engine` (tests, embedding) or an `EngineClient` to the engine process
-    (asr-server's frontend processes, which share the port: `reuse_port`)."""
+    (asr-server's frontend processes, which share the port, `reuse_port`, and the --max-streams count,
+    `stream_limit`)."""
 
     def __init__(
-        self, config: ServerConfig, engine: RecognitionEngine | None = None, *, reuse_port: bool = False
+        self,
+        config: ServerConfig,
+        engine: RecognitionEngine | None = None,
+        *,
+        reuse_port: bool = False,
+        stream_limit: StreamLimit | None = None,
     ) -> None:
         self.config = config
         self.engine = engine
         self.reuse_port = reuse_port
         self.port = 0
         self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]
-        self.recognizer = RecognizerServicer(config)  # the engine is attached once loaded (load())
+        # the engine is attached once loaded (load()); `stream_limit`: a count shared with other frontends
+        self.recognizer = RecognizerServicer(config, stream_limit=stream_limit)
         self._server: aio.Server | None = None
         self._shutdown = asyncio.Event()
         self._failure: BaseException | None = None
@@ -99,7 +107,9 @@ class AsrServer:
                 # never share a port silently with another process (gRPC's default is SO_REUSEPORT);
                 # asr-server's frontends do share it, once the supervisor has checked it is free
                 ("grpc.so_reuseport", 1 if self.reuse_port else 0),
+                *connection_options(c),
             ],
+            maximum_concurrent_rpcs=max_concurrent_rpcs(c),
         )
         asr_pb2_grpc.add_RecognizerServicer_to_server(self.recognizer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
@@ -247,6 +257,54 @@ class AsrServer:
             await self._server.stop(grace)
         if stop_engine and self.engine is not None:
             await asyncio.to_thread(self.engine.stop)
+
+
+# Clients may ping a connection this often when neither side sends anything (gRPC's default, 5 min,
+# would end with GOAWAY "too_many_pings" a client that keeps its channel warm every 10-60 s, as Google's
+# and most gRPC clients' keepalive guides suggest).
+CLIENT_PING_MIN_INTERVAL_S = 10.0
+CLIENT_PING_STRIKES = 2  # gRPC's default: pings more often than that, twice, and the connection ends
+_INT_MAX = 2**31 - 1  # gRPC's integer channel arguments are C ints
+
+
+def _ms(seconds: float) -> int:
+    return min(round(seconds * 1000), _INT_MAX)
+
+
+def connection_options(c: ServerConfig) -> list[tuple[str, int]]:
+    """gRPC keepalive and connection-age options (docs/operations.md "Idle and vanished clients")."""
+    options = [
+        # the server pings a connection that has been quiet for --keepalive-time; no answer within
+        # --keepalive-timeout closes it and cancels its calls (their places and engine work are freed)
+        ("grpc.keepalive_time_ms", _ms(c.keepalive_time)),
+        ("grpc.keepalive_timeout_ms", _ms(c.keepalive_timeout)),
+        # the deadline of the ping's answer is this one in gRPC core (1 min when unset): measured with
+        # grpcio 1.85, keepalive_timeout_ms alone closed nothing within 25 s of an unanswered ping
+        ("grpc.http2.ping_timeout_ms", _ms(c.keepalive_timeout)),
+        # and keeps pinging a connection the client streams to without the server sending anything
+        # back (by default gRPC stops after 2 pings without data of its own)
+        ("grpc.http2.max_pings_without_data", 0),
+        # idle channels may be kept warm by the client's own pings
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", _ms(CLIENT_PING_MIN_INTERVAL_S)),
+        ("grpc.http2.max_ping_strikes", CLIENT_PING_STRIKES),
+    ]
+    if c.max_connection_age:
+        options += [
+            ("grpc.max_connection_age_ms", _ms(c.max_connection_age)),
+            # a call in flight is never cut: none is longer than --max-stream-seconds (and a Recognize
+            # no longer than --max-recognize-seconds of audio, transcribed faster than real time)
+            (
+                "grpc.max_connection_age_grace_ms",
+                _ms(max(c.max_stream_seconds, c.max_recognize_seconds) + 60),
+            ),
+        ]
+    return options
+
+
+def max_concurrent_rpcs(c: ServerConfig) -> int:
+    """--max-concurrent-rpcs, or its default from --max-streams."""
+    return c.max_concurrent_rpcs or c.max_streams + 128
 
 
 def init_metrics() -> None:

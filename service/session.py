@@ -184,6 +184,8 @@ class StreamSession:
         self._end_status: StreamError | None = None
         self._finalizers: list[asyncio.Task[Any]] = []
         self._speculations = Speculations(engine, settings.options, stream_id)  # service/speculation.py
+        self._last_audio = time.monotonic()  # for --idle-audio-timeout (_check_idle)
+        self._idle_timer: asyncio.TimerHandle | None = None
 
     def _become(self, new: StreamState) -> bool:
         """Move forward to `new`; False (and no move) when the stream is already past it."""
@@ -200,6 +202,8 @@ class StreamSession:
         """Yields responses until the stream is over; raises StreamError to end it with that status."""
         self._finalizers = [self._spawn(self._finalize(ch)) for ch in self.channels]
         self._spawn(self._read(requests))
+        self._last_audio = time.monotonic()
+        self._check_idle()
         while True:
             item = await self._out.get()
             if item is None:
@@ -229,6 +233,8 @@ class StreamSession:
             ch.interim.cancel()
         for t in self._tasks:
             t.cancel()
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
         self._set_buffer(0.0)
 
     async def close(self) -> None:
@@ -277,6 +283,8 @@ class StreamSession:
                     )
                 if not self.state.takes_audio:
                     continue  # single utterance or draining: later audio is ignored
+                if chunk:
+                    self._last_audio = time.monotonic()
                 self._process(chunk)
             self._finish_input(flush=True)  # the client half-closed
         except StreamError as e:
@@ -285,6 +293,30 @@ class StreamSession:
             self._fail(StreamError(grpc.StatusCode.INVALID_ARGUMENT, f"{e.field}: {e}"))
         except Exception as e:  # a bug of ours: fail this stream only, loudly
             log.exception("stream reader failed", extra={"fields": {"stream_id": self.id}})
+            self._fail(StreamError(grpc.StatusCode.INTERNAL, f"internal error: {type(e).__name__}: {e}"))
+
+    def _check_idle(self) -> None:
+        """--idle-audio-timeout: a stream that sends no audio for that long, and does not half-close, is
+        over (a client that hung, or whose network died). What it sent still gets its finals, as at a
+        half-close; then OUT_OF_RANGE, the code and words Google Speech answers with. One timer per
+        stream, re-armed from the last audio when it fires: nothing per chunk."""
+        timeout = self.config.idle_audio_timeout
+        if not timeout or not self.state.takes_audio:
+            return
+        idle = time.monotonic() - self._last_audio
+        if idle < timeout:
+            self._idle_timer = asyncio.get_running_loop().call_later(timeout - idle, self._check_idle)
+            return
+        if self._end_status is None:
+            self._end_status = StreamError(
+                grpc.StatusCode.OUT_OF_RANGE,
+                f"Audio Timeout Error: no audio for {timeout:g} s (idle_audio_timeout); send audio close to "
+                "real time, silence too, and half-close the stream when the call ends",
+            )
+        try:
+            self._finish_input(flush=True)
+        except Exception as e:  # a bug of ours: fail this stream only, loudly
+            log.exception("stream idle timeout failed", extra={"fields": {"stream_id": self.id}})
             self._fail(StreamError(grpc.StatusCode.INTERNAL, f"internal error: {type(e).__name__}: {e}"))
 
     def _process(self, chunk: bytes) -> None:

@@ -23,8 +23,14 @@ the ceiling (issue 12); frontends scale across cores and the scheduler keeps its
 - A frontend dies: the others keep serving and the supervisor starts a new one in its place (a
   frontend holds no model: it is back in about a second), unless frontends keep dying (more than
   MAX_RESTARTS within RESTART_WINDOW_S), which is a bug a restart will not fix: then it exits 1.
+- --max-streams is the server's: the frontends count their streams in shared memory the supervisor
+  creates, which gives a dead frontend's places back (service/stream_limit.py).
 - SIGTERM/SIGINT: every frontend drains (health NOT_SERVING, open streams get their finals) while the
-  engine keeps serving them; then the engine stops; exit 0 within --drain-seconds.
+  engine keeps serving them; then the engine stops; exit 0 within --drain-seconds. The supervisor alone
+  orders this, whoever got the signal: children ignore SIGTERM and SIGINT (systemd's KillMode=
+  control-group, `kill -- -PGID` and a terminal's Ctrl-C reach every process at once) and heed only
+  CONTROL_SIGNAL, which only the supervisor sends (a frontend drains, the engine stops). They start with
+  SIGTERM and SIGINT blocked, so one that reaches the group while a child starts is discarded, not fatal.
 - /metrics: prometheus-client's multiprocess mode (each process writes its own values to a fresh
   directory; the supervisor serves their combination). Chosen over the supervisor gathering values
   over IPC: every existing metric keeps its name, type and meaning with no code at the call sites,
@@ -50,6 +56,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, MutableSequence, Sequence
+from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -62,12 +69,17 @@ from engine.config import EngineConfig
 from engine.core_process import HEARTBEAT_PENDING, HEARTBEAT_PROGRESS, HEARTBEAT_PUBLISHED, HEARTBEAT_SLOTS
 from service.config import ServerConfig
 from service.logging import setup_logging
+from service.stream_limit import SharedStreamCounts, SharedStreamLimit
 
 log = logging.getLogger("service.supervisor")
 
 EXIT_OK, EXIT_ENGINE_FAILED, EXIT_LOAD_FAILED = 0, 1, 2
 MAX_RESTARTS, RESTART_WINDOW_S = 5, 60.0
 _PR_SET_PDEATHSIG = 1
+# The supervisor's word to its children: a frontend drains, the engine process stops. Signals from
+# outside (to the whole process group or cgroup) are for the supervisor only.
+CONTROL_SIGNAL = signal.SIGUSR1
+OUTSIDE_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 
 # --- how many frontends ---
@@ -103,21 +115,29 @@ def default_frontends(cpus: int | None = None) -> int:
 
 
 def reserve_port(host: str, port: int) -> socket.socket:
-    """Check that nothing listens on (host, port) (a bind without SO_REUSEPORT fails if anything holds
-    it), then hold it with an SO_REUSEPORT socket that never listens, so a second server's own check
-    fails while this one runs. Frontends bind the same port with SO_REUSEPORT; only listening sockets
-    take connections. Port 0 picks a free port."""
+    """Check that no live server has (host, port), then hold it for this one; port 0 picks a free port.
+
+    The probe binds with SO_REUSEADDR and without SO_REUSEPORT. On Linux that bind succeeds over
+    sockets that are only closing (TIME_WAIT, FIN_WAIT2: a previous server's connections, kept for up
+    to a minute after it stopped or was killed, e.g. towards a keep-alive client that never reads), so
+    a restart serves at once; it fails on a listening socket, and on another server's holder (bound
+    without SO_REUSEADDR), so two live servers never share the port. The holder is an SO_REUSEPORT
+    socket that never listens, held while this server runs: frontends bind the same port with
+    SO_REUSEPORT (only listening sockets take connections), and a second server's probe fails on it,
+    also while this one is still loading its model."""
     family, kind, proto, _, address = socket.getaddrinfo(
         host.strip("[]") or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
     )[0]
     with socket.socket(family, kind, proto) as probe:
         if family == socket.AF_INET6:
             probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         probe.bind(address)
         port = probe.getsockname()[1]
     holder = socket.socket(family, kind, proto)
     if family == socket.AF_INET6:
         holder.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    # no SO_REUSEADDR here: it would let a second server's probe bind over this holder
     holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     holder.bind((address[0], port, *address[2:]))
     return holder
@@ -127,12 +147,36 @@ def reserve_port(host: str, port: int) -> socket.socket:
 
 
 def _die_with_parent(parent_pid: int) -> None:
-    """SIGKILL this process when the supervisor ends, however it ends (Linux PR_SET_PDEATHSIG)."""
+    """SIGKILL this process when the supervisor ends, however it ends (Linux PR_SET_PDEATHSIG); heed
+    SIGTERM and SIGINT from outside no more (they were blocked since the start: see start_child)."""
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
     if os.getppid() != parent_pid:  # the supervisor died before prctl took effect
         os._exit(EXIT_ENGINE_FAILED)
+    for sig in OUTSIDE_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)  # discards one already pending
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, OUTSIDE_SIGNALS)
+
+
+def start_child(p: BaseProcess) -> None:
+    """Start a child with SIGTERM and SIGINT blocked (a spawned child inherits the mask): one sent to
+    the whole group while it starts waits until the child ignores it, instead of killing it."""
+    # Started first: starting it unblocks these signals in this process (as it protects itself the same
+    # way), which would undo the mask below for the child started on the way.
+    resource_tracker.ensure_running()
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, OUTSIDE_SIGNALS)
+    try:
+        p.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def tell_to_stop(p: BaseProcess) -> None:
+    """A frontend drains, the engine process stops (what SIGTERM is to the supervisor)."""
+    if p.pid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p.pid, CONTROL_SIGNAL)
 
 
 def engine_main(
@@ -144,31 +188,32 @@ def engine_main(
     log_format: str,
     heartbeat: MutableSequence[float] | None = None,
 ) -> None:
-    """The engine process (see engine/core_process.py)."""
+    """The engine process (see engine/core_process.py); stops on CONTROL_SIGNAL."""
     _die_with_parent(parent_pid)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the supervisor decides
     setup_logging(log_level, log_format)
     from engine.core_process import serve
 
-    sys.exit(serve(config, address, ready, heartbeat))
+    sys.exit(serve(config, address, ready, heartbeat, stop_signal=CONTROL_SIGNAL))
 
 
-def frontend_main(index: int, config: ServerConfig, address: str, parent_pid: int) -> None:
-    """A frontend process: gRPC server on the shared port, its engine an EngineClient."""
+def frontend_main(
+    index: int, config: ServerConfig, address: str, parent_pid: int, streams: SharedStreamCounts
+) -> None:
+    """A frontend process: gRPC server on the shared port, its engine an EngineClient; drains on
+    CONTROL_SIGNAL."""
     _die_with_parent(parent_pid)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     setup_logging(config.log_level, config.log_format)
     if config.debug_profile_dir:  # benchmarks: where a frontend's time goes (its event loop thread)
         import cProfile
 
         profiler = cProfile.Profile()
-        code = profiler.runcall(asyncio.run, _serve_frontend(index, config, address))
+        code = profiler.runcall(asyncio.run, _serve_frontend(index, config, address, streams))
         profiler.dump_stats(Path(config.debug_profile_dir) / f"frontend-{index}-{os.getpid()}.prof")
         sys.exit(code)
-    sys.exit(asyncio.run(_serve_frontend(index, config, address)))
+    sys.exit(asyncio.run(_serve_frontend(index, config, address, streams)))
 
 
-async def _serve_frontend(index: int, config: ServerConfig, address: str) -> int:
+async def _serve_frontend(index: int, config: ServerConfig, address: str, streams: SharedStreamCounts) -> int:
     from engine.client import EngineClient
     from service.server import AsrServer, init_metrics
 
@@ -179,8 +224,9 @@ async def _serve_frontend(index: int, config: ServerConfig, address: str) -> int
     except Exception as e:
         log.error(f"frontend-{index} could not reach the engine process: {e!r}")
         return EXIT_ENGINE_FAILED
-    server = AsrServer(config, client, reuse_port=True)
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, server.request_shutdown)
+    limit = SharedStreamLimit(config.max_streams, streams, index)
+    server = AsrServer(config, client, reuse_port=True, stream_limit=limit)
+    asyncio.get_running_loop().add_signal_handler(CONTROL_SIGNAL, server.request_shutdown)
     return await server.run()
 
 
@@ -274,6 +320,12 @@ class Supervisor:
         self.stop_signal: int | None = None
         # written by the engine process only (lock-free: a torn read costs one check, 0.1 s later)
         self.heartbeat = self.ctx.Array("d", HEARTBEAT_SLOTS, lock=False)
+        # --max-streams for the whole server: each frontend's open streams (service/stream_limit.py)
+        lock_path = workdir / "streams.lock"
+        lock_path.touch(mode=0o600)
+        self.streams = SharedStreamCounts(
+            self.ctx.Array("i", self.frontend_count, lock=False), str(lock_path)
+        )
 
     def processes(self) -> dict[str, int]:
         out = {"supervisor": os.getpid()}
@@ -296,10 +348,10 @@ class Supervisor:
     def _start_frontend(self, index: int) -> None:
         p = self.ctx.Process(
             target=frontend_main,
-            args=(index, self.config, self.address, os.getpid()),
+            args=(index, self.config, self.address, os.getpid(), self.streams),
             name=f"asr-frontend-{index}",
         )
-        p.start()
+        start_child(p)
         self.frontends[index] = p
 
     def run(self) -> int:
@@ -335,7 +387,7 @@ class Supervisor:
             args=(c.engine, self.address, child_end, os.getpid(), c.log_level, c.log_format, self.heartbeat),
             name="asr-engine",
         )
-        self.engine.start()
+        start_child(self.engine)
         child_end.close()
         message = None
         while message is None:
@@ -408,6 +460,7 @@ class Supervisor:
                     continue
                 p.join()
                 self._reaped(p)
+                self.streams.clear(i)  # its streams died with it: their places are free
                 now = time.monotonic()
                 self.restarts = [t for t in self.restarts if now - t < RESTART_WINDOW_S] + [now]
                 if len(self.restarts) > MAX_RESTARTS:
@@ -428,23 +481,21 @@ class Supervisor:
             extra={"fields": {"signal": self.stop_signal, "drain_seconds": self.config.drain_seconds}},
         )
         for p in self.frontends.values():
-            with contextlib.suppress(ProcessLookupError):
-                p.terminate()
+            tell_to_stop(p)
         deadline = time.monotonic() + self.config.drain_seconds + 1.0
         for p in self.frontends.values():
             p.join(max(0.0, deadline - time.monotonic()))
-        # a frontend still starting when the signal came ends by it (-SIGTERM): it had nothing open
-        failed = [p.exitcode for p in self.frontends.values() if p.exitcode not in (0, None, -signal.SIGTERM)]
+        # a frontend still starting when told ends by the signal's default action: it had nothing open
+        failed = [p.exitcode for p in self.frontends.values() if p.exitcode not in (0, None, -CONTROL_SIGNAL)]
         self._stop_all(grace=5.0)
         return EXIT_ENGINE_FAILED if failed else EXIT_OK
 
     def _stop_all(self, grace: float) -> None:
-        """SIGTERM what still runs, frontends first, then SIGKILL what outlives `grace`."""
+        """Tell what still runs to stop, frontends first, then SIGKILL what outlives `grace`."""
         children = [*self.frontends.values(), *([self.engine] if self.engine is not None else [])]
         for p in children:
             if p.is_alive():
-                with contextlib.suppress(ProcessLookupError):
-                    p.terminate()
+                tell_to_stop(p)
                 p.join(grace)
             if p.is_alive():
                 log.warning(f"{p.name} did not stop; killing it")

@@ -21,7 +21,7 @@ from prometheus_client import REGISTRY
 from engine import DecodeOptions, Engine, EngineConfig, EngineOverloaded
 from engine.api import EngineStopped
 from engine.client import EngineClient
-from service.supervisor import engine_main
+from service.supervisor import engine_main, start_child, tell_to_stop
 from tests.support.audio import make_conversation
 from tests.support.engine import jfk_16k
 
@@ -39,7 +39,7 @@ class EngineProcess:
         self.proc: BaseProcess = ctx.Process(
             target=engine_main, args=(config, self.address, child_end, os.getpid(), "warning", "text")
         )
-        self.proc.start()
+        start_child(self.proc)
         child_end.close()
         assert ready.poll(180), "the engine process never reported"
         message = ready.recv()
@@ -47,7 +47,7 @@ class EngineProcess:
 
     def stop(self) -> None:
         if self.proc.is_alive():
-            self.proc.terminate()
+            tell_to_stop(self.proc)  # as the supervisor does: the engine ignores SIGTERM from outside
             self.proc.join(20)
         if self.proc.is_alive():
             self.proc.kill()
@@ -59,7 +59,7 @@ def engine_process() -> Iterator[EngineProcess]:
     process = EngineProcess(EngineConfig(model="tiny.en", threads=2))
     yield process
     process.stop()
-    assert process.proc.exitcode == 0  # SIGTERM: a clean stop
+    assert process.proc.exitcode == 0  # told to stop: a clean stop
 
 
 @pytest.fixture()

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.client
 import json
 import os
 import signal
+import socket
 import threading
 import time
 import urllib.request
@@ -19,13 +21,15 @@ import grpc
 import psutil
 import pytest
 from asr.v1 import asr_pb2, asr_pb2_grpc
+from grpc import aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from clients.client import RecognizerClient
 from service.supervisor import default_frontends, usable_cpus
 from tests.support.audio import make_conversation, to_linear16_bytes
-from tests.support.calls import config_request
-from tests.support.server import ServerProcess, watch_health
+from tests.support.calls import OpenStream, config_request
+from tests.support.server import HOST, ServerProcess, watch_health
 
 pytestmark = pytest.mark.slow
 Event = asr_pb2.StreamingRecognizeResponse.SpeechEventType
@@ -172,10 +176,16 @@ def test_two_frontends_one_metrics_scrape_and_a_frontend_crash_is_replaced() -> 
         server.stop()
 
 
-async def test_sigterm_drains_two_frontends_and_loses_no_final() -> None:
+@pytest.mark.parametrize("to", ["supervisor", "process group"])
+async def test_sigterm_drains_two_frontends_and_loses_no_final(to: str) -> None:
+    """SIGTERM to the supervisor (Kubernetes, docker stop) or to every process of the server at once
+    (systemd's KillMode=control-group, `kill -- -PGID`, a terminal's Ctrl-C as SIGINT): the same drain.
+    The supervisor alone orders the shutdown: frontends drain first, the engine stops after them."""
     drain_seconds = 20
     audio, _ = make_conversation(SENTENCES, pause_s=1.0)
-    server = ServerProcess("--frontends", "2", "--drain-seconds", str(drain_seconds)).wait_serving()
+    server = ServerProcess(
+        "--frontends", "2", "--drain-seconds", str(drain_seconds), own_process_group=to == "process group"
+    ).wait_serving()
     n = 4  # own connections each, spread over the two frontends by SO_REUSEPORT
     received: list[list[asr_pb2.StreamingRecognizeResponse]] = [[] for _ in range(n)]
     second_sentence = [asyncio.Event() for _ in range(n)]
@@ -195,7 +205,10 @@ async def test_sigterm_drains_two_frontends_and_loses_no_final() -> None:
         streams = [asyncio.create_task(stream(i)) for i in range(n)]
         await asyncio.wait_for(asyncio.gather(*(e.wait() for e in second_sentence)), 60)
         await asyncio.sleep(0.8)  # a few words into the second sentence
-        server.terminate()
+        if to == "supervisor":
+            server.terminate()
+        else:
+            os.killpg(server.proc.pid, signal.SIGTERM)  # its own group: the supervisor leads it
         await asyncio.wait_for(asyncio.gather(*streams), drain_seconds)
         code = await asyncio.to_thread(server.wait, drain_seconds + 10)
         assert code == 0, server.log()[-3000:]
@@ -208,6 +221,77 @@ async def test_sigterm_drains_two_frontends_and_loses_no_final() -> None:
         assert len(finals) == 2, responses
         assert "thank you for calling" in finals[0].alternatives[0].transcript.lower()
         assert [x.speech_event_type for x in responses].count(Event.RECONNECT) == 1
+
+
+OWN_CONNECTION = (("grpc.use_local_subchannel_pool", 1),)  # a TCP connection per channel: any frontend
+
+
+def frontend_of(stream_id: str) -> int:
+    """The pid of the frontend that accepted a stream: its id is s<pid in hex>-<n>."""
+    return int(stream_id.split("-")[0][1:], 16)
+
+
+async def test_max_streams_is_the_servers_limit_shared_by_its_frontends() -> None:
+    """--max-streams 2 with two frontends: one stream open on each fills the server (each frontend's own
+    count would still be 1); a frontend that dies gives its places back."""
+    server = ServerProcess("--frontends", "2", "--max-streams", "2").wait_serving()
+    channels: list[aio.Channel] = []
+
+    def connection() -> aio.Channel:
+        channels.append(aio.insecure_channel(server.target, options=OWN_CONNECTION))
+        return channels[-1]
+
+    async def open_stream() -> tuple[OpenStream, str]:
+        stream = OpenStream(connection(), deadline_s=120)
+        return stream, await stream.open()
+
+    async def assert_refused() -> None:
+        stream, stream_id = await open_stream()
+        outcome = await stream.finish()
+        assert not stream_id and outcome.code == grpc.StatusCode.RESOURCE_EXHAUSTED, (stream_id, outcome)
+        assert "limit of 2 concurrent streams (max_streams)" in outcome.details
+
+    try:
+        held: dict[int, OpenStream] = {}  # frontend pid -> the stream it holds
+        for _ in range(50):  # SO_REUSEPORT picks the frontend: until each holds one
+            stream, stream_id = await open_stream()
+            assert stream_id, f"refused below the limit: {await stream.finish()}"
+            if frontend_of(stream_id) in held:
+                assert (await stream.finish()).code == grpc.StatusCode.OK  # its place is given back
+            else:
+                held[frontend_of(stream_id)] = stream
+            if len(held) == 2:
+                break
+        assert len(held) == 2, "every stream went to one frontend"
+        for _ in range(4):  # new connections, spread over both frontends
+            await assert_refused()
+
+        # a frontend dies with its stream: once the supervisor has seen it, its place is free again
+        dead = next(iter(held))
+        os.kill(dead, signal.SIGKILL)
+        assert (await held.pop(dead).finish()).code in (
+            grpc.StatusCode.UNAVAILABLE,
+            grpc.StatusCode.CANCELLED,
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            stream, stream_id = await open_stream()
+            if stream_id:
+                break
+            outcome = await stream.finish()  # refused (not yet seen dead) or reset (a dying listener)
+            assert outcome.code in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE), outcome
+            assert time.monotonic() < deadline, f"the dead frontend's place never came back: {outcome}"
+            await asyncio.sleep(0.2)
+        held[frontend_of(stream_id)] = stream
+        await assert_refused()  # two open again: the limit still holds
+        for s in held.values():
+            assert (await s.finish()).code == grpc.StatusCode.OK
+        server.terminate()
+        assert await asyncio.to_thread(server.wait, 60) == 0, server.log()[-3000:]
+    finally:
+        for c in channels:
+            await c.close()
+        server.stop()
 
 
 def test_engine_process_death_fails_streams_unavailable_and_exits_non_zero() -> None:
@@ -282,19 +366,89 @@ def test_failed_start_leaves_no_process_behind(tmp_path: Path) -> None:
         server.stop()
 
 
-def test_a_second_server_on_the_same_port_is_refused() -> None:
-    """Frontends share the port with SO_REUSEPORT; another server must never join them silently."""
-    first = ServerProcess("--frontends", "2").wait_serving()
-    second = ServerProcess("--port", str(first.port))
+def test_a_second_server_on_a_port_in_use_is_refused() -> None:
+    """Frontends share the gRPC and HTTP ports with SO_REUSEPORT; another server must never join them
+    silently, on any of its three ports (gRPC, HTTP, metrics)."""
+    first = ServerProcess("--frontends", "2", http=True).wait_serving()
     try:
-        assert second.wait(60) == 2, second.log()
-        assert f"{first.port} is not free" in second.log()
+        for flag, port, message in (
+            ("--port", first.port, f"{first.port} is not free"),
+            ("--http-port", str(first.http_port), f"{first.http_port} is not free"),
+            ("--metrics-port", str(first.metrics_port), f"metrics server on port {first.metrics_port}"),
+        ):
+            second = ServerProcess(flag, str(port), http=True)  # its other ports are free ones
+            try:
+                assert second.wait(60) == 2, second.log()
+                assert message in second.log(), second.log()
+            finally:
+                second.stop()
         assert first.health() == "SERVING"
+        assert "thank you for calling" in recognize_once(first.target).lower()
     finally:
-        second.stop()
         first.terminate()
         first.wait(60)
         first.stop()
+
+
+def closing_connections(port: int) -> set[str]:
+    """States of this machine's TCP sockets on local `port` that are neither listening nor connected:
+    connections the server closed and the kernel still keeps (FIN_WAIT*, TIME_WAIT, ...)."""
+    return {
+        c.status
+        for c in psutil.net_connections("tcp")
+        if c.laddr and c.laddr.port == port and c.status not in (psutil.CONN_LISTEN, psutil.CONN_ESTABLISHED)
+    }
+
+
+@pytest.mark.parametrize("stop", ["sigterm", "sigkill"])
+def test_a_restart_on_the_same_ports_serves_at_once_while_old_connections_close(stop: str) -> None:
+    """A pod's container restarts in the same network namespace: the old server's connections are still
+    closing (TIME_WAIT, FIN_WAIT2 towards a keep-alive client that never reads) when the new one starts
+    on the same ports. It must serve, not exit 2 for up to a minute."""
+    first = ServerProcess("--frontends", "1", http=True).wait_serving()
+    second: ServerProcess | None = None
+    held: list[object] = []  # clients that keep their connections open through the stop, as real ones do
+    try:
+        pids = [p.pid for p in children(first)]
+        keep_alive = http.client.HTTPConnection(HOST, first.http_port, timeout=10)
+        keep_alive.request("GET", "/v1/models")
+        assert keep_alive.getresponse().read() and keep_alive.sock is not None
+        held.append(keep_alive)
+        channel = grpc.insecure_channel(first.target)
+        health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+        held.append(channel)
+        scrape(first)
+        # gRPC and urllib clients close their end as soon as the server closes (or before): a client that
+        # has gone quiet (a stalled process, a half-dead peer) leaves the server's end in FIN_WAIT2, as
+        # the keep-alive client does, on every port
+        for port in (first.port, first.http_port, first.metrics_port):
+            held.append(socket.create_connection((HOST, port), timeout=10))
+        if stop == "sigterm":
+            first.terminate()
+            assert first.wait(60) == 0, first.log()[-3000:]
+        else:
+            first.proc.kill()
+            first.wait(10)
+        assert_gone(pids)
+        ports = {"gRPC": first.port, "HTTP": first.http_port, "metrics": first.metrics_port}
+        closing = {name: closing_connections(port) for name, port in ports.items()}
+        assert all(closing.values()), (
+            f"nothing left closing on some port: the test would prove nothing: {closing}"
+        )
+
+        second = ServerProcess("--frontends", "1", ports_of=first).wait_serving()
+        assert "thank you for calling" in recognize_once(second.target).lower()
+        with urllib.request.urlopen(f"{second.http_url}/v1/models", timeout=10) as r:
+            assert r.status == 200
+        assert [v for _, v in scrape(second)["asr_serving"]] == [1.0]
+    finally:
+        for h in held:
+            h.close()  # type: ignore[attr-defined]
+        first.stop()
+        if second is not None:
+            second.terminate()
+            second.wait(60)
+            second.stop()
 
 
 def test_default_frontends_leave_one_core_to_the_engine() -> None:

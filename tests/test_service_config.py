@@ -64,6 +64,11 @@ def test_flags_parse_into_typed_config() -> None:
         (["--max-streams", "0"], "--max-streams must be at least 1"),
         (["--drain-seconds", "-1"], "--drain-seconds"),
         (["--engine-heartbeat-timeout", "0.5"], "--engine-heartbeat-timeout must be 0 (off) or 1-3600 s"),
+        (["--idle-audio-timeout", "-1"], "--idle-audio-timeout must be 0 (off) or positive"),
+        (["--keepalive-time", "0.5"], "--keepalive-time must be at least 1 s"),
+        (["--keepalive-timeout", "0"], "--keepalive-timeout must be at least 1 s"),
+        (["--max-connection-age", "0.5"], "--max-connection-age must be 0 (off) or at least 1 s"),
+        (["--max-concurrent-rpcs", "-1"], "--max-concurrent-rpcs must be 0 (from --max-streams) or positive"),
     ],
 )
 def test_bad_flags_are_refused_naming_the_flag(

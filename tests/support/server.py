@@ -81,12 +81,28 @@ class ServerThread:
 
 class ServerProcess:
     """`asr-server` in a subprocess with free ports; its log goes to a file (see `log()`). The HTTP door
-    is off unless `http` (then on a free port: never the default 8000, which parallel tests would share)."""
+    is off unless `http` (then on a free port: never the default 8000, which parallel tests would share).
+    `ports_of` takes another server's ports (a restart); `own_process_group` puts it in a process group
+    of its own, which a test may signal as a whole (systemd's KillMode=control-group, `kill -- -PGID`)."""
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None, http: bool = False) -> None:
-        self.port = free_port()
-        self.metrics_port = free_port()
-        self.http_port = free_port() if http else 0
+    def __init__(
+        self,
+        *args: str,
+        env: dict[str, str] | None = None,
+        http: bool = False,
+        ports_of: ServerProcess | None = None,
+        own_process_group: bool = False,
+    ) -> None:
+        if ports_of is not None:
+            self.port, self.metrics_port, self.http_port = (
+                ports_of.port,
+                ports_of.metrics_port,
+                ports_of.http_port,
+            )
+        else:
+            self.port = free_port()
+            self.metrics_port = free_port()
+            self.http_port = free_port() if http else 0
         self._log = tempfile.NamedTemporaryFile(prefix="asr-server-", suffix=".log", delete=False)  # noqa: SIM115
         argv = [
             str(Path(sys.executable).with_name("asr-server")),
@@ -96,7 +112,12 @@ class ServerProcess:
             *args,
         ]
         self.proc = subprocess.Popen(
-            argv, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+            argv,
+            cwd=REPO,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            process_group=0 if own_process_group else None,
         )
 
     @property
