@@ -159,6 +159,13 @@ class EngineConfig:
             "help": "TEST ONLY: hang the engine's scheduler thread after N utterances (0: off)",
         },
     )
+    debug_drop_replies: int = field(
+        default=0,
+        metadata={
+            "hidden": True,  # test only (engine/core_process.py): a lost reply, for the frontend's bound
+            "help": "TEST ONLY: the engine process sends no reply for its first N utterances (0: off)",
+        },
+    )
     debug_slow_encoder_s: float = field(
         default=0.0,
         metadata={
@@ -189,6 +196,7 @@ class EngineConfig:
         check("threads", 0, 1024)  # 0: torch's default
         check("debug_crash_scheduler_after", 0, 1_000_000)  # test seam (engine/faults.py); 0: off
         check("debug_hang_scheduler_after", 0, 1_000_000)  # test seam (engine/faults.py); 0: off
+        check("debug_drop_replies", 0, 1_000_000)  # test seam (engine/core_process.py); 0: off
         check("debug_slow_encoder_s", 0, 600, " s")  # test seam (engine/faults.py); 0: off
         if self.dtype not in DTYPES:
             problems.append(f"--dtype must be one of {', '.join(DTYPES)} (got {self.dtype!r})")

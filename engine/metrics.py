@@ -90,3 +90,43 @@ ENGINE_FAILURES = Counter(
     "loop_check, result); the engine went on serving the others",
     ["stage"],
 )
+
+# --- the IPC between frontend processes and the engine process (engine/ipc.py) ---
+IPC_MALFORMED = Counter(
+    "asr_ipc_malformed_total",
+    "IPC messages dropped as malformed, by the process that received them (engine, frontend) and why: "
+    "frames (missing or extra), kind (unknown), request_id (unreadable), header (unreadable, a type the "
+    "IPC does not carry, or the wrong shape), audio (not whole float32 samples, or not finite), duplicate "
+    "(a request id already in use in its session), session (work from a peer with no session), error "
+    "(handling it failed: a bug, logged)",
+    ["receiver", "reason"],
+)
+IPC_SESSIONS_ENDED = Counter(
+    "asr_ipc_sessions_ended_total",
+    "Frontend sessions the engine process ended, cancelling what they still held, by why: closed (the "
+    "frontend said BYE), disconnected (its connection is gone: its process ended), replaced (a new HELLO under the same identity: a restarted frontend)",
+    ["reason"],
+)
+IPC_ORPHANS_CANCELLED = Counter(
+    "asr_ipc_orphaned_utterances_total",
+    "Utterances the engine process cancelled because the session that submitted them ended",
+)
+IPC_REPLIES_DROPPED = Counter(
+    "asr_ipc_replies_dropped_total",
+    "Replies the engine process could not send, by why: backlog (the frontend's queue was full: it does "
+    "not read), debug (the --debug-drop-replies test seam); the frontend fails those utterances "
+    "(asr_ipc_replies_lost_total)",
+    ["reason"],
+)
+IPC_REPLIES_LOST = Counter(
+    "asr_ipc_replies_lost_total",
+    "Utterances a frontend failed because the engine process no longer held them and sent no reply",
+)
+IPC_MALFORMED_REASONS = ("frames", "kind", "request_id", "header", "audio", "duplicate", "session", "error")
+for _receiver in ("engine", "frontend"):  # every series reads 0 from the start
+    for _reason in IPC_MALFORMED_REASONS:
+        IPC_MALFORMED.labels(_receiver, _reason)
+for _reason in ("closed", "disconnected", "replaced"):
+    IPC_SESSIONS_ENDED.labels(_reason)
+for _reason in ("backlog", "debug"):
+    IPC_REPLIES_DROPPED.labels(_reason)

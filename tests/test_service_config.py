@@ -111,6 +111,7 @@ ENGINE_OUT_OF_RANGE = [
     ("--dtype", "float8", "--dtype must be one of auto, float32, float16, bfloat16"),
     ("--debug-crash-scheduler-after", "-1", "--debug-crash-scheduler-after must be 0-1000000"),
     ("--debug-hang-scheduler-after", "-1", "--debug-hang-scheduler-after must be 0-1000000"),
+    ("--debug-drop-replies", "-1", "--debug-drop-replies must be 0-1000000"),
     ("--debug-slow-encoder-s", "-1", "--debug-slow-encoder-s must be 0-600 s"),
 ]
 
