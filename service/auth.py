@@ -17,6 +17,7 @@ import contextlib
 import hmac
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -29,6 +30,9 @@ from grpc import aio
 log = logging.getLogger("service.auth")
 
 ENV_VAR = "ASR_AUTH_TOKENS"
+# What a token may be: visible ASCII, no spaces (what gRPC metadata and an HTTP header can carry as-is;
+# RFC 6750's b64token is a subset)
+TOKEN_SYNTAX = re.compile(r"[\x21-\x7e]+")
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
 FIRST_REQUEST_WAIT_S = 1.0
 REFUSAL_LOG_INTERVAL_S = 10.0  # a client retrying with a bad token must not flood the logs
@@ -51,12 +55,24 @@ def parse_env_tokens(value: str) -> list[str]:
     return [t.strip() for t in value.split(",") if t.strip()]
 
 
+def _sendable(tokens: list[str], source: str) -> list[str]:
+    """The tokens a client can send (TOKEN_SYNTAX); the others are dropped, with a warning that does not
+    show them."""
+    kept = [t for t in tokens if TOKEN_SYNTAX.fullmatch(t)]
+    if len(kept) < len(tokens):
+        log.warning(
+            "auth tokens ignored: not visible ASCII, so no client can send them",
+            extra={"fields": {"source": source, "ignored": len(tokens) - len(kept)}},
+        )
+    return kept
+
+
 class TokenStore:
     """The accepted tokens: the env var's (fixed for the process) plus the file's (re-read on change)."""
 
     def __init__(self, path: str = "", env_value: str = "") -> None:
         self.path = Path(path) if path else None
-        self._env = [t.encode() for t in parse_env_tokens(env_value)]
+        self._env = [t.encode() for t in _sendable(parse_env_tokens(env_value), ENV_VAR)]
         self._file: list[bytes] = []
         self._stamp: tuple[int, int, int] | None = None
         self._lock = threading.Lock()
@@ -79,7 +95,8 @@ class TokenStore:
 
     def _reload(self, stamp: tuple[int, int, int]) -> None:
         assert self.path is not None
-        tokens = [t.encode() for t in parse_token_file(self.path.read_text(encoding="utf-8"))]
+        text = self.path.read_text(encoding="utf-8")
+        tokens = [t.encode() for t in _sendable(parse_token_file(text), str(self.path))]
         with self._lock:
             self._file, self._stamp = tokens, stamp
         log.info("auth tokens loaded", extra={"fields": {"file": str(self.path), "tokens": len(tokens)}})
@@ -112,15 +129,17 @@ class TokenStore:
 
 
 def bearer_token(metadata: Any) -> str | None:
-    """The token of the `authorization: Bearer <token>` entry; "" if the header is malformed,
-    None if there is none."""
+    """The token of the `authorization: Bearer <token>` entry; "" if the header is malformed (another
+    scheme, no token, or a token that is not one run of visible ASCII: a space, a control character, a byte
+    that is not UTF-8 — aiohttp hands those on as surrogates), None if there is none."""
     for key, value in metadata or ():
         if key.lower() != "authorization":
             continue
         if isinstance(value, bytes):
             value = value.decode("latin-1")
         scheme, _, token = value.strip().partition(" ")
-        return token.strip() if scheme.lower() == "bearer" else ""
+        token = token.strip()
+        return token if scheme.lower() == "bearer" and TOKEN_SYNTAX.fullmatch(token) else ""
     return None
 
 

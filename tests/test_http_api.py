@@ -4,9 +4,12 @@ client (which nobody here wrote) and curl, against the same engine, tokens and l
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import http.client
 import itertools
 import json
 import re
+import socket
 import ssl
 import subprocess
 import threading
@@ -26,10 +29,11 @@ from clients.client import RecognizerClient
 from clients.scoring import normalize
 from engine import Engine
 from service.config import ServerConfig
+from service.http_api import TRANSCRIPTIONS_PATH as TRANSCRIPTIONS
 from service.http_api import _has_config_field
 from tests.support.audio import JFK_FLAC, RATE, speak
 from tests.support.certs import Pem, make_pki
-from tests.support.server import ServerProcess, ServerThread
+from tests.support.server import HOST, ServerProcess, ServerThread
 
 pytestmark = pytest.mark.slow
 TOKEN = "http-test-token"
@@ -315,3 +319,188 @@ async def test_the_door_on_the_default_host_answers_on_ipv4(service_engine: Engi
         assert json.loads(body)["data"], body
     finally:
         await server.stop(0.5, stop_engine=False)
+
+
+# --- the door's edges (issue 19 item 9): slow, chunked, malformed and badly authorized requests ---
+
+BOUNDARY = "asr-test-boundary"
+
+
+def form_part(name: str, value: bytes, filename: str | None = None) -> bytes:
+    disposition = f'form-data; name="{name}"' + (f'; filename="{filename}"' if filename else "")
+    return f"--{BOUNDARY}\r\nContent-Disposition: {disposition}\r\n\r\n".encode() + value + b"\r\n"
+
+
+def form_body(*parts: bytes) -> bytes:
+    return b"".join(parts) + f"--{BOUNDARY}--\r\n".encode()
+
+
+def raw_request(
+    port: int, headers: dict[str, str] | list[tuple[str, bytes]], body: bytes = b"", *, wait_s: float = 60
+) -> tuple[int, dict[str, object], http.client.HTTPResponse]:
+    """POST exactly these bytes (headers as given, even if malformed) and read the answer with the
+    stdlib's HTTP parser: (status, error body, response)."""
+    items = headers.items() if isinstance(headers, dict) else headers
+    head = f"POST {TRANSCRIPTIONS} HTTP/1.1\r\nHost: {HOST}\r\n".encode()
+    for key, value in items:
+        head += key.encode() + b": " + (value if isinstance(value, bytes) else value.encode()) + b"\r\n"
+    sock = socket.create_connection((HOST, port), timeout=wait_s)
+    sock.sendall(head + b"\r\n" + body)
+    response = http.client.HTTPResponse(sock)
+    response.begin()
+    data = response.read()
+    sock.close()
+    return response.status, json.loads(data) if data.startswith(b"{") else {}, response
+
+
+def multipart_headers(body: bytes | None = None, **extra: str) -> dict[str, str]:
+    headers = {"Content-Type": f"multipart/form-data; boundary={BOUNDARY}", **extra}
+    if body is not None:
+        headers["Content-Length"] = str(len(body))
+    return headers
+
+
+@pytest.fixture(scope="module")
+def edge_server(service_engine: Engine) -> Iterator[ServerThread]:
+    """Short upload clocks and a small upload bound, so each edge shows in a second or two."""
+    config = ServerConfig(max_recognize_bytes=256 << 10, http_read_timeout=1.0, http_min_upload_rate=64 << 10)
+    server = ServerThread(config, service_engine, http=True).start()
+    yield server
+    server.stop()
+
+
+def test_an_upload_that_stalls_is_408_and_the_connection_closed(edge_server: ServerThread) -> None:
+    body = form_body(form_part("file", JFK_FLAC.read_bytes()[:200_000], "jfk.flac"))
+    before = http_count("408")
+    sock = socket.create_connection((HOST, edge_server.server.http_port), timeout=30)
+    head = f"POST {TRANSCRIPTIONS} HTTP/1.1\r\nHost: {HOST}\r\n"
+    head += "".join(f"{k}: {v}\r\n" for k, v in multipart_headers(body).items())
+    sock.sendall(head.encode() + b"\r\n" + body[:1000])  # then nothing: a client that stalled
+    response = http.client.HTTPResponse(sock)
+    response.begin()  # the test's own socket timeout (30 s) fails it if the server waits for ever
+    error = json.loads(response.read())["error"]
+    assert response.status == 408, error
+    assert "http_read_timeout" in error["message"] and "1 s" in error["message"], error
+    assert response.getheader("Connection") == "close"
+    assert sock.recv(1) == b""  # closed: the handler and what it had read are let go
+    sock.close()
+    assert http_count("408") == before + 1
+
+
+def test_an_upload_that_trickles_under_the_minimum_rate_is_408(edge_server: ServerThread) -> None:
+    """A client that sends a little every half second never idles past the read timeout, but at ~1 KB/s
+    it would hold the handler for minutes: the minimum average rate ends it."""
+    body = form_body(form_part("file", JFK_FLAC.read_bytes()[:200_000], "jfk.flac"))
+    sock = socket.create_connection((HOST, edge_server.server.http_port), timeout=30)
+    head = f"POST {TRANSCRIPTIONS} HTTP/1.1\r\nHost: {HOST}\r\n"
+    head += "".join(f"{k}: {v}\r\n" for k, v in multipart_headers(body).items())
+    sock.sendall(head.encode() + b"\r\n")
+    stop = threading.Event()
+
+    def trickle() -> None:
+        for offset in range(0, len(body), 500):
+            if stop.wait(0.5):
+                return
+            with contextlib.suppress(OSError):
+                sock.sendall(body[offset : offset + 500])
+
+    sender = threading.Thread(target=trickle, daemon=True)
+    sender.start()
+    try:
+        response = http.client.HTTPResponse(sock)
+        response.begin()
+        error = json.loads(response.read())["error"]
+    finally:
+        stop.set()
+        sender.join(5)
+        sock.close()
+    assert response.status == 408, error
+    assert "http_min_upload_rate" in error["message"] and "65536 bytes/s" in error["message"], error
+
+
+def test_a_chunked_upload_is_size_checked_as_it_streams(edge_server: ServerThread) -> None:
+    """No Content-Length (Transfer-Encoding: chunked): the bound applies to the whole body as it arrives,
+    every part counted, not only the `file` part."""
+    limit = edge_server.config.max_recognize_bytes
+    sent = 0
+    sock = socket.create_connection((HOST, edge_server.server.http_port), timeout=30)
+    head = f"POST {TRANSCRIPTIONS} HTTP/1.1\r\nHost: {HOST}\r\nTransfer-Encoding: chunked\r\n"
+    head += "".join(f"{k}: {v}\r\n" for k, v in multipart_headers().items())
+    sock.sendall(head.encode() + b"\r\n")
+    stop = threading.Event()
+
+    def send_forever() -> None:
+        # small fields that never end, each one well under any per-field bound: only a bound on the whole
+        # stream stops them (a 64 KiB text field or a 64 MiB file part would each be accepted)
+        nonlocal sent
+        part = form_part("temperature", b"0" * (32 << 10))
+        with contextlib.suppress(OSError):
+            while not stop.is_set() and sent < 64 * limit:
+                sock.sendall(b"%x\r\n%s\r\n" % (len(part), part))
+                sent += len(part)
+
+    sender = threading.Thread(target=send_forever, daemon=True)
+    sender.start()
+    try:
+        response = http.client.HTTPResponse(sock)
+        response.begin()
+        error = json.loads(response.read())["error"]
+    finally:
+        stop.set()
+        sender.join(30)
+        sock.close()
+    assert response.status == 413, error
+    assert f"limit of {limit} bytes (max_recognize_bytes)" in error["message"], error
+    assert sent < 64 * limit, "the server read the whole never-ending field"
+
+
+@pytest.mark.parametrize(
+    ("content_type", "body", "what"),
+    [
+        (
+            "multipart/form-data; boundary=other-boundary",
+            form_body(form_part("model", b"whisper-1")),
+            "boundary",
+        ),
+        ("multipart/form-data", form_body(form_part("model", b"whisper-1")), "boundary"),
+        (f"multipart/form-data; boundary={BOUNDARY}", b"not a multipart body at all\r\n", "boundary"),
+        (f"multipart/form-data; boundary={'b' * 80}", b"--" + b"b" * 80 + b"--\r\n", "boundary"),
+        (  # a part that never ends: the body stops before its closing boundary
+            f"multipart/form-data; boundary={BOUNDARY}",
+            form_part("model", b"whisper-1") + form_part("file", b"RIFF....WAVE")[:-2],
+            "EOF",
+        ),
+    ],
+    ids=["wrong-boundary", "no-boundary", "not-multipart", "boundary-too-long", "truncated"],
+)
+def test_a_malformed_multipart_body_is_400_not_500(
+    edge_server: ServerThread, content_type: str, body: bytes, what: str
+) -> None:
+    before = http_count("500")
+    headers = {"Content-Type": content_type, "Content-Length": str(len(body))}
+    status, error, _ = raw_request(edge_server.server.http_port, headers, body)
+    assert status == 400, error
+    message = error["error"]["message"]  # type: ignore[index]
+    assert "multipart/form-data" in message and what in message, message
+    assert http_count("500") == before
+
+
+@pytest.mark.parametrize(
+    "authorization",
+    [b"Bearer \xff\xfe\xfd", b"Bearer caf\xc3\xa9", b"\xff\xfe", b"Bearer a b", b"Bearer"],
+    ids=["not-utf8", "non-ascii", "no-scheme", "space-in-token", "no-token"],
+)
+def test_a_malformed_authorization_header_is_401_not_500(
+    http_server: ServerThread, authorization: bytes
+) -> None:
+    body = form_body(form_part("model", b"whisper-1"))
+    before = http_count("500")
+    headers: list[tuple[str, bytes]] = [
+        *((k, v.encode()) for k, v in multipart_headers(body).items()),
+        ("Authorization", authorization),
+    ]
+    status, error, response = raw_request(http_server.server.http_port, headers, body)
+    assert status == 401, error
+    assert error["error"]["code"] == "invalid_api_key", error  # type: ignore[index]
+    assert "Bearer" in response.getheader("WWW-Authenticate", "")
+    assert http_count("500") == before
