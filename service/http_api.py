@@ -544,13 +544,12 @@ class HttpApi:
                 language_code = whisper_language(language_code, engine.info) or ""
             except ValueError as e:
                 raise ApiError(400, str(e).replace("language_code", "language", 1), "language") from e
-        recognize = asr_pb2.RecognizeRequest(
-            config=recognition_config(form, language_code), audio_content=bytes(form.audio)
-        )
+        config = recognition_config(form, language_code)
         started = time.perf_counter()
         try:
-            # The gRPC Recognize core itself: same checks, engine, metrics.
-            response = await self.recognizer._recognize(recognize)
+            # The gRPC Recognize core itself: same checks, engine, metrics. It reads the upload where
+            # read_form put it: one copy in memory, not a RecognizeRequest's besides.
+            response = await self.recognizer._recognize(config, form.audio)
         except StreamError as e:
             status = HTTP_STATUS.get(e.code, 500)
             raise ApiError(status, e.message, "file" if status in (400, 413) else None) from e

@@ -14,6 +14,7 @@ import ssl
 import subprocess
 import threading
 import time
+import tracemalloc
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -504,3 +505,31 @@ def test_a_malformed_authorization_header_is_401_not_500(
     assert error["error"]["code"] == "invalid_api_key", error  # type: ignore[index]
     assert "Bearer" in response.getheader("WWW-Authenticate", "")
     assert http_count("500") == before
+
+
+def test_an_upload_is_held_once_in_memory(service_engine: Engine, tmp_path: Path) -> None:
+    """The upload is read into one buffer and the Recognize core reads it there: the server's peak
+    (Python allocations, traced while it handles the request) is one copy of the file plus the decoder's
+    working set (one 10 s block, ~8 MiB at 48 kHz stereo float), not two or three copies (a bytes copy of
+    the form buffer, the RecognizeRequest's own, the copy read back out)."""
+    wav = tmp_path / "quiet.wav"
+    rng = np.random.default_rng(0)
+    seconds, rate = 100, 48000  # 48 kHz stereo float32: 37 MiB, no speech (nothing for the engine)
+    sf.write(wav, (rng.standard_normal((seconds * rate, 2)) * 1e-4).astype("float32"), rate, subtype="FLOAT")
+    size = wav.stat().st_size
+    server = ServerThread(ServerConfig(), service_engine, http=True).start()
+    try:
+        tracemalloc.start()
+        try:
+            baseline = tracemalloc.get_traced_memory()[0]
+            status, body = curl(
+                "-F", f"file=@{wav}", "-F", "response_format=json", server.http_url + TRANSCRIPTIONS
+            )
+            peak = tracemalloc.get_traced_memory()[1] - baseline
+        finally:
+            tracemalloc.stop()
+    finally:
+        server.stop()
+    assert status == 200, body
+    assert json.loads(body)["usage"]["seconds"] == seconds
+    assert peak < 1.5 * size, f"peak {peak / 2**20:.1f} MiB for an upload of {size / 2**20:.1f} MiB"
