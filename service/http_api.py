@@ -22,7 +22,7 @@ Form fields (multipart/form-data, as OpenAI's SDKs send them):
 - `temperature` and fields this server does not know are ignored (decoding is greedy, temperature 0).
 
 `word` granularity and `redact` pass straight into RecognitionConfig's `enable_word_time_offsets` and
-`redact` when the proto has those fields; a server built without them refuses the field with 400.
+`redact`.
 """
 
 from __future__ import annotations
@@ -78,11 +78,6 @@ _ERROR_TYPE = {
     503: "server_error",
     500: "server_error",
 }
-
-
-def _has_config_field(name: str) -> bool:
-    """True once the proto carries `name` (word timings and redaction come with issue 14's proto)."""
-    return name in asr_pb2.RecognitionConfig.DESCRIPTOR.fields_by_name
 
 
 class ApiError(Exception):
@@ -263,14 +258,6 @@ async def read_form(
             "timestamp_granularities[] needs response_format=verbose_json",
             "timestamp_granularities[]",
         )
-    if "word" in form.granularities and not _has_config_field("enable_word_time_offsets"):
-        raise ApiError(
-            400,
-            "timestamp_granularities[]=word is not supported by this server yet (no word timings); use segment",
-            "timestamp_granularities[]",
-        )
-    if form.redact and not _has_config_field("redact"):
-        raise ApiError(400, "redact is not supported by this server yet", "redact")
     if form.stream and form.response_format not in ("json", "text"):
         raise ApiError(
             400,
@@ -303,13 +290,13 @@ def recognition_config(form: TranscriptionRequest, language_code: str) -> asr_pb
         enable_segment_time_offsets=form.response_format in ("verbose_json", "srt", "vtt"),
     )
     if "word" in form.granularities:
-        config.enable_word_time_offsets = True  # type: ignore[attr-defined]
+        config.enable_word_time_offsets = True
     for name in form.redact:
         try:
-            value = asr_pb2.Redaction.Value(name.upper())  # type: ignore[attr-defined]
+            value = asr_pb2.Redaction.Value(name.upper())
         except ValueError:
             raise ApiError(400, f"redact must be pci, ssn or numbers, got {name!r}", "redact") from None
-        config.redact.append(value)  # type: ignore[attr-defined]
+        config.redact.append(value)
     return config
 
 
@@ -369,7 +356,7 @@ def verbose_json(response: asr_pb2.RecognizeResponse, with_words: bool) -> dict[
                 }
             )
         if with_words:
-            for w in getattr(alt, "words", ()):
+            for w in alt.words:
                 words.append({"word": w.word, "start": _s(w.start_offset), "end": _s(w.end_offset)})
     body: dict[str, Any] = {
         "task": "transcribe",

@@ -31,7 +31,6 @@ from clients.scoring import normalize
 from engine import Engine
 from service.config import ServerConfig
 from service.http_api import TRANSCRIPTIONS_PATH as TRANSCRIPTIONS
-from service.http_api import _has_config_field
 from tests.support.audio import JFK_FLAC, RATE, speak
 from tests.support.certs import Pem, make_pki
 from tests.support.server import HOST, ServerProcess, ServerThread
@@ -174,24 +173,80 @@ def test_curl_transcribes_and_refuses_bad_fields_by_name(http_server: ServerThre
     assert status == 400 and json.loads(body)["error"]["param"] == "file"
 
 
-def test_word_granularity_and_redact_follow_the_proto(http_server: ServerThread) -> None:
-    """Words and redaction pass through to RecognitionConfig; a server whose proto lacks them says so."""
-    url = http_server.http_url + "/v1/audio/transcriptions"
+def test_word_granularity_gives_timed_words(http_server: ServerThread) -> None:
+    url = http_server.http_url + TRANSCRIPTIONS
     auth = ("-H", f"Authorization: Bearer {TOKEN}")
     status, body = curl(
         *auth, "-F", f"file=@{JFK_FLAC}", "-F", "response_format=verbose_json",
         "-F", "timestamp_granularities[]=word", url,
     )  # fmt: skip
-    if _has_config_field("enable_word_time_offsets"):
-        assert status == 200 and json.loads(body)["words"]
-    else:
-        error = json.loads(body)["error"]
-        assert status == 400 and error["param"] == "timestamp_granularities[]" and "word" in error["message"]
-    status, body = curl(*auth, "-F", f"file=@{JFK_FLAC}", "-F", "redact=pci", url)
-    if _has_config_field("redact"):
-        assert status == 200
-    else:
-        assert status == 400 and json.loads(body)["error"]["param"] == "redact"
+    assert status == 200, body
+    result = json.loads(body)
+    words = result["words"]
+    assert normalize(" ".join(w["word"] for w in words)) == normalize(result["text"])
+    assert ASK_NOT in normalize(" ".join(w["word"] for w in words))
+    assert all(0 <= w["start"] <= w["end"] <= result["duration"] + 0.1 for w in words)
+    assert [w["start"] for w in words] == sorted(w["start"] for w in words)
+
+
+# Spoken as a caller reads a card out, in groups; Luhn-valid (a test Visa number).
+CARD_SENTENCE = (
+    "My card number is four five three two, zero one five one, one two eight three, zero three six six."
+)
+
+
+@pytest.fixture(scope="module")
+def card_call(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    wav = tmp_path_factory.mktemp("card") / "card.wav"
+    sf.write(wav, speak(CARD_SENTENCE), RATE, subtype="PCM_16")
+    return wav
+
+
+def digits(text: str) -> str:
+    return "".join(re.findall(r"\d", text))
+
+
+def spoken_text(fmt: str, body: str) -> str:
+    """The transcript text of one response, without the numbers a format adds of its own (ids, times,
+    cue numbers)."""
+    if fmt == "json":
+        return str(json.loads(body)["text"])
+    if fmt == "verbose_json":
+        v = json.loads(body)
+        return " ".join([v["text"], *(x["text"] for x in v["segments"]), *(w["word"] for w in v["words"])])
+    if fmt == "stream":
+        events = [
+            json.loads(line.removeprefix("data: ")) for line in body.splitlines() if line.startswith("data: ")
+        ]
+        return " ".join(e.get("delta", "") + " " + e.get("text", "") for e in events)
+    if fmt in ("srt", "vtt"):  # cue lines only: not the header, cue numbers or times
+        return " ".join(line for line in body.splitlines() if not re.fullmatch(r"WEBVTT|[\d:.,> -]*", line))
+    return body
+
+
+def test_redaction_through_the_http_door_masks_a_spoken_card_number(
+    http_server: ServerThread, card_call: Path
+) -> None:
+    """With redact=pci no output the door can give (text, json, verbose_json's text, segments and words,
+    srt, vtt, the stream's events) carries the card's digits; without it the same call shows them, so the
+    audio really holds a card the server transcribes."""
+    url = http_server.http_url + TRANSCRIPTIONS
+    call = ("-H", f"Authorization: Bearer {TOKEN}", "-F", f"file=@{card_call}")
+    status, body = curl(*call, "-F", "response_format=text", url)
+    assert status == 200 and "number is" in normalize(body), body
+    assert len(digits(body)) >= 12, f"the control call shows no card number: {body!r}"
+
+    outputs = {}
+    for fmt in ("text", "json", "verbose_json", "srt", "vtt"):
+        words = ("-F", "timestamp_granularities[]=word") if fmt == "verbose_json" else ()
+        outputs[fmt] = curl(*call, "-F", f"response_format={fmt}", "-F", "redact=pci", *words, url)
+    outputs["stream"] = curl(*call, "-F", "stream=true", "-F", "redact=pci", url)
+    for fmt, (status, body) in outputs.items():
+        assert status == 200, (fmt, body)
+        text = spoken_text(fmt, body)
+        assert "number is" in normalize(text), (fmt, text)  # the words around the card stay
+        assert len(digits(text)) <= 4, f"{fmt}: the card number left the server: {text!r}"
+    assert json.loads(outputs["verbose_json"][1])["words"]
 
 
 def test_upload_over_max_recognize_bytes_is_413_naming_the_limit(
