@@ -68,6 +68,7 @@ ENV PATH=/opt/asr/bin:/usr/local/nvidia/bin:$PATH \
 # glibc malloc thresholds: the soak test saw RSS swing 1.3-1.75 GiB with the defaults (freed
 # per-utterance buffers kept in the heap) and 1.27-1.39 GiB with these, at the same throughput.
 USER 10001:10001
-EXPOSE 50051 9464
+# gRPC, the OpenAI-compatible HTTP door, Prometheus metrics (--port, --http-port, --metrics-port)
+EXPOSE 50051 8000 9464
 ENTRYPOINT ["asr-server"]
 CMD ["--model", "tiny.en", "--device", "auto", "--cache-dir", "/tmp/asr-cache"]

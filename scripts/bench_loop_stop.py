@@ -22,11 +22,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def measure(manifest: Path) -> list[dict[str, object]]:
+def measure(manifest: Path) -> list[dict[str, Any]]:
     """Runs inside the tree under test (its engine first on the path)."""
     import soundfile as sf
 
@@ -62,7 +63,7 @@ def measure(manifest: Path) -> list[dict[str, object]]:
     return rows
 
 
-def run_tree(src: Path, manifest: Path) -> list[dict[str, object]]:
+def run_tree(src: Path, manifest: Path) -> list[dict[str, Any]]:
     """This file run with `--measure` from inside `src`, whose engine is first on the path."""
     env = {**os.environ, "PYTHONPATH": str(src)}
     out = subprocess.run(
@@ -79,7 +80,8 @@ def main() -> None:
         print("RESULT " + json.dumps(measure(Path(sys.argv[2]))))
         return
     sys.path.insert(0, str(REPO))
-    from scripts.bench_latency_policy import checkout, real_speech_manifest
+    from scripts.bench_latency_policy import checkout
+    from scripts.real_speech import build_real_manifest
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
@@ -96,7 +98,7 @@ def main() -> None:
             ["git", "merge-base", "HEAD", "main"], cwd=REPO, check=True, capture_output=True, text=True
         ).stdout.strip()
     )
-    manifest = args.manifest.resolve() if args.manifest else real_speech_manifest(args.out / "manifest")
+    manifest = args.manifest.resolve() if args.manifest else build_real_manifest(args.out / "manifest")
     tmp = Path(tempfile.mkdtemp(prefix="bench-before-"))
     load = os.getloadavg()[0]
     try:
@@ -113,8 +115,8 @@ def main() -> None:
             f"| {b['clip']} | {b['audio_s']} | {b['steps']} | {a['steps']} | {b['wall_s']:.2f} | {a['wall_s']:.2f} "
             f"| {'yes' if a['text'] == b['text'] else 'NO'} |"
         )
-    total = (sum(int(r["steps"]) for r in before), sum(int(r["steps"]) for r in after))  # type: ignore[call-overload]
-    walls = (sum(float(r["wall_s"]) for r in before), sum(float(r["wall_s"]) for r in after))  # type: ignore[arg-type]
+    total = [sum(int(r["steps"]) for r in rows) for rows in (before, after)]
+    walls = [sum(float(r["wall_s"]) for r in rows) for rows in (before, after)]
     lines.append(f"| all | | {total[0]} | {total[1]} | {walls[0]:.2f} | {walls[1]:.2f} | |")
     note = (
         f"\nOne utterance at a time, in-process tiny.en defaults; load average {load:.2f} at the start, "

@@ -137,10 +137,10 @@ def main() -> None:
                 for x, y in ((u.start_s, w.start_s), (u.end_s, w.end_s))
             ]
 
-        o, n = off(old), off(new)
+        off_old, off_new = off(old), off(new)
         print(
-            f"| {name} | {clips} | {len(wideband)}, {len(old)}, {len(new)} | {sum(o)} (max {max(o)}) "
-            f"| {sum(n)} (max {max(n)}) |"
+            f"| {name} | {clips} | {len(wideband)}, {len(old)}, {len(new)} | {sum(off_old)} (max {max(off_old)}) "
+            f"| {sum(off_new)} (max {max(off_new)}) |"
         )
     if args.server:
         server_section(args)

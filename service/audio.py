@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import soundfile as sf
@@ -21,6 +22,8 @@ G711_RATE = 8000  # G.711 (mu-law, A-law) is 8 kHz by definition: telephone audi
 MIN_RATE, MAX_RATE = G711_RATE, 48000
 MIN_CHANNELS, MAX_CHANNELS = 1, 8
 STREAM_ENCODINGS = ("LINEAR16", "MULAW", "ALAW")
+# A recording as it came (a Recognize request's audio_content, an HTTP upload's buffer): read in place
+EncodedAudio = bytes | bytearray
 FILE_ENCODINGS = ("FLAC", "WAV")
 # soxr "HQ" (20-bit) is transparent for speech and costs little more than "MQ" at these rates.
 _QUALITY = "HQ"
@@ -194,14 +197,46 @@ def _check_file_format(encoding: str, found: str, rate: int, channels: int) -> N
         )
 
 
-def _open_file(data: bytes | memoryview, encoding: str) -> sf.SoundFile:
+class _BufferFile(io.RawIOBase):
+    """A read-only file over a recording, read in place: io.BytesIO copies anything that is not `bytes`,
+    and the HTTP door's upload is the bytearray it was read into (held once)."""
+
+    def __init__(self, data: EncodedAudio) -> None:
+        super().__init__()
+        self._view = memoryview(data).cast("B")
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        chunk = self._view[self._pos : self._pos + len(buffer)]
+        buffer[: len(chunk)] = chunk
+        self._pos += len(chunk)
+        return len(chunk)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+
+def _open_file(data: EncodedAudio, encoding: str) -> sf.SoundFile:
     try:
-        return sf.SoundFile(io.BytesIO(data))
+        return sf.SoundFile(_BufferFile(data))
     except (sf.LibsndfileError, RuntimeError, TypeError) as e:
         raise AudioFormatError("audio_content", f"audio_content is not a valid {encoding} file ({e})") from e
 
 
-def probe_recording(data: bytes, encoding: str, sample_rate_hertz: int, channels: int) -> RecordingInfo:
+def probe_recording(
+    data: EncodedAudio, encoding: str, sample_rate_hertz: int, channels: int
+) -> RecordingInfo:
     """Check a recording's format and find its length without decoding it (header or byte count).
 
     FLAC and WAV take rate and channels from their header; raw encodings use the arguments.
@@ -228,7 +263,7 @@ def probe_recording(data: bytes, encoding: str, sample_rate_hertz: int, channels
 
 
 def decode_blocks(
-    data: bytes,
+    data: EncodedAudio,
     info: RecordingInfo,
     *,
     block_s: float = DECODE_BLOCK_S,

@@ -8,18 +8,22 @@ nothing about how much of a guess was right. Tokens never go into logs.
 
 Health checks stay open by default (kubelet gRPC probes send no metadata); reflection is protected
 like the Recognizer (it describes the API to whoever asks; grpcurl passes the token with -H).
+
+A refused call is ended without reading any of its request (`Refusal`): an unauthenticated client can
+make the server take in no more than the transport's HTTP/2 window, not a 64 MiB Recognize message.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +33,11 @@ from grpc import aio
 log = logging.getLogger("service.auth")
 
 ENV_VAR = "ASR_AUTH_TOKENS"
+# What a token may be: visible ASCII, no spaces (what gRPC metadata and an HTTP header can carry as-is;
+# RFC 6750's b64token is a subset)
+TOKEN_SYNTAX = re.compile(r"[\x21-\x7e]+")
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
-FIRST_REQUEST_WAIT_S = 1.0
+STREAM_REFUSAL_GRACE_S = 0.25
 REFUSAL_LOG_INTERVAL_S = 10.0  # a client retrying with a bad token must not flood the logs
 
 
@@ -51,12 +58,24 @@ def parse_env_tokens(value: str) -> list[str]:
     return [t.strip() for t in value.split(",") if t.strip()]
 
 
+def _sendable(tokens: list[str], source: str) -> list[str]:
+    """The tokens a client can send (TOKEN_SYNTAX); the others are dropped, with a warning that does not
+    show them."""
+    kept = [t for t in tokens if TOKEN_SYNTAX.fullmatch(t)]
+    if len(kept) < len(tokens):
+        log.warning(
+            "auth tokens ignored: not visible ASCII, so no client can send them",
+            extra={"fields": {"source": source, "ignored": len(tokens) - len(kept)}},
+        )
+    return kept
+
+
 class TokenStore:
     """The accepted tokens: the env var's (fixed for the process) plus the file's (re-read on change)."""
 
     def __init__(self, path: str = "", env_value: str = "") -> None:
         self.path = Path(path) if path else None
-        self._env = [t.encode() for t in parse_env_tokens(env_value)]
+        self._env = [t.encode() for t in _sendable(parse_env_tokens(env_value), ENV_VAR)]
         self._file: list[bytes] = []
         self._stamp: tuple[int, int, int] | None = None
         self._lock = threading.Lock()
@@ -79,7 +98,8 @@ class TokenStore:
 
     def _reload(self, stamp: tuple[int, int, int]) -> None:
         assert self.path is not None
-        tokens = [t.encode() for t in parse_token_file(self.path.read_text(encoding="utf-8"))]
+        text = self.path.read_text(encoding="utf-8")
+        tokens = [t.encode() for t in _sendable(parse_token_file(text), str(self.path))]
         with self._lock:
             self._file, self._stamp = tokens, stamp
         log.info("auth tokens loaded", extra={"fields": {"file": str(self.path), "tokens": len(tokens)}})
@@ -112,53 +132,59 @@ class TokenStore:
 
 
 def bearer_token(metadata: Any) -> str | None:
-    """The token of the `authorization: Bearer <token>` entry; "" if the header is malformed,
-    None if there is none."""
+    """The token of the `authorization: Bearer <token>` entry; "" if the header is malformed (another
+    scheme, no token, or a token that is not one run of visible ASCII: a space, a control character, a byte
+    that is not UTF-8 — aiohttp hands those on as surrogates), None if there is none."""
     for key, value in metadata or ():
         if key.lower() != "authorization":
             continue
         if isinstance(value, bytes):
             value = value.decode("latin-1")
         scheme, _, token = value.strip().partition(" ")
-        return token.strip() if scheme.lower() == "bearer" else ""
+        token = token.strip()
+        return token if scheme.lower() == "bearer" and TOKEN_SYNTAX.fullmatch(token) else ""
     return None
 
 
-async def _first_request_sent(requests: Any, streaming: bool) -> None:
-    """Let the client's first write complete before the refusal: grpc.aio turns a status that races a
-    write into INTERNAL on the client (grpc/grpc#36066), which would hide why it was refused. Bounded, so
-    that an unauthenticated client holds nothing for long."""
-    if not streaming:
-        return
-    with contextlib.suppress(Exception):
-        async with asyncio.timeout(FIRST_REQUEST_WAIT_S):
-            await anext(aiter(requests), None)
+@dataclass(frozen=True)
+class Refusal(grpc.RpcMethodHandler):
+    """A handler that ends a call UNAUTHENTICATED without reading any request message.
+
+    grpc.aio runs the interceptors first, then reads a unary request whole (up to
+    grpc.max_receive_message_length: 64 MiB for Recognize) before it calls a unary handler; a
+    streaming-request handler is called at once and nothing is read until it asks. So a refusal is
+    always built as one (the wire is the same for every method shape: trailers only), and `method_shape`
+    keeps the refused method's own (request_streaming, response_streaming) for the metrics' labels.
+    The client can send no more than HTTP/2 flow control's windows before the status reaches it."""
+
+    stream_unary: Callable[..., Awaitable[Any]]
+    request_deserializer: Callable[[bytes], Any] | None
+    response_serializer: Callable[[Any], bytes] | None
+    method_shape: tuple[bool, bool]
+    request_streaming: bool = True
+    response_streaming: bool = False
+    unary_unary: None = None
+    unary_stream: None = None
+    stream_stream: None = None
 
 
-def _deny_handler(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
-    """A handler of the same shape as `handler` that ends the call UNAUTHENTICATED before it runs."""
+def _refusal(handler: grpc.RpcMethodHandler, message: str) -> Refusal:
     streaming_in = handler.request_streaming
 
-    async def deny(request_or_iterator: Any, context: aio.ServicerContext) -> Any:
-        await _first_request_sent(request_or_iterator, streaming_in)
+    async def deny(requests: Any, context: aio.ServicerContext) -> Any:
+        if streaming_in:
+            # A grpc.aio client turns a status that reaches it while its write is pending into INTERNAL
+            # (grpc/grpc#36066), which would hide why it was refused: let its first write complete.
+            # Waiting, not reading: reading would take in the whole first message (up to 64 MiB).
+            await asyncio.sleep(STREAM_REFUSAL_GRACE_S)
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
-    async def deny_stream(request_or_iterator: Any, context: aio.ServicerContext) -> Any:
-        await _first_request_sent(request_or_iterator, streaming_in)
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
-        yield  # pragma: no cover - makes this an async generator, as a streaming handler must be
-
-    kwargs = {
-        "request_deserializer": handler.request_deserializer,
-        "response_serializer": handler.response_serializer,
-    }
-    if handler.request_streaming and handler.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(deny_stream, **kwargs)
-    if handler.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(deny, **kwargs)
-    if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(deny_stream, **kwargs)
-    return grpc.unary_unary_rpc_method_handler(deny, **kwargs)
+    return Refusal(
+        deny,
+        handler.request_deserializer,
+        handler.response_serializer,
+        (handler.request_streaming, handler.response_streaming),
+    )
 
 
 class AuthInterceptor(aio.ServerInterceptor):
@@ -196,7 +222,7 @@ class AuthInterceptor(aio.ServerInterceptor):
         if reason is None:
             return handler
         self._log_refusal(method, reason)
-        return _deny_handler(handler, reason)
+        return _refusal(handler, reason)
 
     def _log_refusal(self, method: str, reason: str) -> None:
         self._unlogged += 1

@@ -34,6 +34,21 @@ class ServerConfig:
             "as gRPC (0: off)"
         },
     )
+    http_read_timeout: float = field(
+        default=30.0,
+        metadata={
+            "help": "HTTP door: seconds an upload may send nothing (and the grace before "
+            "--http-min-upload-rate applies); then 408 and the connection is closed"
+        },
+    )
+    http_min_upload_rate: int = field(
+        default=32 << 10,
+        metadata={
+            "help": "HTTP door: slowest average upload (bytes/s) after --http-read-timeout's grace; slower "
+            "gets 408, so a trickling client cannot hold a handler and up to --max-recognize-bytes for long "
+            "(the default, 4x real time of 8 kHz G.711, takes a 64 MiB upload in at most ~35 min; 0: off)"
+        },
+    )
     max_streams: int = field(
         default=256,
         metadata={"help": "most concurrent StreamingRecognize calls; beyond it RESOURCE_EXHAUSTED"},
@@ -254,9 +269,17 @@ def validate(config: ServerConfig) -> None:
     for name in ("max_streams", "max_chunk_bytes", "max_recognize_bytes", "recognize_inflight"):
         if getattr(config, name) < 1:
             problems.append(f"{_flag(name)} must be at least 1")
-    for name in ("max_stream_seconds", "max_recognize_seconds", "max_buffer_seconds", "interim_interval_s"):
+    for name in (
+        "max_stream_seconds",
+        "max_recognize_seconds",
+        "max_buffer_seconds",
+        "interim_interval_s",
+        "http_read_timeout",
+    ):
         if getattr(config, name) <= 0:
             problems.append(f"{_flag(name)} must be positive")
+    if config.http_min_upload_rate < 0:
+        problems.append("--http-min-upload-rate must not be negative (0: off)")
     if not 0 <= config.frontends <= 64:
         problems.append("--frontends must be 0-64 (0: from the CPU count)")
     if config.engine_heartbeat_timeout != 0 and not 1 <= config.engine_heartbeat_timeout <= 3600:

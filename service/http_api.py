@@ -22,11 +22,12 @@ Form fields (multipart/form-data, as OpenAI's SDKs send them):
 - `temperature` and fields this server does not know are ignored (decoding is greedy, temperature 0).
 
 `word` granularity and `redact` pass straight into RecognitionConfig's `enable_word_time_offsets` and
-`redact` when the proto has those fields; a server built without them refuses the field with 400.
+`redact`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -35,7 +36,7 @@ import time
 import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from aiohttp import BodyPartReader, web
@@ -49,6 +50,7 @@ from service.session import StreamError
 from service.subtitles import Cue, srt, vtt
 
 log = logging.getLogger("service.http_api")
+T = TypeVar("T")
 
 TRANSCRIPTIONS_PATH = "/v1/audio/transcriptions"
 MODELS_PATH = "/v1/models"
@@ -71,15 +73,11 @@ HTTP_STATUS = {
 }
 _ERROR_TYPE = {
     401: "invalid_request_error",
+    408: "invalid_request_error",
     429: "rate_limit_error",
     503: "server_error",
     500: "server_error",
 }
-
-
-def _has_config_field(name: str) -> bool:
-    """True once the proto carries `name` (word timings and redaction come with issue 14's proto)."""
-    return name in asr_pb2.RecognitionConfig.DESCRIPTOR.fields_by_name
 
 
 class ApiError(Exception):
@@ -99,14 +97,19 @@ class ApiError(Exception):
             }
         }
         headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
-        return web.json_response(body, status=self.status, headers=headers)
+        response = web.json_response(body, status=self.status, headers=headers)
+        if self.status == 408:
+            # Connection: close. aiohttp still reads (and drops) what the client sends for a few seconds
+            # after the answer (lingering close), so that a client still sending can read it.
+            response.force_close()
+        return response
 
 
 @dataclass
 class TranscriptionRequest:
     """The parsed form of one `POST /v1/audio/transcriptions`."""
 
-    audio: bytes = b""
+    audio: bytearray = field(default_factory=bytearray)  # the upload's one copy in memory
     filename: str = ""
     model: str = ""
     language: str = ""
@@ -126,8 +129,66 @@ def _on_off(name: str, value: str) -> bool:
     raise ApiError(400, f"{name} must be true or false, got {value!r}", name)
 
 
-async def read_form(request: web.Request, max_file_bytes: int) -> TranscriptionRequest:
-    """Read the multipart form, refusing an upload over `max_file_bytes` as soon as it is (413)."""
+class _Body:
+    """One request body as it arrives: every read of it is bounded in time and in total size.
+
+    A slow upload cannot hold a handler (and what it has read) for ever: each read must arrive within
+    --http-read-timeout, and the body as a whole at --http-min-upload-rate on average once that much grace
+    is spent (deadline: start + grace + received / rate). Whatever the framing (Content-Length or chunked),
+    the bytes that have arrived, all parts counted, may not pass `max_body`."""
+
+    def __init__(
+        self, request: web.Request, max_body: int, limit_note: str, read_timeout: float, min_rate: int
+    ) -> None:
+        self.content = request.content
+        self.max_body, self.limit_note = max_body, limit_note
+        self.read_timeout, self.min_rate = read_timeout, min_rate
+        self.loop = asyncio.get_running_loop()
+        self.start = self.loop.time()
+
+    async def read(self, step: Awaitable[T]) -> T:
+        received = self.content.total_bytes
+        idle_deadline = self.loop.time() + self.read_timeout
+        rate_deadline = (
+            self.start + self.read_timeout + received / self.min_rate if self.min_rate else math.inf
+        )
+        try:
+            async with asyncio.timeout_at(min(idle_deadline, rate_deadline)):
+                value = await step
+        except TimeoutError:
+            raise self._too_slow(idle_deadline <= rate_deadline) from None
+        except (ValueError, LookupError, RuntimeError, AssertionError, web.RequestPayloadError) as e:
+            # aiohttp's multipart parser says what is wrong with a body in these (a bad or missing
+            # boundary, an unknown transfer encoding, a truncated chunk)
+            raise ApiError(400, f"malformed multipart/form-data body: {e}") from e
+        if self.content.total_bytes > self.max_body:
+            raise ApiError(
+                413,
+                f"file: the request is over {self.limit_note} plus {FORM_OVERHEAD_BYTES} bytes for the rest "
+                "of the form",
+                "file",
+            )
+        return value
+
+    def _too_slow(self, idle: bool) -> ApiError:
+        if idle:
+            why = f"the upload sent nothing for {self.read_timeout:g} s (http_read_timeout)"
+        else:
+            elapsed = self.loop.time() - self.start
+            rate = self.content.total_bytes / elapsed if elapsed > 0 else 0.0
+            why = (
+                f"the upload arrived at {rate:.0f} bytes/s, under the minimum of {self.min_rate} bytes/s "
+                f"(http_min_upload_rate) after {self.read_timeout:g} s of grace"
+            )
+        return ApiError(408, why + "; send the request again, faster", code="request_timeout")
+
+
+async def read_form(
+    request: web.Request, max_file_bytes: int, read_timeout: float = 30.0, min_rate: int = 0
+) -> TranscriptionRequest:
+    """Read the multipart form as it streams: an upload over `max_file_bytes` is refused as soon as it is
+    (413), a slow one once it is too slow (408), a malformed one at once (400). The file is read into one
+    buffer, which the Recognize core reads in place (no copy)."""
     limit_note = f"the limit of {max_file_bytes} bytes (max_recognize_bytes)"
     if request.content_length is not None and request.content_length > max_file_bytes + FORM_OVERHEAD_BYTES:
         raise ApiError(
@@ -137,27 +198,30 @@ async def read_form(request: web.Request, max_file_bytes: int) -> TranscriptionR
         raise ApiError(
             400, f"send multipart/form-data with a 'file' field (got Content-Type {request.content_type})"
         )
+    body = _Body(request, max_file_bytes + FORM_OVERHEAD_BYTES, limit_note, read_timeout, min_rate)
     form = TranscriptionRequest()
     seen_file = False
-    reader = await request.multipart()
-    while (part := await reader.next()) is not None:
+    reader = await body.read(request.multipart())
+    while (part := await body.read(reader.next())) is not None:
         if not isinstance(part, BodyPartReader):
             raise ApiError(400, "nested multipart bodies are not accepted")
         name = part.name or ""
+        bound = max_file_bytes if name == "file" else MAX_FIELD_BYTES
+        data = bytearray()
+        while chunk := await body.read(part.read_chunk(READ_CHUNK_BYTES)):
+            data += chunk
+            if len(data) > bound:
+                if name == "file":
+                    raise ApiError(413, f"file is over {limit_note}", "file")
+                raise ApiError(
+                    400, f"{name} is over the limit of {MAX_FIELD_BYTES} bytes for a form field", name
+                )
         if name == "file":
             seen_file = True
             form.filename = part.filename or ""
-            data = bytearray()
-            while chunk := await part.read_chunk(READ_CHUNK_BYTES):
-                data += chunk
-                if len(data) > max_file_bytes:
-                    raise ApiError(413, f"file is over {limit_note}", "file")
-            form.audio = bytes(data)
+            form.audio = data
             continue
-        raw = await part.read()  # bounded: the whole request is (client_max_size)
-        if len(raw) > MAX_FIELD_BYTES:
-            raise ApiError(400, f"{name} is over the limit of {MAX_FIELD_BYTES} bytes for a form field", name)
-        value = raw.decode("utf-8", errors="replace")
+        value = data.decode("utf-8", errors="replace")
         if name == "model":
             form.model = value
         elif name == "language":
@@ -194,14 +258,6 @@ async def read_form(request: web.Request, max_file_bytes: int) -> TranscriptionR
             "timestamp_granularities[] needs response_format=verbose_json",
             "timestamp_granularities[]",
         )
-    if "word" in form.granularities and not _has_config_field("enable_word_time_offsets"):
-        raise ApiError(
-            400,
-            "timestamp_granularities[]=word is not supported by this server yet (no word timings); use segment",
-            "timestamp_granularities[]",
-        )
-    if form.redact and not _has_config_field("redact"):
-        raise ApiError(400, "redact is not supported by this server yet", "redact")
     if form.stream and form.response_format not in ("json", "text"):
         raise ApiError(
             400,
@@ -211,7 +267,7 @@ async def read_form(request: web.Request, max_file_bytes: int) -> TranscriptionR
     return form
 
 
-def encoding_of(audio: bytes) -> int:
+def encoding_of(audio: bytes | bytearray) -> int:
     """The file's container from its first bytes (the server reads rate and channels from the header)."""
     if audio[:4] == b"fLaC":
         return asr_pb2.FLAC
@@ -219,7 +275,7 @@ def encoding_of(audio: bytes) -> int:
         return asr_pb2.WAV
     raise ApiError(
         400,
-        f"file: unsupported audio format (first bytes {audio[:4]!r}); send a WAV or FLAC recording",
+        f"file: unsupported audio format (first bytes {bytes(audio[:4])!r}); send a WAV or FLAC recording",
         "file",
     )
 
@@ -234,13 +290,13 @@ def recognition_config(form: TranscriptionRequest, language_code: str) -> asr_pb
         enable_segment_time_offsets=form.response_format in ("verbose_json", "srt", "vtt"),
     )
     if "word" in form.granularities:
-        config.enable_word_time_offsets = True  # type: ignore[attr-defined]
+        config.enable_word_time_offsets = True
     for name in form.redact:
         try:
-            value = asr_pb2.Redaction.Value(name.upper())  # type: ignore[attr-defined]
+            value = asr_pb2.Redaction.Value(name.upper())
         except ValueError:
             raise ApiError(400, f"redact must be pci, ssn or numbers, got {name!r}", "redact") from None
-        config.redact.append(value)  # type: ignore[attr-defined]
+        config.redact.append(value)
     return config
 
 
@@ -300,7 +356,7 @@ def verbose_json(response: asr_pb2.RecognizeResponse, with_words: bool) -> dict[
                 }
             )
         if with_words:
-            for w in getattr(alt, "words", ()):
+            for w in alt.words:
                 words.append({"word": w.word, "start": _s(w.start_offset), "end": _s(w.end_offset)})
     body: dict[str, Any] = {
         "task": "transcribe",
@@ -466,7 +522,8 @@ class HttpApi:
 
     async def transcriptions(self, request: web.Request) -> web.StreamResponse:
         self._authenticate(request)  # before a byte of the body is read
-        form = await read_form(request, self.config.max_recognize_bytes)
+        c = self.config
+        form = await read_form(request, c.max_recognize_bytes, c.http_read_timeout, c.http_min_upload_rate)
         engine = self.recognizer.engine
         language_code = form.language.strip()
         if engine is not None and language_code:
@@ -474,13 +531,12 @@ class HttpApi:
                 language_code = whisper_language(language_code, engine.info) or ""
             except ValueError as e:
                 raise ApiError(400, str(e).replace("language_code", "language", 1), "language") from e
-        recognize = asr_pb2.RecognizeRequest(
-            config=recognition_config(form, language_code), audio_content=form.audio
-        )
+        config = recognition_config(form, language_code)
         started = time.perf_counter()
         try:
-            # The gRPC Recognize core itself: same checks, engine, metrics.
-            response = await self.recognizer._recognize(recognize)
+            # The gRPC Recognize core itself: same checks, engine, metrics. It reads the upload where
+            # read_form put it: one copy in memory, not a RecognizeRequest's besides.
+            response = await self.recognizer._recognize(config, form.audio)
         except StreamError as e:
             status = HTTP_STATUS.get(e.code, 500)
             raise ApiError(status, e.message, "file" if status in (400, 413) else None) from e

@@ -17,6 +17,7 @@ import grpc
 from grpc import aio
 
 from service import metrics
+from service.auth import Refusal
 
 _TYPES = {
     (False, False): "unary",
@@ -98,11 +99,16 @@ class _CountingContext:
 
 
 def _wrap(
-    behavior: Callable[..., Any] | None, grpc_type: str, service: str, method: str
+    behavior: Callable[..., Any] | None,
+    shape: tuple[bool, bool],
+    grpc_type: str,
+    service: str,
+    method: str,
 ) -> Callable[..., Any]:
+    """`behavior` counted; `shape` is the handler's (request_streaming, response_streaming), `grpc_type`
+    the method's label (they differ for an auth refusal, which reads no request whatever the method)."""
     assert behavior is not None, "the handler lacks the behavior its streaming flags promise"
-    request_streaming = grpc_type in ("client_stream", "bidi_stream")
-    response_streaming = grpc_type in ("server_stream", "bidi_stream")
+    request_streaming, response_streaming = shape
 
     if response_streaming:
 
@@ -161,23 +167,17 @@ class MetricsInterceptor(aio.ServerInterceptor):
         if handler is None:
             return handler  # unknown method: gRPC answers UNIMPLEMENTED itself
         service, method = _split(handler_call_details.method)
-        grpc_type = _TYPES[(handler.request_streaming, handler.response_streaming)]
+        shape = (handler.request_streaming, handler.response_streaming)
+        grpc_type = _TYPES[handler.method_shape if isinstance(handler, Refusal) else shape]
         kwargs = {
             "request_deserializer": handler.request_deserializer,
             "response_serializer": handler.response_serializer,
         }
-        if grpc_type == "unary":
-            return grpc.unary_unary_rpc_method_handler(
-                _wrap(handler.unary_unary, grpc_type, service, method), **kwargs
-            )
-        if grpc_type == "server_stream":
-            return grpc.unary_stream_rpc_method_handler(
-                _wrap(handler.unary_stream, grpc_type, service, method), **kwargs
-            )
-        if grpc_type == "client_stream":
-            return grpc.stream_unary_rpc_method_handler(
-                _wrap(handler.stream_unary, grpc_type, service, method), **kwargs
-            )
-        return grpc.stream_stream_rpc_method_handler(
-            _wrap(handler.stream_stream, grpc_type, service, method), **kwargs
-        )
+        labels = (grpc_type, service, method)
+        if shape == (False, False):
+            return grpc.unary_unary_rpc_method_handler(_wrap(handler.unary_unary, shape, *labels), **kwargs)
+        if shape == (False, True):
+            return grpc.unary_stream_rpc_method_handler(_wrap(handler.unary_stream, shape, *labels), **kwargs)
+        if shape == (True, False):
+            return grpc.stream_unary_rpc_method_handler(_wrap(handler.stream_unary, shape, *labels), **kwargs)
+        return grpc.stream_stream_rpc_method_handler(_wrap(handler.stream_stream, shape, *labels), **kwargs)

@@ -26,6 +26,7 @@ from service.audio import (
     TARGET_RATE,
     AudioFormatError,
     AudioTooLong,
+    EncodedAudio,
     RecordingInfo,
     decode_blocks,
     mixdown,
@@ -141,7 +142,7 @@ class RecordingCutter:
 
     def __init__(
         self,
-        data: bytes,
+        data: EncodedAudio,
         info: RecordingInfo,
         separate: bool,
         settings: EndpointSettings,
@@ -316,17 +317,18 @@ class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
     ) -> asr_pb2.RecognizeResponse:
         started = time.perf_counter()
         try:
-            return await self._recognize(request)
+            return await self._recognize(request.config, request.audio_content)
         except StreamError as e:
             await context.abort(e.code, e.message)
             raise  # unreachable: abort raises
         finally:
             metrics.RECOGNIZE_SECONDS.observe(time.perf_counter() - started)
 
-    async def _recognize(self, request: asr_pb2.RecognizeRequest) -> asr_pb2.RecognizeResponse:
+    async def _recognize(self, c: asr_pb2.RecognitionConfig, data: EncodedAudio) -> asr_pb2.RecognizeResponse:
+        """Recognize's core, shared by the HTTP door. `data` is read in place, never copied: gRPC passes
+        `request.audio_content` read once (each read of a bytes field is a fresh copy, upb), the HTTP door
+        the buffer it read the upload into."""
         engine = self._check_available()
-        c = request.config
-        data = request.audio_content  # read once: each read of a bytes field is a fresh copy (upb)
         if not data:
             raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, "audio_content is empty")
         if len(data) > self.config.max_recognize_bytes:

@@ -153,7 +153,9 @@ def test_entrypoint_is_the_console_script_and_cmd_flags_are_accepted() -> None:
     for flag in (a for a in cmd if a.startswith("--")):
         assert flag in help_text, flag
     exposed = {int(p) for i in runtime if i["instruction"] == "EXPOSE" for p in i["value"].split()}
-    assert exposed == {config.port, config.metrics_port}
+    # every port the server listens on with the image's flags: gRPC, the OpenAI-compatible HTTP door, metrics
+    listening = {config.port, config.http_port, config.metrics_port} - {0}
+    assert exposed == listening, f"EXPOSE {sorted(exposed)}, but the server listens on {sorted(listening)}"
 
 
 def test_base_image_is_pinned_by_digest() -> None:

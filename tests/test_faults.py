@@ -35,7 +35,9 @@ from prometheus_client import REGISTRY
 from clients.scoring import corpus_wer
 from engine import Engine
 from engine.request import Request as EngineRequest
+from engine.weights import ModelLoadError
 from service.config import ServerConfig
+from service.server import AsrServer
 from tests.support.audio import JFK_FLAC, make_conversation, to_linear16_bytes
 from tests.support.calls import OpenStream, config_request, run_stream
 from tests.support.server import HOST, REPO, ServerProcess, ServerThread, free_port, watch_health
@@ -479,13 +481,43 @@ def test_missing_model_exits_non_zero_before_opening_any_port() -> None:
 
 
 def test_broken_model_folder_never_serves_and_exits_non_zero(tmp_path: Path) -> None:
-    """A folder that looks like a checkpoint but holds no weights: found at load time, behind
-    NOT_SERVING; the process ends non-zero naming the folder, never having said SERVING."""
+    """A folder that looks like a checkpoint but holds no weights passes the start-up check and fails in
+    the engine process's load. No frontend runs until the model is loaded, so neither the gRPC port nor the
+    HTTP door takes a connection meanwhile: a probe or a client meets a refused connection (not ready),
+    never SERVING; the process ends non-zero naming the folder."""
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "whisper"}))
-    port = free_port()
+    port, http_port = free_port(), free_port()
     argv = [str(Path(sys.executable).with_name("asr-server")), "--model", str(tmp_path)]
-    argv += ["--host", HOST, "--port", str(port), "--metrics-port", "0", "--http-port", "0"]
-    code, stderr, _, health = _run_until_exit(argv, [port], watch_health_port=port)
+    argv += ["--host", HOST, "--port", str(port), "--metrics-port", "0", "--http-port", str(http_port)]
+    code, stderr, listened, health = _run_until_exit(argv, [port, http_port], watch_health_port=port)
+    assert not listened, f"a port took connections while the model failed to load (health seen: {health})"
+    assert "SERVING" not in health, health
     assert code == 2, stderr
     assert f"could not load model '{tmp_path}'" in stderr
-    assert "SERVING" not in health, health
+    assert "neither a Hugging Face Whisper folder" not in stderr, (
+        "refused by the start-up check, not the load"
+    )
+
+    # In-process (an embedded AsrServer loads its own engine), the port opens first, behind NOT_SERVING,
+    # and stays there when the load fails.
+    async def in_process() -> list[str]:
+        config = ServerConfig(host=HOST, port=0, metrics_port=0, http_port=0)
+        config.engine.model = str(tmp_path)
+        server = AsrServer(config)
+        await server.start()
+        try:
+            seen = [await _health(server.port)]
+            with pytest.raises(ModelLoadError, match=str(tmp_path)):
+                await server.load()
+            seen.append(await _health(server.port))
+        finally:
+            await server.stop(0)
+        return seen
+
+    assert asyncio.run(in_process()) == ["NOT_SERVING", "NOT_SERVING"]
+
+
+async def _health(port: int) -> str:
+    async with aio.insecure_channel(f"{HOST}:{port}") as channel:
+        reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)

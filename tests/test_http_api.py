@@ -4,13 +4,17 @@ client (which nobody here wrote) and curl, against the same engine, tokens and l
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import http.client
 import itertools
 import json
 import re
+import socket
 import ssl
 import subprocess
 import threading
 import time
+import tracemalloc
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,10 +30,10 @@ from clients.client import RecognizerClient
 from clients.scoring import normalize
 from engine import Engine
 from service.config import ServerConfig
-from service.http_api import _has_config_field
+from service.http_api import TRANSCRIPTIONS_PATH as TRANSCRIPTIONS
 from tests.support.audio import JFK_FLAC, RATE, speak
 from tests.support.certs import Pem, make_pki
-from tests.support.server import ServerProcess, ServerThread
+from tests.support.server import HOST, ServerProcess, ServerThread
 
 pytestmark = pytest.mark.slow
 TOKEN = "http-test-token"
@@ -169,24 +173,80 @@ def test_curl_transcribes_and_refuses_bad_fields_by_name(http_server: ServerThre
     assert status == 400 and json.loads(body)["error"]["param"] == "file"
 
 
-def test_word_granularity_and_redact_follow_the_proto(http_server: ServerThread) -> None:
-    """Words and redaction pass through to RecognitionConfig; a server whose proto lacks them says so."""
-    url = http_server.http_url + "/v1/audio/transcriptions"
+def test_word_granularity_gives_timed_words(http_server: ServerThread) -> None:
+    url = http_server.http_url + TRANSCRIPTIONS
     auth = ("-H", f"Authorization: Bearer {TOKEN}")
     status, body = curl(
         *auth, "-F", f"file=@{JFK_FLAC}", "-F", "response_format=verbose_json",
         "-F", "timestamp_granularities[]=word", url,
     )  # fmt: skip
-    if _has_config_field("enable_word_time_offsets"):
-        assert status == 200 and json.loads(body)["words"]
-    else:
-        error = json.loads(body)["error"]
-        assert status == 400 and error["param"] == "timestamp_granularities[]" and "word" in error["message"]
-    status, body = curl(*auth, "-F", f"file=@{JFK_FLAC}", "-F", "redact=pci", url)
-    if _has_config_field("redact"):
-        assert status == 200
-    else:
-        assert status == 400 and json.loads(body)["error"]["param"] == "redact"
+    assert status == 200, body
+    result = json.loads(body)
+    words = result["words"]
+    assert normalize(" ".join(w["word"] for w in words)) == normalize(result["text"])
+    assert ASK_NOT in normalize(" ".join(w["word"] for w in words))
+    assert all(0 <= w["start"] <= w["end"] <= result["duration"] + 0.1 for w in words)
+    assert [w["start"] for w in words] == sorted(w["start"] for w in words)
+
+
+# Spoken as a caller reads a card out, in groups; Luhn-valid (a test Visa number).
+CARD_SENTENCE = (
+    "My card number is four five three two, zero one five one, one two eight three, zero three six six."
+)
+
+
+@pytest.fixture(scope="module")
+def card_call(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    wav = tmp_path_factory.mktemp("card") / "card.wav"
+    sf.write(wav, speak(CARD_SENTENCE), RATE, subtype="PCM_16")
+    return wav
+
+
+def digits(text: str) -> str:
+    return "".join(re.findall(r"\d", text))
+
+
+def spoken_text(fmt: str, body: str) -> str:
+    """The transcript text of one response, without the numbers a format adds of its own (ids, times,
+    cue numbers)."""
+    if fmt == "json":
+        return str(json.loads(body)["text"])
+    if fmt == "verbose_json":
+        v = json.loads(body)
+        return " ".join([v["text"], *(x["text"] for x in v["segments"]), *(w["word"] for w in v["words"])])
+    if fmt == "stream":
+        events = [
+            json.loads(line.removeprefix("data: ")) for line in body.splitlines() if line.startswith("data: ")
+        ]
+        return " ".join(e.get("delta", "") + " " + e.get("text", "") for e in events)
+    if fmt in ("srt", "vtt"):  # cue lines only: not the header, cue numbers or times
+        return " ".join(line for line in body.splitlines() if not re.fullmatch(r"WEBVTT|[\d:.,> -]*", line))
+    return body
+
+
+def test_redaction_through_the_http_door_masks_a_spoken_card_number(
+    http_server: ServerThread, card_call: Path
+) -> None:
+    """With redact=pci no output the door can give (text, json, verbose_json's text, segments and words,
+    srt, vtt, the stream's events) carries the card's digits; without it the same call shows them, so the
+    audio really holds a card the server transcribes."""
+    url = http_server.http_url + TRANSCRIPTIONS
+    call = ("-H", f"Authorization: Bearer {TOKEN}", "-F", f"file=@{card_call}")
+    status, body = curl(*call, "-F", "response_format=text", url)
+    assert status == 200 and "number is" in normalize(body), body
+    assert len(digits(body)) >= 12, f"the control call shows no card number: {body!r}"
+
+    outputs = {}
+    for fmt in ("text", "json", "verbose_json", "srt", "vtt"):
+        words = ("-F", "timestamp_granularities[]=word") if fmt == "verbose_json" else ()
+        outputs[fmt] = curl(*call, "-F", f"response_format={fmt}", "-F", "redact=pci", *words, url)
+    outputs["stream"] = curl(*call, "-F", "stream=true", "-F", "redact=pci", url)
+    for fmt, (status, body) in outputs.items():
+        assert status == 200, (fmt, body)
+        text = spoken_text(fmt, body)
+        assert "number is" in normalize(text), (fmt, text)  # the words around the card stay
+        assert len(digits(text)) <= 4, f"{fmt}: the card number left the server: {text!r}"
+    assert json.loads(outputs["verbose_json"][1])["words"]
 
 
 def test_upload_over_max_recognize_bytes_is_413_naming_the_limit(
@@ -315,3 +375,215 @@ async def test_the_door_on_the_default_host_answers_on_ipv4(service_engine: Engi
         assert json.loads(body)["data"], body
     finally:
         await server.stop(0.5, stop_engine=False)
+
+
+# --- the door's edges (issue 19 item 9): slow, chunked, malformed and badly authorized requests ---
+
+BOUNDARY = "asr-test-boundary"
+
+
+def form_part(name: str, value: bytes, filename: str | None = None) -> bytes:
+    disposition = f'form-data; name="{name}"' + (f'; filename="{filename}"' if filename else "")
+    return f"--{BOUNDARY}\r\nContent-Disposition: {disposition}\r\n\r\n".encode() + value + b"\r\n"
+
+
+def form_body(*parts: bytes) -> bytes:
+    return b"".join(parts) + f"--{BOUNDARY}--\r\n".encode()
+
+
+def raw_request(
+    port: int, headers: dict[str, str] | list[tuple[str, bytes]], body: bytes = b"", *, wait_s: float = 60
+) -> tuple[int, dict[str, object], http.client.HTTPResponse]:
+    """POST exactly these bytes (headers as given, even if malformed) and read the answer with the
+    stdlib's HTTP parser: (status, error body, response)."""
+    items = headers.items() if isinstance(headers, dict) else headers
+    head = f"POST {TRANSCRIPTIONS} HTTP/1.1\r\nHost: {HOST}\r\n".encode()
+    for key, value in items:
+        head += key.encode() + b": " + (value if isinstance(value, bytes) else value.encode()) + b"\r\n"
+    sock = socket.create_connection((HOST, port), timeout=wait_s)
+    sock.sendall(head + b"\r\n" + body)
+    response = http.client.HTTPResponse(sock)
+    response.begin()
+    data = response.read()
+    sock.close()
+    return response.status, json.loads(data) if data.startswith(b"{") else {}, response
+
+
+def multipart_headers(body: bytes | None = None, **extra: str) -> dict[str, str]:
+    headers = {"Content-Type": f"multipart/form-data; boundary={BOUNDARY}", **extra}
+    if body is not None:
+        headers["Content-Length"] = str(len(body))
+    return headers
+
+
+@pytest.fixture(scope="module")
+def edge_server(service_engine: Engine) -> Iterator[ServerThread]:
+    """Short upload clocks and a small upload bound, so each edge shows in a second or two."""
+    config = ServerConfig(max_recognize_bytes=256 << 10, http_read_timeout=1.0, http_min_upload_rate=64 << 10)
+    server = ServerThread(config, service_engine, http=True).start()
+    yield server
+    server.stop()
+
+
+def test_an_upload_that_stalls_is_408_with_connection_close(edge_server: ServerThread) -> None:
+    body = form_body(form_part("file", JFK_FLAC.read_bytes()[:200_000], "jfk.flac"))
+    before = http_count("408")
+    sock = socket.create_connection((HOST, edge_server.server.http_port), timeout=30)
+    head = f"POST {TRANSCRIPTIONS} HTTP/1.1\r\nHost: {HOST}\r\n"
+    head += "".join(f"{k}: {v}\r\n" for k, v in multipart_headers(body).items())
+    sock.sendall(head.encode() + b"\r\n" + body[:1000])  # then nothing: a client that stalled
+    response = http.client.HTTPResponse(sock)
+    response.begin()  # the test's own socket timeout (30 s) fails it if the server waits for ever
+    error = json.loads(response.read())["error"]
+    assert response.status == 408, error
+    assert "http_read_timeout" in error["message"] and "1 s" in error["message"], error
+    assert response.getheader("Connection") == "close"  # closed once aiohttp's lingering close is over
+    sock.close()
+    assert http_count("408") == before + 1
+
+
+def test_an_upload_that_trickles_under_the_minimum_rate_is_408(edge_server: ServerThread) -> None:
+    """A client that sends a little every half second never idles past the read timeout, but at ~1 KB/s
+    it would hold the handler for minutes: the minimum average rate ends it."""
+    body = form_body(form_part("file", JFK_FLAC.read_bytes()[:200_000], "jfk.flac"))
+    sock = socket.create_connection((HOST, edge_server.server.http_port), timeout=30)
+    head = f"POST {TRANSCRIPTIONS} HTTP/1.1\r\nHost: {HOST}\r\n"
+    head += "".join(f"{k}: {v}\r\n" for k, v in multipart_headers(body).items())
+    sock.sendall(head.encode() + b"\r\n")
+    stop = threading.Event()
+
+    def trickle() -> None:
+        for offset in range(0, len(body), 500):
+            if stop.wait(0.5):
+                return
+            with contextlib.suppress(OSError):
+                sock.sendall(body[offset : offset + 500])
+
+    sender = threading.Thread(target=trickle, daemon=True)
+    sender.start()
+    try:
+        response = http.client.HTTPResponse(sock)
+        response.begin()
+        error = json.loads(response.read())["error"]
+    finally:
+        stop.set()
+        sender.join(5)
+        sock.close()
+    assert response.status == 408, error
+    assert "http_min_upload_rate" in error["message"] and "65536 bytes/s" in error["message"], error
+
+
+def test_a_chunked_upload_is_size_checked_as_it_streams(edge_server: ServerThread) -> None:
+    """No Content-Length (Transfer-Encoding: chunked): the bound applies to the whole body as it arrives,
+    every part counted, not only the `file` part."""
+    limit = edge_server.config.max_recognize_bytes
+    sent = 0
+    sock = socket.create_connection((HOST, edge_server.server.http_port), timeout=30)
+    head = f"POST {TRANSCRIPTIONS} HTTP/1.1\r\nHost: {HOST}\r\nTransfer-Encoding: chunked\r\n"
+    head += "".join(f"{k}: {v}\r\n" for k, v in multipart_headers().items())
+    sock.sendall(head.encode() + b"\r\n")
+    stop = threading.Event()
+
+    def send_forever() -> None:
+        # small fields that never end, each one well under any per-field bound: only a bound on the whole
+        # stream stops them (a 64 KiB text field or a 64 MiB file part would each be accepted)
+        nonlocal sent
+        part = form_part("temperature", b"0" * (32 << 10))
+        with contextlib.suppress(OSError):
+            while not stop.is_set() and sent < 64 * limit:
+                sock.sendall(b"%x\r\n%s\r\n" % (len(part), part))
+                sent += len(part)
+
+    sender = threading.Thread(target=send_forever, daemon=True)
+    sender.start()
+    try:
+        response = http.client.HTTPResponse(sock)
+        response.begin()
+        error = json.loads(response.read())["error"]
+    finally:
+        stop.set()
+        sender.join(30)
+        sock.close()
+    assert response.status == 413, error
+    assert f"limit of {limit} bytes (max_recognize_bytes)" in error["message"], error
+    assert sent < 64 * limit, "the server read the whole never-ending field"
+
+
+@pytest.mark.parametrize(
+    ("content_type", "body", "what"),
+    [
+        (
+            "multipart/form-data; boundary=other-boundary",
+            form_body(form_part("model", b"whisper-1")),
+            "boundary",
+        ),
+        ("multipart/form-data", form_body(form_part("model", b"whisper-1")), "boundary"),
+        (f"multipart/form-data; boundary={BOUNDARY}", b"not a multipart body at all\r\n", "boundary"),
+        (f"multipart/form-data; boundary={'b' * 80}", b"--" + b"b" * 80 + b"--\r\n", "boundary"),
+        (  # a part that never ends: the body stops before its closing boundary
+            f"multipart/form-data; boundary={BOUNDARY}",
+            form_part("model", b"whisper-1") + form_part("file", b"RIFF....WAVE")[:-2],
+            "EOF",
+        ),
+    ],
+    ids=["wrong-boundary", "no-boundary", "not-multipart", "boundary-too-long", "truncated"],
+)
+def test_a_malformed_multipart_body_is_400_not_500(
+    edge_server: ServerThread, content_type: str, body: bytes, what: str
+) -> None:
+    before = http_count("500")
+    headers = {"Content-Type": content_type, "Content-Length": str(len(body))}
+    status, error, _ = raw_request(edge_server.server.http_port, headers, body)
+    assert status == 400, error
+    message = error["error"]["message"]  # type: ignore[index]
+    assert "multipart/form-data" in message and what in message, message
+    assert http_count("500") == before
+
+
+@pytest.mark.parametrize(
+    "authorization",
+    [b"Bearer \xff\xfe\xfd", b"Bearer caf\xc3\xa9", b"\xff\xfe", b"Bearer a b", b"Bearer"],
+    ids=["not-utf8", "non-ascii", "no-scheme", "space-in-token", "no-token"],
+)
+def test_a_malformed_authorization_header_is_401_not_500(
+    http_server: ServerThread, authorization: bytes
+) -> None:
+    body = form_body(form_part("model", b"whisper-1"))
+    before = http_count("500")
+    headers: list[tuple[str, bytes]] = [
+        *((k, v.encode()) for k, v in multipart_headers(body).items()),
+        ("Authorization", authorization),
+    ]
+    status, error, response = raw_request(http_server.server.http_port, headers, body)
+    assert status == 401, error
+    assert error["error"]["code"] == "invalid_api_key", error  # type: ignore[index]
+    assert "Bearer" in response.getheader("WWW-Authenticate", "")
+    assert http_count("500") == before
+
+
+def test_an_upload_is_held_once_in_memory(service_engine: Engine, tmp_path: Path) -> None:
+    """The upload is read into one buffer and the Recognize core reads it there: the server's peak
+    (Python allocations, traced while it handles the request) is one copy of the file plus the decoder's
+    working set (one 10 s block, ~8 MiB at 48 kHz stereo float), not two or three copies (a bytes copy of
+    the form buffer, the RecognizeRequest's own, the copy read back out)."""
+    wav = tmp_path / "quiet.wav"
+    rng = np.random.default_rng(0)
+    seconds, rate = 100, 48000  # 48 kHz stereo float32: 37 MiB, no speech (nothing for the engine)
+    sf.write(wav, (rng.standard_normal((seconds * rate, 2)) * 1e-4).astype("float32"), rate, subtype="FLOAT")
+    size = wav.stat().st_size
+    server = ServerThread(ServerConfig(), service_engine, http=True).start()
+    try:
+        tracemalloc.start()
+        try:
+            baseline = tracemalloc.get_traced_memory()[0]
+            status, body = curl(
+                "-F", f"file=@{wav}", "-F", "response_format=json", server.http_url + TRANSCRIPTIONS
+            )
+            peak = tracemalloc.get_traced_memory()[1] - baseline
+        finally:
+            tracemalloc.stop()
+    finally:
+        server.stop()
+    assert status == 200, body
+    assert json.loads(body)["usage"]["seconds"] == seconds
+    assert peak < 1.5 * size, f"peak {peak / 2**20:.1f} MiB for an upload of {size / 2**20:.1f} MiB"

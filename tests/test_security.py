@@ -3,6 +3,7 @@ certificates made here, and no transcript text in logs unless --log-transcripts 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import Iterator
@@ -26,7 +27,7 @@ from service.logging import JsonFormatter
 from tests.support.audio import make_conversation, silence, speak, to_linear16_bytes
 from tests.support.calls import audio_requests, config_request, run_stream
 from tests.support.certs import Pki, make_pki
-from tests.support.server import ServerThread
+from tests.support.server import HOST, ServerThread
 
 pytestmark = pytest.mark.slow
 
@@ -315,3 +316,74 @@ async def test_transcripts_stay_out_of_logs_unless_asked(
     finally:
         server.stop()
     assert text.strip() and text.strip() in logs
+
+
+# --- what an unauthenticated client can make the server read ---
+
+
+class CountingRelay:
+    """A TCP relay on loopback between a client and the server that counts the bytes the client got to
+    send. HTTP/2 flow control lets a client send only what the server has room for, so the count is what
+    the server agreed to read."""
+
+    def __init__(self, upstream: str) -> None:
+        host, _, port = upstream.rpartition(":")
+        self.upstream = (host, int(port))
+        self.sent = 0
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> CountingRelay:
+        self._server = await asyncio.start_server(self._relay, HOST, 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+
+    @property
+    def target(self) -> str:
+        assert self._server is not None
+        return f"{HOST}:{self._server.sockets[0].getsockname()[1]}"
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(*self.upstream)
+
+        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, counted: bool) -> None:
+            try:
+                while data := await src.read(1 << 16):
+                    self.sent += len(data) if counted else 0
+                    dst.write(data)
+                    await dst.drain()
+            finally:
+                dst.close()
+
+        await asyncio.gather(
+            pump(reader, up_writer, True), pump(up_reader, writer, False), return_exceptions=True
+        )
+
+
+BIG = 60 << 20  # near the 64 MiB a Recognize request may carry (--max-recognize-bytes)
+# What a refused client may get to send: the HTTP/2 window the transport grants before any handler reads
+# (grpcio 1.85 on loopback, measured with this relay: 4 MiB at once, 8 MiB once its BDP probe has grown
+# the window), with room; never its whole message.
+UNREAD_BOUND = 16 << 20
+
+
+async def test_an_unauthenticated_recognize_is_refused_before_its_message_is_read(
+    auth_server: ServerThread,
+) -> None:
+    request = asr_pb2.RecognizeRequest(config=SILENCE_CONFIG, audio_content=bytes(BIG))
+    async with CountingRelay(auth_server.target) as relay, aio.insecure_channel(relay.target) as channel:
+        call = asr_pb2_grpc.RecognizerStub(channel).Recognize(request, timeout=60)
+        assert "Bearer" in await expect_code(call, grpc.StatusCode.UNAUTHENTICATED)
+    assert relay.sent < UNREAD_BOUND, f"the server read {relay.sent} bytes of a refused {BIG}-byte request"
+
+
+async def test_an_unauthenticated_stream_is_refused_before_its_first_message_is_read(
+    auth_server: ServerThread,
+) -> None:
+    first = asr_pb2.StreamingRecognizeRequest(audio_content=bytes(BIG))
+    async with CountingRelay(auth_server.target) as relay, aio.insecure_channel(relay.target) as channel:
+        refused = await run_stream(channel, [first], deadline_s=60)
+    assert refused.code == grpc.StatusCode.UNAUTHENTICATED, refused
+    assert relay.sent < UNREAD_BOUND, f"the server read {relay.sent} bytes of a refused {BIG}-byte message"

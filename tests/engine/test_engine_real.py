@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 import torch
@@ -13,6 +11,7 @@ from clients.scoring import corpus_wer, normalize
 from engine import DecodeOptions, Engine, EngineConfig, weights
 from tests.support.audio import silence, speak, white_noise
 from tests.support.engine import jfk_16k
+from tests.support.wait import wait_until
 
 SENTENCES = [
     "Thank you for calling customer support, how can I help you today?",
@@ -62,8 +61,7 @@ def test_batched_equals_alone_with_different_lengths_joining_mid_decode(context:
         ]
         alone = [engine.submit(c).future.result(timeout=120).tokens for c in clips]
         first = [engine.submit(c) for c in clips[:2]]
-        while engine.stats()["active"] == 0:
-            time.sleep(0.001)
+        wait_until(lambda: engine.stats()["active"], 60, "the first two utterances never started decoding")
         later = [engine.submit(c) for c in clips[2:]]  # they join while the first two decode
         together = [h.future.result(timeout=120) for h in [*first, *later]]
     finally:

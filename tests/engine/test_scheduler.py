@@ -16,6 +16,7 @@ from prometheus_client import REGISTRY
 
 from engine import DecodeOptions, Engine, EngineConfig, EngineOverloaded
 from engine.api import EngineStopped
+from tests.support.wait import wait_until
 
 ONE_SECOND = np.zeros(16000, dtype=np.float32)
 
@@ -88,8 +89,7 @@ def test_sequences_join_mid_decode_and_tokens_equal_running_alone(random_model: 
         alone = [engine.submit(c, options).future.result(timeout=60).tokens for c in clips]
         d = Delta("asr_decode_batch_size_sum", "asr_decode_batch_size_count")
         first = engine.submit(clips[0], options)
-        while engine.stats()["active"] == 0:  # wait until it decodes, then join it
-            time.sleep(0.001)
+        wait_until(lambda: engine.stats()["active"], 30, "the first utterance never started decoding")
         later = [engine.submit(c, options) for c in clips[1:]]
         together = [h.future.result(timeout=60).tokens for h in [first, *later]]
     assert together == alone
@@ -99,14 +99,13 @@ def test_sequences_join_mid_decode_and_tokens_equal_running_alone(random_model: 
 def test_cancel_while_decoding_frees_the_slot_at_once(random_model: Path) -> None:
     with running(random_model, batch_window_ms=1.0, kv_slots=4, encoder_context="full") as engine:
         handle = engine.submit(noise(2, 0), DecodeOptions(max_new_tokens=200))
-        while engine.stats()["active"] == 0:
-            time.sleep(0.001)
+        wait_until(lambda: engine.stats()["active"], 30, "the utterance never started decoding")
         handle.cancel()
         with pytest.raises(CancelledError):
             handle.future.result(timeout=10)
-        deadline = time.monotonic() + 10
-        while engine.stats()["slots_used"] and time.monotonic() < deadline:
-            time.sleep(0.005)
+        wait_until(
+            lambda: not engine.stats()["slots_used"], 10, "the cancelled utterance's slot was not freed"
+        )
         assert engine.stats() == {"waiting": 0, "active": 0, "slots_used": 0, "slots_free": 4}
         # The freed slot serves the next utterance.
         assert engine.submit(noise(1, 1), DecodeOptions(max_new_tokens=3)).future.result(timeout=30).tokens
@@ -136,10 +135,12 @@ def test_more_utterances_than_slots_all_finish_and_never_exceed_the_slots(random
 
         watcher = threading.Thread(target=watch)
         watcher.start()
-        handles = [engine.submit(noise(1, i), DecodeOptions(max_new_tokens=8)) for i in range(6)]
-        results = [h.future.result(timeout=60) for h in handles]
-        stop.set()
-        watcher.join()
+        try:
+            handles = [engine.submit(noise(1, i), DecodeOptions(max_new_tokens=8)) for i in range(6)]
+            results = [h.future.result(timeout=60) for h in handles]
+        finally:  # a failed result must not leave the watcher spinning
+            stop.set()
+            watcher.join(10)
     assert len(results) == 6 and peak <= 2 and d["asr_decode_batch_size_count"] > 0
 
 
@@ -164,8 +165,8 @@ def test_the_encoder_budget_splits_passes_only_while_sequences_decode(random_mod
         assert (d["asr_encoder_batch_size_count"], d["asr_encoder_batch_size_sum"]) == (1, 3)
         d = Delta("asr_encoder_batch_size_count", "asr_encoder_batch_size_sum")
         long = engine.submit(noise(2, 9), DecodeOptions(max_new_tokens=150))
-        while engine.stats()["active"] == 0:  # admitted (its pass may still run): the rest join it
-            time.sleep(0.001)
+        # admitted (its pass may still run): the rest join it
+        wait_until(lambda: engine.stats()["active"], 30, "the long utterance was never admitted")
         joining = [engine.submit(noise(1, 10 + i), DecodeOptions(max_new_tokens=3)) for i in range(3)]
         results = [h.future.result(timeout=60) for h in joining]
         assert not long.future.done(), "the long utterance finished first: nothing was decoding"
@@ -185,10 +186,7 @@ def test_encoder_blocking_is_measured_only_while_sequences_decode(random_model: 
         # pass 2: the long one, admitted while nothing decodes (observed before its decode begins)
         d = Delta(*names)
         long = engine.submit(noise(2, 1), DecodeOptions(max_new_tokens=150))
-        deadline = time.monotonic() + 30
-        while d[names[0]] < 1:
-            assert time.monotonic() < deadline, "the long utterance's encoder pass was never observed"
-            time.sleep(0.001)
+        wait_until(lambda: d[names[0]] >= 1, 30, "the long utterance's encoder pass was never observed")
         assert (d[names[0]], d[names[1]]) == (1, 0.0)
         # pass 3: admitted while the long one decodes: it held the long one up
         d = Delta(*names)

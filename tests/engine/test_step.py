@@ -10,7 +10,6 @@ capture, which is what fails, is the same as with inductor (scripts/bench_engine
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
@@ -26,6 +25,7 @@ from engine.runner import ModelRunner
 from engine.step import DecodeStepper, StepShape
 from tests.support.audio import speak
 from tests.support.engine import jfk_16k
+from tests.support.wait import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -163,8 +163,7 @@ def test_a_host_read_in_the_step_is_caught(engine: Engine, variant: str) -> None
 def staggered(engine: Engine, clips: list[np.ndarray]) -> list[tuple[int, ...]]:
     """Two utterances start; the others join while they decode; all leave as each finishes."""
     first = [engine.submit(c) for c in clips[:2]]
-    while engine.stats()["active"] == 0:
-        time.sleep(0.001)
+    wait_until(lambda: engine.stats()["active"], 60, "the first two utterances never started decoding")
     later = [engine.submit(c) for c in clips[2:]]
     return [h.future.result(timeout=300).tokens for h in [*first, *later]]
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from collections.abc import AsyncIterator
 
+import grpc
 import numpy as np
 import pytest
 import torch
@@ -16,10 +18,12 @@ from grpc import aio
 
 from engine import DecodeOptions, Engine
 from engine.timing import dtw, median_filter
+from service.config import ServerConfig
 from tests.support.audio import JFK_FLAC, make_conversation, speak
 from tests.support.calls import Outcome, audio_requests, config_request, run_stream
 from tests.support.engine import jfk_16k
 from tests.support.server import ServerThread
+from tests.support.wait import wait_until
 
 WORDS = DecodeOptions(word_timestamps=True)
 # Start times of jfk.flac's words as heard (openai/whisper's word_timestamps agree within ~0.1 s).
@@ -56,8 +60,7 @@ def test_words_batched_equal_alone(tiny_engine: Engine) -> None:
     clips = [jfk_16k(), speak("My account number is four five seven two nine."), jfk_16k()[: 16000 * 4]]
     alone = [tiny_engine.submit(c, WORDS).future.result(timeout=120).words for c in clips]
     handles = [tiny_engine.submit(c, WORDS) for c in clips[:2]]
-    while tiny_engine.stats()["active"] == 0:
-        time.sleep(0.001)
+    wait_until(lambda: tiny_engine.stats()["active"], 60, "the first two utterances never started decoding")
     handles.append(tiny_engine.submit(clips[2], WORDS))  # joins while the others decode
     together = [h.future.result(timeout=120).words for h in handles]
     for a, b in zip(alone, together, strict=True):
@@ -121,19 +124,35 @@ def test_recognize_words_carry_only_what_was_asked(asr_server: ServerThread, fie
         assert all(w.confidence == 0 and w.HasField("end_offset") for w in words)
 
 
-def test_streaming_finals_carry_word_offsets_from_the_stream_start(asr_server: ServerThread) -> None:
+def test_streaming_finals_carry_word_offsets_from_the_stream_start(service_engine: Engine) -> None:
+    """Sent at real time, so that interims fall due while each utterance is spoken (every 0.25 s): the
+    finals carry words with offsets from the stream start, the interims carry none."""
     audio, bounds = make_conversation(
         ["Thank you for calling.", "Your order was shipped yesterday."], pause_s=1.5
     )
     pcm = (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes()
     config = config_request(enable_word_time_offsets=True)
     config.streaming_config.interim_results = True
+    chunk = 3200  # 100 ms of 16 kHz LINEAR16
 
-    async def call() -> Outcome:
-        async with aio.insecure_channel(asr_server.target) as channel:
-            return await run_stream(channel, [config, *audio_requests(pcm, 3200)])
+    async def paced() -> AsyncIterator[asr_pb2.StreamingRecognizeRequest]:
+        yield config
+        start = time.monotonic()
+        for n, request in enumerate(audio_requests(pcm, chunk)):
+            await asyncio.sleep(max(0.0, start + n * 0.1 - time.monotonic()))
+            yield request
 
-    outcome = asyncio.run(call())
+    server = ServerThread(ServerConfig(interim_interval_s=0.25), service_engine).start()
+    try:
+
+        async def call() -> Outcome:
+            async with aio.insecure_channel(server.target) as channel:
+                return await run_stream(channel, paced())
+
+        outcome = asyncio.run(call())
+    finally:
+        server.stop()
+    assert outcome.code == grpc.StatusCode.OK, outcome
     assert len(outcome.finals) == 2, outcome.finals
     for result, (start, end) in zip(outcome.finals, bounds, strict=True):
         words = result.alternatives[0].words
@@ -143,4 +162,6 @@ def test_streaming_finals_carry_word_offsets_from_the_stream_start(asr_server: S
         assert starts == sorted(starts), starts
         assert start - TOLERANCE_S < starts[0] and ends[-1] < end + TOLERANCE_S, (starts, ends, start, end)
     interims = [r for x in outcome.responses for r in x.results if not r.is_final]
-    assert all(not r.alternatives[0].words for r in interims)  # words come with finals only
+    assert interims, "no interim fell due: the check below would hold whatever interims carry"
+    assert all(r.alternatives[0].transcript for r in interims)
+    assert not [r.alternatives[0].words for r in interims if r.alternatives[0].words]  # words: finals only
