@@ -176,7 +176,7 @@ class ChannelResults:
 
     @property
     def holding(self) -> bool:
-        return self._redactor.held is not None
+        return bool(self._redactor.held)
 
     def final(
         self, t: Transcript, u: Utterance, on_sent: OnSent
