@@ -445,12 +445,12 @@ def redact_text(text: str, kinds: frozenset[Kind]) -> str:
 
 def open_cluster(words: Sequence[Word], start: int, kinds: frozenset[Kind]) -> Span | None:
     """The cluster that `words` end in, if it may be the first part of a card (or SSN) whose rest is in
-    the next utterance: its last run is at or after word `start`, followed by at most CLUSTER_GAP_WORDS
+    the next utterance: its last run reaches word `start` or beyond, followed by at most CLUSTER_GAP_WORDS
     words, unmasked, and the cluster holds MIN_HOLD_DIGITS digits or more (fewer than LONG_RUN_DIGITS:
     those are masked already). The span covers the whole cluster, from its first run (which may lie
     before `start`)."""
     runs = [r for r in _runs(_tokens(words)) if r.shape == "plain"]
-    if not runs or runs[-1].first < start or len(words) - 1 - runs[-1].last > CLUSTER_GAP_WORDS:
+    if not runs or runs[-1].last < start or len(words) - 1 - runs[-1].last > CLUSTER_GAP_WORDS:
         return None
     first = len(runs) - 1
     while first > 0 and runs[first].first - runs[first - 1].last - 1 <= CLUSTER_GAP_WORDS:

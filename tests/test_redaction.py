@@ -367,3 +367,11 @@ def test_no_read_out_card_leaks_from_a_stream(case: tuple[list[str], bool]) -> N
     for _, words in out:
         text = "".join(w.text for w in words)
         assert not re.search(r"\d", text) and not DIGIT_WORDS.search(text), (utterances, text)
+
+
+def test_an_interim_that_continues_a_held_final_is_masked() -> None:
+    """The interim's digits join the held final's run ("2." then "Zero"): the open cluster reaches into it."""
+    r: StreamRedactor[str] = StreamRedactor(PCI)
+    assert r.final(words_of_text("Okay, so it is 4, 5, 3, 2."), "a", end_s=2.0) == []
+    for partial in ("Zero", "0.1", "Zero one five.", "Zero one five one"):
+        assert "".join(w.text for w in r.interim(words_of_text(partial))).startswith("[PCI]"), partial
