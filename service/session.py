@@ -211,8 +211,10 @@ class StreamSession:
                 item.on_sent()
 
     def drain(self) -> None:
-        """Server shutdown: tell the client to reconnect, finish what was heard, end with OK."""
-        self._put(Response(speech_event_type=EventType.RECONNECT))
+        """Server shutdown: tell the client to reconnect, finish what was heard, end with OK. The event's
+        offset is how much audio was heard (all of it is transcribed; later audio is not): the client
+        continues the call on a new stream from there, losing nothing and repeating nothing."""
+        self._put(speech_event(EventType.RECONNECT, self._received_s, 0))
         self._finish_input(flush=True)
 
     def abandon(self) -> None:
