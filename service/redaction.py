@@ -37,7 +37,7 @@ out, all redacted together, so the digits of all of them count as one cluster. A
 once HOLD_AUDIO_S (6 s) of audio passed with no next utterance, or when the stream ends. Words of the
 finals already sent stay as context (HISTORY_WORDS), so a continuation, or the code after a card, that
 comes later is still redacted. Interims (and log text) mask an open cluster as if it were a card's
-start. What can still leave: digits out of any card context whose cluster stays under 12 digits (a phone
+start, and, while an earlier utterance's final is still being transcribed, the digits they begin with. What can still leave: digits out of any card context whose cluster stays under 12 digits (a phone
 number, an order number), a first part of 1-2 digits (not held), and what a fifth held final's cluster
 pushes out before its end (never a whole card: the oldest held final is then redacted with all later
 ones as context).
@@ -464,6 +464,31 @@ def open_cluster(words: Sequence[Word], start: int, kinds: frozenset[Kind]) -> S
     return Span(cluster[0].first, tail.last, Kind.PCI if Kind.PCI in kinds else Kind.SSN)
 
 
+def leading_cluster(words: Sequence[Word], kinds: frozenset[Kind]) -> list[Span]:
+    """The cluster `words` begin with (its first run within CLUSTER_GAP_WORDS of the start), as one span:
+    what may continue a number the words before them ended in."""
+    runs = [r for r in _runs(_tokens(words)) if r.shape == "plain"]
+    if not runs or runs[0].first > CLUSTER_GAP_WORDS:
+        return []
+    last = 0
+    while last + 1 < len(runs) and runs[last + 1].first - runs[last].last - 1 <= CLUSTER_GAP_WORDS:
+        last += 1
+    return [Span(runs[0].first, runs[last].last, Kind.PCI if Kind.PCI in kinds else Kind.SSN)]
+
+
+def _merge(spans: Sequence[Span]) -> list[Span]:
+    """Overlapping spans as one (PCI wins over the kinds it covers)."""
+    out: list[Span] = []
+    for s in sorted(spans, key=lambda s: (s.first, s.last)):
+        if out and s.first <= out[-1].last:
+            prev = out[-1]
+            kind = Kind.PCI if Kind.PCI in (prev.kind, s.kind) else prev.kind
+            out[-1] = Span(prev.first, max(prev.last, s.last), kind)
+        else:
+            out.append(s)
+    return out
+
+
 # --- streaming: one channel's finals, in order ----------------------------------------------------
 
 T = TypeVar("T")
@@ -531,9 +556,11 @@ class StreamRedactor(Generic[T]):
             self._remember(h.words)
         return out
 
-    def interim(self, words: Sequence[Word]) -> list[Word]:
+    def interim(self, words: Sequence[Word], *, after_unknown: bool = False) -> list[Word]:
         """An interim (changes nothing): redacted in the context of what came before it, and an open digit
-        cluster masked as if it were the start of a card, since the digits after it are not heard yet."""
+        cluster masked as if it were the start of a card, since the digits after it are not heard yet.
+        `after_unknown`: an earlier utterance's final is not in yet, so digits the interim begins with
+        may continue digits that one ends in: they are masked too."""
         words = list(words)
         before = self.history + [w for h in self.held for w in h.words]
         flat = [*before, *words]
@@ -541,9 +568,10 @@ class StreamRedactor(Generic[T]):
         if self.holds_back:
             open_at = open_cluster(flat, len(before), self.kinds)
             if open_at is not None:
-                spans = [s for s in spans if s.last < open_at.first - len(before)]
                 spans += _local([open_at], len(before), len(flat))
-        return apply(words, spans)
+            if after_unknown:
+                spans += leading_cluster(words, self.kinds)
+        return apply(words, _merge(spans))
 
     def for_log(self, words: Sequence[Word]) -> str:
         """The text to log for a final as it settles, before a held final's fate is known: as an interim."""

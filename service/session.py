@@ -598,7 +598,7 @@ class StreamSession:
         if ch.settled > index or not text:
             return  # the final overtook it: an interim must never follow its final
         stability, first = ch.interim.accept(index, text)
-        result = ch.results.interim(t, index, start_s, end_s, stability)
+        result = ch.results.interim(t, index, start_s, end_s, stability, after_unknown=ch.settled < index)
         on_sent = None
         if first:
             on_sent = functools.partial(_observe_since, ch.speech_start_wall, metrics.TIME_TO_FIRST_INTERIM)

@@ -375,3 +375,18 @@ def test_an_interim_that_continues_a_held_final_is_masked() -> None:
     assert r.final(words_of_text("Okay, so it is 4, 5, 3, 2."), "a", end_s=2.0) == []
     for partial in ("Zero", "0.1", "Zero one five.", "Zero one five one"):
         assert "".join(w.text for w in r.interim(words_of_text(partial))).startswith("[PCI]"), partial
+
+
+def test_an_interim_before_the_previous_final_masks_the_digits_it_begins_with() -> None:
+    """The previous utterance's final is still being transcribed: whether it ended in digits is unknown,
+    so the digits an interim begins with may be a card's continuation."""
+    r: StreamRedactor[str] = StreamRedactor(PCI)
+    for partial, masked in (
+        ("Zero", "[PCI]"),
+        ("0.3", "[PCI]"),
+        ("Zero one five, one", "[PCI]"),
+        ("So, 1 2 8 3 and then", "So, [PCI] and then"),
+        ("Thank you for calling, I have two questions", "Thank you for calling, I have two questions"),
+    ):
+        assert "".join(w.text for w in r.interim(words_of_text(partial), after_unknown=True)) == masked
+    assert "".join(w.text for w in r.interim(words_of_text("Zero"))) == "Zero"  # the context is known
