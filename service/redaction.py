@@ -37,7 +37,8 @@ out, all redacted together, so the digits of all of them count as one cluster. A
 once HOLD_AUDIO_S (6 s) of audio passed with no next utterance, or when the stream ends. Words of the
 finals already sent stay as context (HISTORY_WORDS), so a continuation, or the code after a card, that
 comes later is still redacted. Interims (and log text) mask an open cluster as if it were a card's
-start, and, while an earlier utterance's final is still being transcribed, the digits they begin with. What can still leave: digits out of any card context whose cluster stays under 12 digits (a phone
+start (from INTERIM_TAIL_DIGITS (2) digits: the utterance goes on after an interim), and, while an
+earlier utterance's final is still being transcribed, the digits they begin with. What can still leave: digits out of any card context whose cluster stays under 12 digits (a phone
 number, an order number), a first part of 1-2 digits (not held), and what a fifth held final's cluster
 pushes out before its end (never a whole card: the oldest held final is then redacted with all later
 ones as context).
@@ -71,6 +72,7 @@ CONTEXT_AFTER_WORDS = 6  # "4111 ... is my Visa"
 SSN_CONTEXT_WORDS = 12  # "social security number is ..." within this many words before nine digits
 HISTORY_WORDS = 40  # words of finals already sent kept as context for the next ones
 MIN_HOLD_DIGITS = 3  # a final ending in this many digits or more may be the first part of a card
+INTERIM_TAIL_DIGITS = 2  # an interim ending in this many digits masks them (its utterance goes on)
 MAX_HELD_FINALS = 4  # finals held at once while their digits keep forming one cluster (a card in 4 groups)
 HOLD_AUDIO_S = 6.0  # a held final goes out once this much audio passed with no next utterance
 
@@ -443,10 +445,12 @@ def redact_text(text: str, kinds: frozenset[Kind]) -> str:
     return join(redact_words(words_of_text(text), kinds))
 
 
-def open_cluster(words: Sequence[Word], start: int, kinds: frozenset[Kind]) -> Span | None:
+def open_cluster(
+    words: Sequence[Word], start: int, kinds: frozenset[Kind], min_digits: int = MIN_HOLD_DIGITS
+) -> Span | None:
     """The cluster that `words` end in, if it may be the first part of a card (or SSN) whose rest is in
     the next utterance: its last run reaches word `start` or beyond, followed by at most CLUSTER_GAP_WORDS
-    words, unmasked, and the cluster holds MIN_HOLD_DIGITS digits or more (fewer than LONG_RUN_DIGITS:
+    words, unmasked, and the cluster holds `min_digits` digits or more (fewer than LONG_RUN_DIGITS:
     those are masked already). The span covers the whole cluster, from its first run (which may lie
     before `start`)."""
     runs = [r for r in _runs(_tokens(words)) if r.shape == "plain"]
@@ -459,7 +463,7 @@ def open_cluster(words: Sequence[Word], start: int, kinds: frozenset[Kind]) -> S
     tail = cluster[-1]
     if any(s.first <= tail.last and s.last >= tail.first for s in find_spans(words, kinds)):
         return None
-    if sum(len(r.digits) for r in cluster) < MIN_HOLD_DIGITS:
+    if sum(len(r.digits) for r in cluster) < min_digits:
         return None
     return Span(cluster[0].first, tail.last, Kind.PCI if Kind.PCI in kinds else Kind.SSN)
 
@@ -566,7 +570,8 @@ class StreamRedactor(Generic[T]):
         flat = [*before, *words]
         spans = _local(find_spans(flat, self.kinds), len(before), len(flat))
         if self.holds_back:
-            open_at = open_cluster(flat, len(before), self.kinds)
+            # An interim's own utterance goes on after it: a tail of two digits may grow into a card.
+            open_at = open_cluster(flat, len(before), self.kinds, min_digits=INTERIM_TAIL_DIGITS)
             if open_at is not None:
                 spans += _local([open_at], len(before), len(flat))
             if after_unknown:

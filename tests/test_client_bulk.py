@@ -10,7 +10,6 @@ import hashlib
 import json
 import os
 import re
-import resource
 import stat
 import subprocess
 import sys
@@ -47,13 +46,11 @@ HOLD = "Please hold while I transfer your call."
 
 def run_client(*args: str, file_size_limit: int | None = None) -> subprocess.CompletedProcess[str]:
     """asr-client; with `file_size_limit`, the kernel refuses any write past that many bytes (EFBIG,
-    RLIMIT_FSIZE: what a full disk's ENOSPC is to the writer, without needing a small file system)."""
-
-    def limit() -> None:
-        if file_size_limit is not None:
-            resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit))
-
-    return subprocess.run([CLIENT, *args], capture_output=True, text=True, timeout=300, preexec_fn=limit)
+    RLIMIT_FSIZE set by util-linux prlimit: what a full disk's ENOSPC is to the writer, without needing a
+    small file system). No preexec_fn: forking this gRPC-using process to run Python in the child can
+    abort the child in gRPC's fork handlers."""
+    limit = ["prlimit", f"--fsize={file_size_limit}", "--"] if file_size_limit is not None else []
+    return subprocess.run([*limit, CLIENT, *args], capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")

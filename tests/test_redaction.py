@@ -390,3 +390,12 @@ def test_an_interim_before_the_previous_final_masks_the_digits_it_begins_with() 
     ):
         assert "".join(w.text for w in r.interim(words_of_text(partial), after_unknown=True)) == masked
     assert "".join(w.text for w in r.interim(words_of_text("Zero"))) == "Zero"  # the context is known
+
+
+def test_an_interim_ending_in_two_digits_masks_them() -> None:
+    """tiny.en's interim "Okay, so we're in four five." of a card being read: the utterance goes on."""
+    r: StreamRedactor[str] = StreamRedactor(PCI)
+    assert "".join(w.text for w in r.interim(words_of_text("Okay, so we're in four five."))) == (
+        "Okay, so we're in [PCI]."
+    )
+    assert "".join(w.text for w in r.interim(words_of_text("I would like two"))) == "I would like two"
