@@ -1,26 +1,49 @@
 """Bulk transcription: every recording under a folder -> `<out>/<path>.json` and `<out>/<path>.srt`.
 
-    asr-client recordings/ --out transcripts/ --concurrency 8 --separate-channels
+    asr-client recordings/ --out transcripts/ --concurrency 8 --separate-channels --redact pci
 
 Each file goes in one Recognize call; a file larger than --max-recognize-bytes (the server's limit) is
-streamed instead, at --stream-speed times real time. Outputs are written to a temporary name and
-renamed, so a file's outputs are either complete or absent: a rerun skips files whose two outputs
-exist, and redoes the rest. A file that fails is reported (and leaves no output) without stopping
-the others; the exit status is 1 if any failed.
+streamed instead, at --stream-speed times real time.
+
+What a rerun can trust:
+- Complete or absent. A file's outputs are written only once its whole audio is transcribed: a stream
+  the server drains mid-file (RECONNECT, every rollout) is continued on a new stream from the offset the
+  server says it heard (from the start of an utterance the drain cut short, whose final is dropped; after
+  a failed stream, from the end of the last final), its offsets shifted to the file's time; a Recognize
+  cut by a drain (UNAVAILABLE, ...) is sent again. Attempts that make no progress are
+  retried --retries times with backoff (1, 2, 4, ... s, at most 10), then the file fails, leaves no output,
+  and a rerun redoes it.
+- Made from what. The JSON records the input's fingerprint (size, mtime, SHA-256 of the content) and the
+  options that shape a transcript (encoding, rate, channels, channel separation and names, language,
+  prompt, redaction), and the SHA-256 of the SRT written with it. A rerun skips a file only when its JSON
+  says complete, was made from the same content with the same options, and the SRT is the one it names;
+  anything else (a changed input or option, an output of an older client, one output missing or edited)
+  is done again.
+- One file's trouble is that file's. A failed transcription or a failed write (a name too long for the
+  file system, a full disk) fails that file (reported at once as `failed: NAME: ...`) and the others go on;
+  the exit status is 1 if any failed.
+- Private and in place. Outputs are created 0600 (folders 0700) under --out, written to a temporary name
+  and renamed, and never through a symbolic link: a folder or output below --out that is a link is
+  refused (the file fails), so a link planted in the output tree cannot redirect a transcript.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
+import hashlib
 import json
 import os
+import secrets
+import stat
 import sys
-from collections.abc import Sequence
-from contextlib import aclosing
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from contextlib import aclosing, contextmanager, suppress
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
+import grpc
 from asr.v1 import asr_pb2
 from google.protobuf.json_format import MessageToDict
 from grpc import aio
@@ -29,6 +52,7 @@ from tqdm import tqdm
 from clients.client import (
     _G711_SUFFIXES,
     _RAW_PCM_SUFFIXES,
+    Audio,
     RecognizerClient,
     chunks_of,
     load_audio,
@@ -38,6 +62,16 @@ from service.subtitles import Cue, srt
 
 FILE_SUFFIXES = {".wav", ".flac"}
 DEFAULT_MAX_RECOGNIZE_BYTES = 64 << 20  # the server's default --max-recognize-bytes
+DEFAULT_RETRIES = 5
+OUTPUT_FORMAT = 2  # 2: outputs record what they were made from; older ones are redone
+# A drain, a restart, a full engine or a server cancelling at shutdown: worth another attempt.
+RETRYABLE = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.ABORTED,
+    grpc.StatusCode.CANCELLED,
+}
+_HASH_BLOCK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -51,9 +85,24 @@ class BulkOptions:
     channel_names: Sequence[str] = ("agent", "customer")
     language: str | None = None
     prompt: str | None = None
+    redact: Sequence[int] = ()  # asr_pb2.Redaction values
     max_recognize_bytes: int = DEFAULT_MAX_RECOGNIZE_BYTES
     stream_speed: float = 2.0
     timeout_s: float | None = None
+    retries: int = DEFAULT_RETRIES
+
+    def shaping(self) -> dict[str, Any]:
+        """The options that change what a transcript says (recorded in each output; a change redoes it)."""
+        return {
+            "encoding": self.encoding.upper(),
+            "rate": self.rate,
+            "channels": self.channels,
+            "separate_channels": self.separate_channels,
+            "channel_names": list(self.channel_names),
+            "language": self.language or "",
+            "prompt": self.prompt or "",
+            "redact": sorted(asr_pb2.Redaction.Name(v) for v in self.redact),  # type: ignore[arg-type]
+        }
 
 
 @dataclass(frozen=True)
@@ -61,6 +110,28 @@ class Outcome:
     path: Path
     status: str  # "done", "skipped", "failed"
     error: str = ""
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """What an output was made from: the input as it was read."""
+
+    size: int
+    mtime_ns: int
+    sha256: str
+
+
+def fingerprint(path: Path) -> Fingerprint:
+    st = path.stat()
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(_HASH_BLOCK), b""):
+            digest.update(block)
+    return Fingerprint(st.st_size, st.st_mtime_ns, digest.hexdigest())
+
+
+class Incomplete(Exception):
+    """The server stopped hearing the file before its end, and continuing it failed --retries times."""
 
 
 def find_recordings(folder: Path, encoding: str = "auto") -> list[Path]:
@@ -78,18 +149,105 @@ def outputs_for(path: Path, folder: Path, out_dir: Path) -> tuple[Path, Path]:
     return base.with_name(base.name + ".json"), base.with_name(base.name + ".srt")
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write to a temporary file beside `path`, then rename it over: readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+# --- outputs: 0600, atomic, never through a symbolic link ------------------------------------------
+
+
+class OutputError(OSError):
+    """An output could not be written or read safely; `filename` is its path under the output folder."""
+
+
+@contextmanager
+def _folder(out_dir: Path, rel_parent: Path, *, create: bool) -> Iterator[int]:
+    """A descriptor of `out_dir/rel_parent`, each folder below out_dir opened without following a link
+    (O_NOFOLLOW), created 0700 when missing and `create`."""
+    if create:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out_dir, os.O_RDONLY | os.O_DIRECTORY)
+    walked = Path()
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        for name in rel_parent.parts:
+            walked /= name
+            if create:
+                with suppress(FileExistsError):
+                    os.mkdir(name, 0o700, dir_fd=fd)
+            try:
+                child = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError as e:
+                if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise OutputError(e.errno, "not a folder (a symbolic link?): refused", str(walked)) from e
+                raise OutputError(e.errno, e.strerror or str(e), str(walked)) from e
+            os.close(fd)
+            fd = child
+        yield fd
     finally:
-        tmp.unlink(missing_ok=True)
+        os.close(fd)
+
+
+def _refuse_link(name: str, dir_fd: int) -> None:
+    try:
+        st = os.lstat(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode):
+        raise OSError(errno.ELOOP, "a symbolic link: refused", name)
+
+
+def write_outputs(out_dir: Path, rel_parent: Path, files: Sequence[tuple[str, bytes]]) -> None:
+    """Write each (name, content) under out_dir/rel_parent: a 0600 temporary file, fsync, rename over
+    the name (files in the order given: the last is the commit record), then fsync the folder."""
+    with _folder(out_dir, rel_parent, create=True) as fd:
+        for name, content in files:
+            try:
+                _write_one(fd, name, content)
+            except OSError as e:
+                raise OutputError(e.errno, e.strerror or str(e), str(rel_parent / name)) from e
+        os.fsync(fd)
+
+
+def _write_one(fd: int, name: str, content: bytes) -> None:
+    _refuse_link(name, fd)
+    tmp = f".asr-{secrets.token_hex(6)}.tmp"  # short: only the real name can be too long
+    out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=fd)
+    try:
+        try:
+            view = memoryview(content)
+            while view:
+                view = view[os.write(out, view) :]
+            os.fsync(out)
+        finally:
+            os.close(out)
+        os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+    except BaseException:
+        with suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=fd)
+        raise
+
+
+def remove_outputs(out_dir: Path, rel_parent: Path, names: Sequence[str]) -> None:
+    """Best effort: what a failed file leaves under its names is removed (a link itself, not its target)."""
+    try:
+        with _folder(out_dir, rel_parent, create=False) as fd:
+            for name in names:
+                with suppress(OSError):
+                    os.unlink(name, dir_fd=fd)
+    except OSError:
+        pass
+
+
+def read_output(out_dir: Path, rel_parent: Path, name: str) -> bytes | None:
+    """An output's bytes, or None when it is missing or not a regular file reached without a link."""
+    try:
+        with _folder(out_dir, rel_parent, create=False) as fd:
+            f = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fd)
+            try:
+                if not stat.S_ISREG(os.fstat(f).st_mode):
+                    return None
+                with os.fdopen(f, "rb", closefd=False) as stream:
+                    return stream.read()
+            finally:
+                os.close(f)
+    except OSError:
+        return None
 
 
 def _s(d: Any) -> float:
@@ -133,9 +291,120 @@ def to_srt(response: asr_pb2.RecognizeResponse, names: Sequence[str]) -> str:
     return srt(cues)
 
 
-async def stream_whole(client: RecognizerClient, path: Path, opts: BulkOptions) -> asr_pb2.RecognizeResponse:
+def record(
+    response: asr_pb2.RecognizeResponse,
+    source: str,
+    method: str,
+    made_from: Fingerprint,
+    opts: BulkOptions,
+    srt_text: str,
+    resumed_at_s: Sequence[float] = (),
+) -> dict[str, Any]:
+    """The JSON output: the transcript and what it was made from (what a rerun checks)."""
+    return {
+        "format": OUTPUT_FORMAT,
+        "complete": True,
+        "made_from": {**asdict(made_from), "options": opts.shaping()},
+        "srt_sha256": hashlib.sha256(srt_text.encode()).hexdigest(),
+        **({"resumed_at_s": [round(t, 3) for t in resumed_at_s]} if method == "stream" else {}),
+        **to_json(response, source, method, opts.channel_names),
+    }
+
+
+def is_done(existing: bytes | None, srt_bytes: bytes | None, path: Path, opts: BulkOptions) -> bool:
+    """True when the outputs are complete, were made from this very content with these options, and the
+    SRT is the one written with the JSON."""
+    if existing is None or srt_bytes is None:
+        return False
+    try:
+        old = json.loads(existing)
+        made_from = old["made_from"]
+        if old.get("format") != OUTPUT_FORMAT or old.get("complete") is not True:
+            return False
+        if made_from.get("options") != opts.shaping() or made_from.get("size") != path.stat().st_size:
+            return False
+        if old.get("srt_sha256") != hashlib.sha256(srt_bytes).hexdigest():
+            return False
+    except (ValueError, TypeError, KeyError, AttributeError, OSError):
+        return False
+    return bool(made_from.get("sha256") == fingerprint(path).sha256)
+
+
+def _shifted(d: Any, offset_s: float) -> Any:
+    out = type(d)()
+    out.FromNanoseconds(d.ToNanoseconds() + round(offset_s * 1e9))
+    return out
+
+
+def shift_result(res: asr_pb2.StreamingRecognitionResult, offset_s: float) -> asr_pb2.SpeechRecognitionResult:
+    """A final of a stream that began `offset_s` into the file, with the file's offsets."""
+    alternatives = []
+    for alt in res.alternatives:
+        a = asr_pb2.SpeechRecognitionAlternative()
+        a.CopyFrom(alt)
+        for item in (*a.segments, *a.words):
+            item.start_offset.CopyFrom(_shifted(item.start_offset, offset_s))
+            item.end_offset.CopyFrom(_shifted(item.end_offset, offset_s))
+        alternatives.append(a)
+    return asr_pb2.SpeechRecognitionResult(
+        alternatives=alternatives,
+        channel_tag=res.channel_tag,
+        start_offset=_shifted(res.start_offset, offset_s),
+        end_offset=_shifted(res.end_offset, offset_s),
+        language_code=res.language_code,
+    )
+
+
+CUT_SLACK_S = 0.6  # a final ending this close to where a drain stopped hearing was cut by it (0.5 s silence)
+
+
+def _seconds(d: Any) -> float:
+    return float(d.ToNanoseconds()) / 1e9
+
+
+def resume_point(
+    finals: Sequence[asr_pb2.StreamingRecognitionResult], heard_s: float | None
+) -> tuple[list[asr_pb2.StreamingRecognitionResult], float]:
+    """A stream that stopped early: (the finals to keep, where the next stream starts), in the stream's
+    own time. After RECONNECT the server heard `heard_s` and transcribed all of it; an utterance still
+    being spoken then was cut there, mid-word: its final is dropped and the next stream starts at its
+    beginning instead (and so for any final that runs past that start), so that nothing is lost, nothing
+    is said twice, and no sentence is split. Without RECONNECT (a failed stream), everything up to the
+    end of the last final was transcribed."""
+    if heard_s is None:
+        return list(finals), max((_seconds(f.end_offset) for f in finals), default=0.0)
+    start = heard_s
+    cut = [f for f in finals if _seconds(f.end_offset) >= heard_s - CUT_SLACK_S]
+    if cut:
+        start = min(_seconds(f.start_offset) for f in cut)
+        while True:  # a final that runs past the new start goes too (another channel's)
+            earlier = min(
+                [start, *(_seconds(f.start_offset) for f in finals if _seconds(f.end_offset) > start)]
+            )
+            if earlier >= start:
+                break
+            start = earlier
+    return [f for f in finals if _seconds(f.end_offset) <= start], start
+
+
+def backoff_s(failures: int) -> float:
+    """Seconds to wait before the next attempt after `failures` attempts in a row made no progress."""
+    return 0.0 if failures == 0 else min(10.0, 2.0 ** (failures - 1))
+
+
+def _rest(audio: Audio, offset_s: float) -> Audio:
+    frame = min(len(audio.data) // audio.frame_bytes, round(offset_s * audio.sample_rate_hertz))
+    return Audio(
+        audio.data[frame * audio.frame_bytes :], audio.encoding, audio.sample_rate_hertz, audio.channels
+    )
+
+
+async def stream_whole(
+    client: RecognizerClient, path: Path, opts: BulkOptions
+) -> tuple[asr_pb2.RecognizeResponse, list[float]]:
     """A file too big for one Recognize: streamed (paced at `stream_speed` x real time; 0 = unpaced),
-    its finals gathered into the RecognizeResponse that Recognize would have given."""
+    its finals gathered into the RecognizeResponse that Recognize would have given, and where it was
+    continued on a new stream. Raises Incomplete when the server keeps stopping before the file's end."""
     audio = load_audio(path, opts.encoding, opts.rate, opts.channels)
     config = asr_pb2.StreamingRecognitionConfig(
         config=asr_pb2.RecognitionConfig(
@@ -146,45 +415,65 @@ async def stream_whole(client: RecognizerClient, path: Path, opts: BulkOptions) 
             language_code=opts.language or "",
             prompt=opts.prompt or "",
             enable_segment_time_offsets=True,
+            redact=opts.redact,  # type: ignore[arg-type]
         )
     )
     chunk_ms = 100.0
     pace = opts.stream_speed > 0
-    chunks = paced(chunks_of(audio, chunk_ms), chunk_ms / 1000 / (opts.stream_speed or 1), pace)
+    frame_s = 1 / audio.sample_rate_hertz
     response = asr_pb2.RecognizeResponse()
-    async with aclosing(client.stream(config, chunks, deadline_s=opts.timeout_s)) as responses:
-        async for r in responses:
-            for res in r.results:
-                if res.is_final and res.alternatives and res.alternatives[0].transcript:
-                    response.results.append(
-                        asr_pb2.SpeechRecognitionResult(
-                            alternatives=res.alternatives,
-                            channel_tag=res.channel_tag,
-                            start_offset=res.start_offset,
-                            end_offset=res.end_offset,
-                            language_code=res.language_code,
-                        )
-                    )
+    offset_s, failures, resumed_at = 0.0, 0, []
+    while True:
+        rest = _rest(audio, offset_s)
+        chunks = paced(chunks_of(rest, chunk_ms), chunk_ms / 1000 / (opts.stream_speed or 1), pace)
+        heard_s: float | None = None  # from RECONNECT: how far the server heard this stream
+        finals: list[asr_pb2.StreamingRecognitionResult] = []  # this stream's, its own offsets
+        problem = ""
+        try:
+            async with aclosing(client.stream(config, chunks, deadline_s=opts.timeout_s)) as responses:
+                async for r in responses:
+                    if r.speech_event_type == asr_pb2.StreamingRecognizeResponse.RECONNECT:
+                        heard_s = _seconds(r.speech_event_offset)
+                        problem = "the server asked to reconnect (draining)"
+                    finals.extend(res for res in r.results if res.is_final)
+        except aio.AioRpcError as e:
+            if e.code() not in RETRYABLE:
+                raise
+            problem = f"{e.code().name}: {e.details()}"
+        if problem:
+            finals, reached_s = resume_point(finals, heard_s)
+        response.results.extend(
+            shift_result(f, offset_s) for f in finals if f.alternatives and f.alternatives[0].transcript
+        )
+        if not problem:
+            break  # the stream heard the whole rest of the file and ended OK
+        reached = offset_s + reached_s
+        if reached >= audio.duration_s - frame_s:
+            break
+        failures = 0 if reached > offset_s + frame_s else failures + 1
+        if failures > opts.retries:
+            raise Incomplete(
+                f"incomplete: transcribed {reached:.2f} s of {audio.duration_s:.2f} s, then {problem} "
+                f"(no progress in {failures} attempts; a rerun redoes it)"
+            )
+        await asyncio.sleep(backoff_s(failures))
+        if failures == 0:
+            offset_s = reached
+            resumed_at.append(offset_s)
     response.total_audio_duration.FromNanoseconds(round(audio.duration_s * 1e9))
     response.results.sort(key=lambda r: (r.start_offset.ToNanoseconds(), r.channel_tag))
-    return response
+    return response, resumed_at
 
 
-def _done_and_size(path: Path, json_path: Path, srt_path: Path) -> tuple[bool, int]:
-    """(both outputs exist, the recording's size); outputs are written atomically, so existing means complete."""
-    done = json_path.exists() and srt_path.exists()
-    return done, (0 if done else path.stat().st_size)
-
-
-async def transcribe_file(client: RecognizerClient, path: Path, folder: Path, opts: BulkOptions) -> Outcome:
-    json_path, srt_path = outputs_for(path, folder, opts.out_dir)
-    done, size = await asyncio.to_thread(_done_and_size, path, json_path, srt_path)
-    if done:
-        return Outcome(path, "skipped")
-    try:
-        if size <= opts.max_recognize_bytes:
-            method = "recognize"
-            response = await client.recognize_file(
+async def recognize_with_retries(
+    client: RecognizerClient, path: Path, opts: BulkOptions
+) -> asr_pb2.RecognizeResponse:
+    """One Recognize of the whole file, sent again (backing off) while the server answers a retryable
+    code, --retries times at most."""
+    failures = 0
+    while True:
+        try:
+            return await client.recognize_file(
                 path,
                 encoding=opts.encoding,
                 rate=opts.rate,
@@ -194,23 +483,57 @@ async def transcribe_file(client: RecognizerClient, path: Path, folder: Path, op
                 language=opts.language,
                 segment_offsets=True,
                 deadline_s=opts.timeout_s,
+                redact=opts.redact,
             )
+        except aio.AioRpcError as e:
+            failures += 1
+            if e.code() not in RETRYABLE or failures > opts.retries:
+                raise
+            await asyncio.sleep(backoff_s(failures))
+
+
+async def transcribe_file(client: RecognizerClient, path: Path, folder: Path, opts: BulkOptions) -> Outcome:
+    json_path, srt_path = outputs_for(path, folder, opts.out_dir)
+    rel_parent = json_path.parent.relative_to(opts.out_dir)
+    names = (srt_path.name, json_path.name)
+
+    def done() -> bool:
+        existing = read_output(opts.out_dir, rel_parent, json_path.name)
+        return is_done(existing, read_output(opts.out_dir, rel_parent, srt_path.name), path, opts)
+
+    if await asyncio.to_thread(done):
+        return Outcome(path, "skipped")
+    try:
+        made_from = await asyncio.to_thread(fingerprint, path)  # before reading it to transcribe it
+        resumed_at: list[float] = []
+        if made_from.size <= opts.max_recognize_bytes:
+            method = "recognize"
+            response = await recognize_with_retries(client, path, opts)
         else:
             method = "stream"
-            response = await stream_whole(client, path, opts)
+            response, resumed_at = await stream_whole(client, path, opts)
     except aio.AioRpcError as e:
+        await asyncio.to_thread(remove_outputs, opts.out_dir, rel_parent, names)
         return Outcome(path, "failed", f"{e.code().name}: {e.details()}")
-    except (
-        OSError,
-        ValueError,
-        RuntimeError,
-    ) as e:  # unreadable or undecodable here (soundfile: RuntimeError)
-        return Outcome(path, "failed", f"{type(e).__name__}: {e}")
-    source = str(path.relative_to(folder))
-    write_atomic(
-        json_path, json.dumps(to_json(response, source, method, opts.channel_names), indent=2) + "\n"
-    )
-    write_atomic(srt_path, to_srt(response, opts.channel_names))
+    except (Incomplete, OSError, ValueError, RuntimeError) as e:  # soundfile: RuntimeError
+        await asyncio.to_thread(remove_outputs, opts.out_dir, rel_parent, names)
+        return Outcome(path, "failed", str(e) if isinstance(e, Incomplete) else f"{type(e).__name__}: {e}")
+    now = await asyncio.to_thread(path.stat)
+    if (now.st_size, now.st_mtime_ns) != (made_from.size, made_from.mtime_ns):
+        await asyncio.to_thread(remove_outputs, opts.out_dir, rel_parent, names)
+        return Outcome(path, "failed", "the file changed while it was transcribed (a rerun redoes it)")
+    srt_text = to_srt(response, opts.channel_names)
+    body = record(response, str(path.relative_to(folder)), method, made_from, opts, srt_text, resumed_at)
+    files = [
+        (srt_path.name, srt_text.encode()),
+        (json_path.name, (json.dumps(body, indent=2) + "\n").encode()),
+    ]
+    try:
+        await asyncio.to_thread(write_outputs, opts.out_dir, rel_parent, files)
+    except OSError as e:  # OutputError names the output (or the folder) it could not write
+        await asyncio.to_thread(remove_outputs, opts.out_dir, rel_parent, names)
+        where = opts.out_dir / e.filename if isinstance(e, OutputError) else json_path
+        return Outcome(path, "failed", f"could not write {where}: {e.strerror or e}")
     return Outcome(path, "done")
 
 

@@ -8,7 +8,7 @@
 WAV/FLAC go as LINEAR16 at their own rate; .ulaw/.alaw (or --encoding MULAW|ALAW) as G.711 at 8 kHz.
 On a terminal interim hypotheses overwrite one line; otherwise every result is its own line.
 A folder is transcribed in bulk (clients/bulk.py): JSON and SRT per recording into --out, with a
-progress bar; a rerun skips recordings already done.
+progress bar; a rerun skips recordings already done from the same content with the same options.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from typing import IO, Any
 from asr.v1 import asr_pb2
 from grpc import aio
 
-from clients.bulk import DEFAULT_MAX_RECOGNIZE_BYTES, BulkOptions, transcribe_folder
-from clients.client import G711_RATE, RecognizerClient, Tls
+from clients.bulk import DEFAULT_MAX_RECOGNIZE_BYTES, DEFAULT_RETRIES, BulkOptions, transcribe_folder
+from clients.client import G711_RATE, RecognizerClient, Tls, redactions
 
 EventType = asr_pb2.StreamingRecognizeResponse.SpeechEventType
 
@@ -70,6 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--single-utterance", action="store_true", help="stop after the first utterance")
     p.add_argument("--segments", action="store_true", help="ask for segment time offsets")
     p.add_argument("--recognize", action="store_true", help="send the whole file in one Recognize call")
+    p.add_argument(
+        "--redact",
+        type=_redactions,
+        default=[],
+        metavar="pci,ssn,numbers",
+        help="have the server mask card numbers (pci), social security numbers (ssn) and every other "
+        "number (numbers) in everything it sends back, for a file or a folder (docs/operations.md)",
+    )
     p.add_argument("--json-out", help="also write every result as a JSON line to this file")
     p.add_argument(
         "--token",
@@ -103,11 +111,33 @@ def build_parser() -> argparse.ArgumentParser:
         "(keep it below what the server transcribes, or it refuses past --max-buffer-seconds; default: %(default)s)",
     )
     bulk.add_argument(
+        "--retries",
+        type=_non_negative_int,
+        default=DEFAULT_RETRIES,
+        help="attempts at a recording that make no progress (the server draining, restarting or full), "
+        "each after a backoff of 1, 2, 4, ... s (at most 10), before it fails and a rerun redoes it; a "
+        "stream the server drains is continued from where it stopped (default: %(default)s)",
+    )
+    bulk.add_argument(
         "--channel-names",
         default="agent,customer",
         help="with --separate-channels: names of channels 1, 2, ... in the outputs (default: %(default)s)",
     )
     return p
+
+
+def _redactions(text: str) -> list[int]:
+    try:
+        return redactions(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+    return value
 
 
 def _positive_int(text: str) -> int:
@@ -220,6 +250,7 @@ async def run(args: argparse.Namespace, printer: Printer) -> None:
                 language=args.language,
                 segment_offsets=args.segments,
                 deadline_s=args.timeout,
+                redact=args.redact,
             )
             for res in response.results:
                 printer.result(
@@ -240,6 +271,7 @@ async def run(args: argparse.Namespace, printer: Printer) -> None:
             language=args.language,
             segment_offsets=args.segments,
             deadline_s=args.timeout,
+            redact=args.redact,
         ):
             printer.stream_response(response)
 
@@ -261,9 +293,11 @@ def bulk_options(args: argparse.Namespace) -> BulkOptions:
         channel_names=[n.strip() for n in args.channel_names.split(",")],
         language=args.language,
         prompt=args.prompt,
+        redact=args.redact,
         max_recognize_bytes=args.max_recognize_bytes,
         stream_speed=args.stream_speed,
         timeout_s=args.timeout,
+        retries=args.retries,
     )
 
 

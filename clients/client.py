@@ -38,6 +38,24 @@ _STOP_LISTENING = (
 )
 # 1 MiB is the server's default per-request limit; whole recordings can be larger.
 MAX_MESSAGE_BYTES = 64 << 20
+REDACTIONS = ("pci", "ssn", "numbers")  # RecognitionConfig.redact, as asr-client --redact spells them
+
+
+def redactions(text: str | Sequence[str] | None) -> list[int]:
+    """ "pci,ssn" (or ["pci", "ssn"]) -> [asr_pb2.PCI, asr_pb2.SSN]; ValueError naming the unknown one."""
+    names = text.split(",") if isinstance(text, str) else list(text or ())
+    values = []
+    for name in (n.strip().lower() for n in names):
+        if not name:
+            continue
+        if name not in REDACTIONS:
+            raise ValueError(
+                f"redact must be a comma-separated list of {', '.join(REDACTIONS)}, got {name!r}"
+            )
+        values.append(asr_pb2.Redaction.Value(name.upper()))
+    return values
+
+
 _G711_SUFFIXES = {".ulaw": "MULAW", ".mulaw": "MULAW", ".mu": "MULAW", ".alaw": "ALAW", ".al": "ALAW"}
 _RAW_PCM_SUFFIXES = {".raw", ".pcm", ".s16", ".l16"}
 
@@ -269,8 +287,10 @@ class RecognizerClient:
         segment_offsets: bool = False,
         endpointing: asr_pb2.EndpointingConfig | None = None,
         deadline_s: float | None = None,
+        redact: Sequence[int] = (),
     ) -> AsyncIterator[asr_pb2.StreamingRecognizeResponse]:
-        """Stream a file or array in `chunk_ms` chunks (paced in real time if asked); yields responses."""
+        """Stream a file or array in `chunk_ms` chunks (paced in real time if asked); yields responses.
+        `redact`: asr_pb2.Redaction values (see redactions())."""
         audio = load_audio(source, encoding, rate, channels)
         config = asr_pb2.StreamingRecognitionConfig(
             config=asr_pb2.RecognitionConfig(
@@ -281,6 +301,7 @@ class RecognizerClient:
                 language_code=language or "",
                 prompt=prompt or "",
                 enable_segment_time_offsets=segment_offsets,
+                redact=redact,  # type: ignore[arg-type]
             ),
             single_utterance=single_utterance,
             interim_results=interim,
@@ -310,17 +331,15 @@ class RecognizerClient:
         language: str | None = None,
         segment_offsets: bool = False,
         deadline_s: float | None = None,
+        redact: Sequence[int] = (),
     ) -> asr_pb2.RecognizeResponse:
-        """FLAC and WAV files go as they are (the server reads their header); G.711 files as raw bytes."""
+        """FLAC and WAV files go as they are (the server reads their header); G.711 files as raw bytes.
+        `redact`: asr_pb2.Redaction values (see redactions())."""
         path = Path(path)
-        head = path.read_bytes()[:4]
+        whole = path.read_bytes()
+        head = whole[:4]
         if encoding.upper() == "AUTO" and head in (b"fLaC", b"RIFF"):
-            data, enc, rate, channels = (
-                path.read_bytes(),
-                (asr_pb2.FLAC if head == b"fLaC" else asr_pb2.WAV),
-                0,
-                0,
-            )
+            data, enc, rate, channels = whole, (asr_pb2.FLAC if head == b"fLaC" else asr_pb2.WAV), 0, 0
         else:
             audio = load_audio(path, encoding, rate, channels)
             data, enc, rate, channels = audio.data, audio.encoding, audio.sample_rate_hertz, audio.channels
@@ -332,6 +351,7 @@ class RecognizerClient:
             language_code=language or "",
             prompt=prompt or "",
             enable_segment_time_offsets=segment_offsets,
+            redact=redact,  # type: ignore[arg-type]
         )
         return await self.recognize(data, config, deadline_s=deadline_s)
 

@@ -180,11 +180,24 @@ class RecordingInfo:
         return self.frames / self.rate
 
 
+# soundfile's container name -> the RecognitionConfig encoding that carries it. WAVEX is
+# WAVE_FORMAT_EXTENSIBLE: a RIFF/WAVE file whose format chunk names its sample type by GUID (what sox
+# and most recorders write for 24-bit or more than two channels); libsndfile reads both the same way.
+_ENCODING_OF_FORMAT = {"FLAC": "FLAC", "WAV": "WAV", "WAVEX": "WAV"}
+
+
 def _check_file_format(encoding: str, found: str, rate: int, channels: int) -> None:
-    if found != encoding:
+    carried_by = _ENCODING_OF_FORMAT.get(found)
+    if carried_by is None:
         raise AudioFormatError(
             "audio_content",
-            f"audio_content is not a valid {encoding} file (it is {found}); set encoding={found}",
+            f"audio_content is not a valid {encoding} file (it is {found}, which Recognize does not take); "
+            "send FLAC or WAV",
+        )
+    if carried_by != encoding:
+        raise AudioFormatError(
+            "audio_content",
+            f"audio_content is not a valid {encoding} file (it is {carried_by}); set encoding={carried_by}",
         )
     if not MIN_RATE <= rate <= MAX_RATE:
         raise AudioFormatError(

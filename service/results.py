@@ -176,7 +176,7 @@ class ChannelResults:
 
     @property
     def holding(self) -> bool:
-        return self._redactor.held is not None
+        return bool(self._redactor.held)
 
     def final(
         self, t: Transcript, u: Utterance, on_sent: OnSent
@@ -213,12 +213,20 @@ class ChannelResults:
         return out
 
     def interim(
-        self, t: Transcript, index: int, start_s: float, end_s: float, stability: float
+        self,
+        t: Transcript,
+        index: int,
+        start_s: float,
+        end_s: float,
+        stability: float,
+        *,
+        after_unknown: bool = False,
     ) -> asr_pb2.StreamingRecognitionResult:
-        """An interim hypothesis of utterance `index` (audio from start_s to end_s of the stream)."""
+        """An interim hypothesis of utterance `index` (audio from start_s to end_s of the stream);
+        `after_unknown`: an earlier utterance's final is not in yet (its text is no context yet)."""
         text = t.text.strip()
         if self.opts.redact:
-            text = join(self._redactor.interim(words_of_text(text)))
+            text = join(self._redactor.interim(words_of_text(text), after_unknown=after_unknown))
         return asr_pb2.StreamingRecognitionResult(
             alternatives=[asr_pb2.SpeechRecognitionAlternative(transcript=text, confidence=t.confidence)],
             is_final=False,

@@ -215,8 +215,10 @@ class StreamSession:
                 item.on_sent()
 
     def drain(self) -> None:
-        """Server shutdown: tell the client to reconnect, finish what was heard, end with OK."""
-        self._put(Response(speech_event_type=EventType.RECONNECT))
+        """Server shutdown: tell the client to reconnect, finish what was heard, end with OK. The event's
+        offset is how much audio was heard (all of it is transcribed; later audio is not): the client
+        continues the call on a new stream from there, losing nothing and repeating nothing."""
+        self._put(speech_event(EventType.RECONNECT, self._received_s, 0))
         self._finish_input(flush=True)
 
     def abandon(self) -> None:
@@ -628,7 +630,7 @@ class StreamSession:
         if ch.settled > index or not text:
             return  # the final overtook it: an interim must never follow its final
         stability, first = ch.interim.accept(index, text)
-        result = ch.results.interim(t, index, start_s, end_s, stability)
+        result = ch.results.interim(t, index, start_s, end_s, stability, after_unknown=ch.settled < index)
         on_sent = None
         if first:
             on_sent = functools.partial(_observe_since, ch.speech_start_wall, metrics.TIME_TO_FIRST_INTERIM)

@@ -214,6 +214,48 @@ def test_file_of_another_format_is_named() -> None:
     assert "not a valid WAV file (it is FLAC)" in str(e.value)
 
 
+def _sox(src: Path, dst: Path, *args: str, effects: tuple[str, ...] = ()) -> bytes:
+    subprocess.run(["sox", "-D", str(src), *args, str(dst), *effects], check=True, capture_output=True)
+    return dst.read_bytes()
+
+
+def test_wave_format_extensible_files_decode_like_their_source(tmp_path: Path) -> None:
+    """WAVE_FORMAT_EXTENSIBLE (what sox writes for 24-bit or more than 2 channels, soundfile's WAVEX) is a
+    WAV: the same samples as jfk.flac (24-bit), exactly."""
+    reference, _ = decode_file(JFK_FLAC.read_bytes(), "FLAC", 0, 0)
+    sox24 = _sox(JFK_FLAC, tmp_path / "sox24.wav", "-b", "24")
+    four = _sox(JFK_FLAC, tmp_path / "four.wav", "-b", "24", effects=("remix", "1", "2", "1", "2"))
+    x, rate = sf.read(JFK_FLAC, dtype="float32")
+    buf = io.BytesIO()
+    sf.write(buf, x, rate, format="WAV", subtype="PCM_24")
+    sf_wavex = io.BytesIO()
+    sf.write(sf_wavex, x, rate, format="WAVEX", subtype="PCM_24")
+    for data, channels in ((sox24, 2), (four, 4), (sf_wavex.getvalue(), 2)):
+        assert data[20:22] == b"\xfe\xff"  # wFormatTag WAVE_FORMAT_EXTENSIBLE
+        info = probe_recording(data, "WAV", 0, 0)
+        assert (info.encoding, info.rate, info.channels) == ("WAV", 44100, channels)
+        audio, n = decode_file(data, "WAV", 0, 0)
+        assert n == channels
+        np.testing.assert_array_equal(audio[:2], reference)
+    np.testing.assert_array_equal(decode_file(buf.getvalue(), "WAV", 0, 0)[0], reference)
+
+
+def test_a_wavex_file_sent_as_flac_is_told_to_set_wav(tmp_path: Path) -> None:
+    data = _sox(JFK_FLAC, tmp_path / "sox24.wav", "-b", "24")
+    with pytest.raises(AudioFormatError) as e:
+        decode_file(data, "FLAC", 0, 0)
+    assert "not a valid FLAC file (it is WAV); set encoding=WAV" in str(e.value)
+
+
+def test_a_file_recognize_does_not_take_is_named_without_an_encoding_to_set(tmp_path: Path) -> None:
+    data = _sox(JFK_FLAC, tmp_path / "jfk.aiff")
+    with pytest.raises(AudioFormatError) as e:
+        decode_file(data, "WAV", 0, 0)
+    assert e.value.field == "audio_content"
+    assert "not a valid WAV file (it is AIFF" in str(e.value) and "set encoding" not in str(e.value)
+    assert "FLAC or WAV" in str(e.value)
+
+
 def test_file_rate_outside_limits_is_rejected() -> None:
     buf = io.BytesIO()
     sf.write(buf, np.zeros(4000, dtype=np.float32), 4000, format="WAV")

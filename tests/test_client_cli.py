@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import urllib.request
@@ -12,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from clients.scoring import normalize
-from tests.support.audio import JFK_FLAC, to_mulaw_8k_bytes
+from tests.support.audio import JFK_FLAC, make_conversation, to_mulaw_8k_bytes
 from tests.support.server import ServerProcess
 
 pytestmark = pytest.mark.slow
@@ -102,3 +103,41 @@ def test_server_logs_are_json_lines_with_per_utterance_facts_and_no_text(
         assert {"decode_steps", "latency_s", "outcome", "severity", "time"} <= set(x)
         assert "transcript" not in x  # no speech content in logs unless --log-transcripts
     assert "fellow" not in server_process.log().lower()
+
+
+def test_cli_asks_for_redaction_streamed_and_recognized(
+    server_process: ServerProcess, tmp_path: Path
+) -> None:
+    """`--redact pci`: a card number tiny.en mishears on espeak 8 kHz mu-law is masked in what asr-client
+    prints and writes, streamed and with --recognize; without it the digits show."""
+    audio, _ = make_conversation(["Yes, my card number is 4 8 1 0, 0 0 3 3, 9 0 0 5, 5 9 3 8."], pause_s=1.0)
+    card = tmp_path / "card.ulaw"
+    card.write_bytes(to_mulaw_8k_bytes(audio))
+
+    def transcripts(stdout: str) -> list[str]:
+        return [re.sub(r"^\[[^]]*\] ", "", line) for line in stdout.splitlines() if line.startswith("[")]
+
+    for mode in ((), ("--recognize",)):
+        jsonl = tmp_path / f"out{len(mode)}.jsonl"
+        proc = run_client(
+            str(card), "--server", server_process.target, "--redact", "pci", "--json-out", str(jsonl), *mode
+        )
+        assert proc.returncode == 0, proc.stderr
+        printed = transcripts(proc.stdout)
+        assert printed and any("[PCI]" in t for t in printed), proc.stdout
+        assert not any(re.search(r"\d", t) for t in printed), printed
+        if not mode:
+            written = [
+                json.loads(line)["transcript"]
+                for line in jsonl.read_text().splitlines()
+                if '"transcript"' in line
+            ]
+            assert written and not any(re.search(r"\d", t) for t in written), written
+        plain = run_client(str(card), "--server", server_process.target, *mode)
+        assert len(re.findall(r"\d", " ".join(transcripts(plain.stdout)))) > 10, plain.stdout
+
+
+def test_cli_refuses_an_unknown_redaction_naming_the_flag(tmp_path: Path) -> None:
+    proc = run_client(str(tmp_path), "--redact", "pci,cvv")
+    assert proc.returncode == 2
+    assert "--redact" in proc.stderr and "'cvv'" in proc.stderr and "pci, ssn, numbers" in proc.stderr
