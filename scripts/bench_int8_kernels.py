@@ -1,6 +1,6 @@
 """Per-Linear-shape speed of the CPU kernels --quantize can choose from, on tiny.en's shapes.
 
-    python scripts/bench_int8_kernels.py [--threads 2] [--json out.json]
+    python scripts/bench_int8_kernels.py [--threads 2] [--json out.json] [--write]
 
 For each Linear of tiny.en (d_model 384, FFN 1536, vocabulary 51,864) and each row count M (decode
 steps at batch 1, 8, 16; a prefill of 16 prompts; one trimmed and one full encoder window), the time of
@@ -22,8 +22,11 @@ call (process time over the same loop): on a shared machine the CPU figure is th
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
+import platform
+import subprocess
 import sys
 import time
 import warnings
@@ -31,10 +34,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO)]
+sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from docs_section import write_section  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils import benchmark  # noqa: E402
 
@@ -106,13 +110,13 @@ def main() -> None:
     )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--write", action="store_true", help="replace the table in docs/benchmarks.md")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     results: list[dict[str, object]] = []
-    print(
-        f"torch {torch.__version__}, {args.threads} threads, load average {os.getloadavg()[0]:.1f} at the start"
-    )
+    load_start = os.getloadavg()
+    started = datetime.datetime.now(datetime.UTC)
     names: list[str] = []
     for shape, (k, n) in SHAPES.items():
         linear = nn.Linear(k, n, bias=shape != "vocab projection")
@@ -128,23 +132,47 @@ def main() -> None:
                     name: time_one(fn, x) for name, fn in ks.items() if name != "int8 weight-only" or m <= 16
                 }
             results.append({"shape": shape, "k": k, "n": n, "rows": rows_name, "m": m, "timings": timings})
-    load_end = os.getloadavg()[0]
-    print()
-    print(
-        "| Linear (in x out) | rows | "
-        + " | ".join(f"{n} µs (CPU µs)" for n in names)
-        + " | per-row vs fp16 (CPU) |"
+            print(shape, rows_name, json.dumps(timings), flush=True)
+    load_end = os.getloadavg()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO
+    ).stdout.strip()
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if "model name" in line
+        ),
+        platform.machine(),
     )
-    print("|---|---|" + "---:|" * (len(names) + 1))
+    lines = [
+        f"`python scripts/bench_int8_kernels.py --threads {args.threads}` at commit {commit}, "
+        f"{started:%Y-%m-%d %H:%M} UTC, {cpu}, {args.threads} thread(s), torch {torch.__version__}; load "
+        f"average (1/5/15 min) {'/'.join(f'{x:.1f}' for x in load_start)} at the start, "
+        f"{'/'.join(f'{x:.1f}' for x in load_end)} at the end. One call of each kernel: median wall "
+        "microseconds (torch.utils.benchmark), and in brackets CPU microseconds per call over the same "
+        "loop; the last column is fp16 weights' CPU time over int8 per-row's (above 1: int8 per row is "
+        "cheaper).",
+        "",
+        "| Linear (in x out) | rows | "
+        + " | ".join(f"{n} µs (CPU)" for n in names)
+        + " | fp16 / int8 per row (CPU) |",
+        "|---|---|" + "---:|" * (len(names) + 1),
+    ]
     for r in results:
         t = r["timings"]
         assert isinstance(t, dict)
         cells = " | ".join(f"{t[n][0]:.0f} ({t[n][1]:.0f})" if n in t else "—" for n in names)
         ratio = t["fp16 weights"][1] / t["int8 per-row"][1]
-        print(f"| {r['shape']} ({r['k']}x{r['n']}) | {r['rows']} (M={r['m']}) | {cells} | {ratio:.2f}x |")
-    print(f"\nload average {load_end:.1f} at the end")
+        lines.append(
+            f"| {r['shape']} ({r['k']}x{r['n']}) | {r['rows']} (M={r['m']}) | {cells} | {ratio:.2f}x |"
+        )
+    text = "\n".join(lines)
+    print(text)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
+    if args.write:
+        write_section("### int8 kernels per Linear shape", "scripts/bench_int8_kernels.py", text)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ speech, with utterances joining and leaving) while torch.ao's per-batch int8 doe
 
 from __future__ import annotations
 
+import math
 import time
 from functools import cache
 from pathlib import Path
@@ -18,6 +19,8 @@ from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 
 from engine import Engine, EngineConfig
 from engine import quantize as quantize_module
+from engine.config import QUANTIZE_PARTS
+from engine.features import LogMel
 from engine.model import Whisper, from_transformers
 from engine.quantize import (
     Int8Linear,
@@ -243,6 +246,24 @@ def real_clips() -> tuple[np.ndarray, ...]:
             assert rate == 16000, path
             clips.append(audio)
     return tuple(clips)
+
+
+@pytest.mark.parametrize("mode", ["off", "int8"])
+def test_encoder_rows_are_the_same_bits_alone_and_among_rows_of_other_lengths(mode: QuantizeMode) -> None:
+    """Each row of a trimmed encoder pass attends over its own positions in a call of its own, so
+    its features are bit for bit what it gets alone (fp32 and int8). Attending under a mask over
+    the longest row's keys rounds differently; int8's per-row scales then turn those last bits into
+    other tokens (tests/engine/test_engine_real.py's trim-margin clips changed with int8)."""
+    model = quantize(tiny_model(), mode, QUANTIZE_PARTS)
+    logmel = LogMel(80, CPU)
+    clips = list(real_clips()[:3])  # jfk (11 s) and two librivox sentences
+    ctx = [50 * math.ceil(len(c) / 16000 + 2) for c in clips]
+    assert len(set(ctx)) == len(ctx)
+    with torch.inference_mode():
+        batched = model.encoder(logmel(clips, ctx), ctx)
+        for row, (clip, n) in enumerate(zip(clips, ctx, strict=True)):
+            alone = model.encoder(logmel([clip], [n]))
+            assert torch.equal(batched[row, :n], alone[0]), (mode, row)
 
 
 def tokens_alone_and_batched(
