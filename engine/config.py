@@ -111,21 +111,21 @@ class EngineConfig:
         default="auto",
         metadata={
             "help": "quantization of Linear layers (CPU, float32 models only): int8 (per-channel weight "
-            "scales, one activation scale per row: a row's result depends on that row alone, so tokens "
-            "do not depend on batch company), int8-per-batch (torch.ao: per-channel weights, one "
-            "activation scale per batch, so tokens can), int8-per-tensor (`on` is its old spelling), "
-            "fp16 (float16 weights, float32 activations), off (fp32), or auto: int8 on a float32 CPU "
-            "model whose CPU has int8 dot products (VNNI/AMX; fp16 on one without), off on GPU "
-            '(docs/benchmarks.md "Engine levers": the fastest setting that kept real-speech WER and '
-            "batch invariance)"
+            "scales, one activation scale per row, exact int32 sums: a row's result depends on that row "
+            "alone; on the decoder it still amplifies attention's last-bit differences between batched "
+            "and alone), int8-per-batch (torch.ao: one activation scale per batch), int8-per-tensor (`on` "
+            "is its old spelling), fp16 (float16 weights, float32 activations), off (fp32), or auto: on a "
+            "float32 CPU model int8 on the encoder and fp16 on the decoder and projection (fp16 there "
+            'only, without VNNI/AMX int8 instructions), off on GPU (docs/benchmarks.md "Engine levers": '
+            "the fastest plan that kept real-speech WER and tokens independent of batch company)"
         },
     )
     quantize_parts: str = field(
         default="all",
         metadata={
             "help": "which Linear layers --quantize reaches: all, or a comma-separated subset of "
-            "encoder,decoder,projection (projection: the vocabulary projection; in the levers table "
-            "int8 on all three was the fastest at fp32's real-speech WER)"
+            "encoder,decoder,projection (projection: the vocabulary projection); with auto, the parts of "
+            "its plan that are listed here"
         },
     )
     cuda_graphs: CudaGraphs = field(

@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import logging
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal, cast
 
@@ -43,12 +44,15 @@ log = logging.getLogger(__name__)
 QuantizeMode = Literal["off", "int8", "int8-per-batch", "int8-per-tensor", "fp16"]
 
 
-# The CPU default, from scripts/bench_levers.py (docs/benchmarks.md "Engine levers"): the fastest
-# scheme that kept WER on real speech and keeps tokens independent of batch company.
-AUTO_CPU_MODE: QuantizeMode = "int8"
+# The CPU default, from scripts/bench_levers.py (docs/benchmarks.md "Engine levers"): per part, the
+# fastest scheme that kept WER on real speech and keeps tokens independent of batch company. int8 per
+# row on the encoder, whose rows are then bit for bit what they are alone; fp16 weights on the
+# decoder and projection: a decode step's attention over padded keys differs from alone in the last
+# bits (in fp32 too), and int8 there would turn those bits into other tokens.
+AUTO_CPU_PLAN: dict[str, QuantizeMode] = {"encoder": "int8", "decoder": "fp16", "projection": "fp16"}
 # Without int8 dot-product instructions (VNNI, AMX) oneDNN multiplies u8 x s8 pairs through 16-bit
-# sums that can saturate: auto then keeps the weight-only fp16 scheme, which needs none.
-AUTO_CPU_FALLBACK: QuantizeMode = "fp16"
+# sums that can saturate: auto then leaves the encoder float32.
+AUTO_CPU_FALLBACK_PLAN: dict[str, QuantizeMode] = {"decoder": "fp16", "projection": "fp16"}
 INT8_CPU_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
 # Schemes whose activation scale spans the batch: a row's result depends on its company.
 BATCH_DEPENDENT_MODES = ("int8-per-batch", "int8-per-tensor")
@@ -67,14 +71,8 @@ def cpu_has_int8_dot_product() -> bool:
 
 
 def resolve_mode(mode: str, device: torch.device, dtype: torch.dtype) -> QuantizeMode:
-    """The scheme a model on `device` in `dtype` gets. `auto` means the measured CPU default
-    (AUTO_CPU_MODE, or AUTO_CPU_FALLBACK on a CPU without int8 dot products) on a float32 CPU model
-    and off anywhere else (these kernels are CPU only; a GPU runs float16/bfloat16 instead). An
-    explicit mode where it cannot run is an error, not a silent fallback."""
-    if mode == "auto":
-        if device.type != "cpu" or dtype != torch.float32:
-            return "off"
-        return AUTO_CPU_MODE if cpu_has_int8_dot_product() else AUTO_CPU_FALLBACK
+    """The scheme an explicit --quantize gives a model on `device` in `dtype` (`auto` is per part:
+    resolve_plan). A mode where it cannot run is an error, not a silent fallback."""
     if mode == "on":
         mode = "int8-per-tensor"
     if mode == "off":
@@ -89,6 +87,41 @@ def resolve_mode(mode: str, device: torch.device, dtype: torch.dtype) -> Quantiz
     if mode == "int8" and not torch.backends.mkldnn.is_available():
         raise ValueError("--quantize int8 needs a torch built with oneDNN (mkldnn); use fp16 or auto")
     return mode  # type: ignore[return-value]  # narrowed by the checks above
+
+
+def resolve_plan(
+    mode: str, parts: tuple[str, ...], device: torch.device, dtype: torch.dtype
+) -> dict[str, QuantizeMode]:
+    """The scheme each of `parts` gets (a part left out stays float). `auto`: AUTO_CPU_PLAN on a
+    float32 CPU model (AUTO_CPU_FALLBACK_PLAN on a CPU without int8 dot products), nothing anywhere
+    else (these kernels are CPU only; a GPU runs float16/bfloat16 instead); any other mode: that
+    scheme on every part."""
+    if mode == "auto":
+        if device.type != "cpu" or dtype != torch.float32:
+            return {}
+        plan = AUTO_CPU_PLAN if cpu_has_int8_dot_product() else AUTO_CPU_FALLBACK_PLAN
+        return {part: scheme for part, scheme in plan.items() if part in parts}
+    scheme = resolve_mode(mode, device, dtype)
+    return {} if scheme == "off" else dict.fromkeys(parts, scheme)
+
+
+def tokens_can_follow_company(plan: Mapping[str, QuantizeMode]) -> bool:
+    """Whether `plan` lets a row's tokens depend on the rows batched with it: a scheme whose
+    activation scale spans the batch anywhere, or int8 in the decoder or projection (exact per row
+    itself, but fed by attention whose last bits differ from alone; tests/engine/test_quantize.py)."""
+    return any(scheme in BATCH_DEPENDENT_MODES for scheme in plan.values()) or any(
+        plan.get(part) == "int8" for part in ("decoder", "projection")
+    )
+
+
+def describe(plan: Mapping[str, QuantizeMode]) -> str:
+    """`plan` in words, e.g. "int8 on encoder, fp16 on decoder,projection"."""
+    if not plan:
+        return "off"
+    by_scheme: dict[str, list[str]] = {}
+    for part, scheme in plan.items():
+        by_scheme.setdefault(scheme, []).append(part)
+    return ", ".join(f"{scheme} on {','.join(parts)}" for scheme, parts in by_scheme.items())
 
 
 class Int8Linear(nn.Module):
@@ -168,16 +201,23 @@ def linear_names(model: Whisper, parts: tuple[str, ...]) -> list[str]:
     return chosen
 
 
-def quantize(model: Whisper, mode: QuantizeMode, parts: tuple[str, ...] = QUANTIZE_PARTS) -> Whisper:
-    """`model` with the Linear layers of `parts` in `mode` (from resolve_mode)."""
-    if mode == "off" or not parts:
+def quantize(
+    model: Whisper,
+    scheme: QuantizeMode | Mapping[str, QuantizeMode],
+    parts: tuple[str, ...] = QUANTIZE_PARTS,
+) -> Whisper:
+    """`model` with its Linear layers quantized: `scheme` on every one of `parts`, or a plan
+    (part -> scheme, from resolve_plan)."""
+    plan = dict.fromkeys(parts, scheme) if isinstance(scheme, str) else dict(scheme)
+    plan = {part: s for part, s in plan.items() if s != "off"}
+    if not plan:
         return model
-    if "projection" in parts:
+    if "projection" in plan:
         untie_projection(model)
-    names = linear_names(model, parts)
-    if mode == "int8":
-        for name in names:
-            model.set_submodule(name, Int8Linear.from_float(cast(nn.Linear, model.get_submodule(name))))
+    for name in linear_names(model, tuple(part for part, s in plan.items() if s == "int8")):
+        model.set_submodule(name, Int8Linear.from_float(cast(nn.Linear, model.get_submodule(name))))
+    dynamic = {part: s for part, s in plan.items() if s != "int8"}
+    if not dynamic:
         return model
     from torch.ao.quantization import (
         default_dynamic_qconfig,
@@ -186,28 +226,25 @@ def quantize(model: Whisper, mode: QuantizeMode, parts: tuple[str, ...] = QUANTI
         quantize_dynamic,
     )
 
-    qconfig = {
+    qconfigs = {
         "int8-per-batch": per_channel_dynamic_qconfig,
         "int8-per-tensor": default_dynamic_qconfig,
         "fp16": float16_dynamic_qconfig,
-    }[mode]
-    spec = dict.fromkeys(names, qconfig)
-    dtype = torch.float16 if mode == "fp16" else torch.qint8
+    }
+    spec = {name: qconfigs[s] for part, s in dynamic.items() for name in linear_names(model, (part,))}
     with warnings.catch_warnings():  # torch.ao's eager quantization warns it moves to torchao
         warnings.simplefilter("ignore", UserWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
-        return quantize_dynamic(model, qconfig_spec=spec, dtype=dtype)  # type: ignore[arg-type]
+        # in place: the int8 layers above hold oneDNN-packed weights, which cannot be deep-copied
+        return quantize_dynamic(model, qconfig_spec=spec, inplace=True)  # type: ignore[arg-type]
 
 
 def quantize_for(model: Whisper, config: EngineConfig, device: torch.device, dtype: torch.dtype) -> Whisper:
     """The model as `config` asks (--quantize, --quantize-parts) for `device` and `dtype`."""
-    # --compile traces the step in one graph, which the dynamic quantized layers break: auto yields.
-    mode = (
-        "off"
-        if config.compile and config.quantize == "auto"
-        else resolve_mode(config.quantize, device, dtype)
-    )
     parts = parse_quantize_parts(config.quantize_parts)
-    if mode != "off":
-        log.info("quantizing %s to %s", ",".join(parts), mode)
-    return quantize(model, mode, parts)
+    # --compile traces the step in one graph, which the dynamic quantized layers break: auto yields.
+    auto_yields = config.compile and config.quantize == "auto"
+    plan = {} if auto_yields else resolve_plan(config.quantize, parts, device, dtype)
+    if plan:
+        log.info("quantizing: %s", describe(plan))
+    return quantize(model, plan)

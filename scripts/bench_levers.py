@@ -43,12 +43,14 @@ from real_speech import build_real_manifest  # noqa: E402
 from clients.manifest import build_manifest, load_manifest  # noqa: E402
 from clients.scoring import corpus_wer, normalize  # noqa: E402
 from engine import Engine, EngineConfig  # noqa: E402
-from engine.quantize import BATCH_DEPENDENT_MODES  # noqa: E402
+from engine.config import QUANTIZE_PARTS, parse_quantize_parts  # noqa: E402
+from engine.quantize import describe, resolve_plan, tokens_can_follow_company  # noqa: E402
 from service.audio import decode_file  # noqa: E402
 
 SECTION = "## Engine levers"
 BASELINE = "fp32, trimmed context (baseline)"
 WER_BOUND_PT = 0.2  # issue 13: a lever may not move WER on real speech by more than this
+CPU = torch.device("cpu")
 
 # Every row spells out the levers it measures, so a changed default cannot change a row.
 FP32 = {"encoder_context": "trim", "dtype": "float32", "quantize": "off"}
@@ -63,8 +65,8 @@ LEVERS: list[tuple[str, dict[str, Any]]] = [
     ("fp16 weights, decoder + projection", {**FP32, "quantize": "fp16", "quantize_parts": "decoder,projection"}),
     ("int8 per row, all Linear", {**FP32, "quantize": "int8", "quantize_parts": "all"}),
     ("int8 per row, decoder + projection", {**FP32, "quantize": "int8", "quantize_parts": "decoder,projection"}),
-    ("int8 per row, encoder + projection", {**FP32, "quantize": "int8", "quantize_parts": "encoder,projection"}),
     ("int8 per row, encoder", {**FP32, "quantize": "int8", "quantize_parts": "encoder"}),
+    (f"CPU default (--quantize auto): {describe(resolve_plan('auto', QUANTIZE_PARTS, CPU, torch.float32))}", {**FP32, "quantize": "auto", "quantize_parts": "all"}),
 ]  # fmt: skip
 
 
@@ -124,24 +126,28 @@ def choose_default(
     """The rule: fastest (geometric mean of the CPU speed ratios over the sets) among the rows
     whose WER on REAL is within WER_BOUND_PT of the baseline's (real speech decides; espeak's column
     is shown beside it). With `batch_invariant`, only rows whose tokens cannot depend on batch
-    company: none differed from alone on REAL, and the scheme does not scale activations per batch
-    (BATCH_DEPENDENT_MODES: tests/engine/test_quantize.py shows it), so a final never changes with
-    which other calls shared its decode step."""
+    company: none differed from alone on REAL, and the scheme cannot make them (no activation scale
+    spanning the batch, no int8 in the decoder or projection: tokens_can_follow_company), so a final
+    never changes with which other calls shared its decode step."""
     base = dict(results)[BASELINE]
     overrides = dict(LEVERS)
     best, best_score = BASELINE, 1.0
     for name, r in results:
         if 100 * (r["real"]["wer"] - base["real"]["wer"]) > WER_BOUND_PT:
             continue
-        if batch_invariant and (
-            r["real"]["differ_from_alone"] or overrides[name].get("quantize") in BATCH_DEPENDENT_MODES
-        ):
+        if batch_invariant and (r["real"]["differ_from_alone"] or tokens_can_follow(overrides[name])):
             continue
         ratios = [base[s]["cpu_s_per_utt"] / r[s]["cpu_s_per_utt"] for s in r]
         score = math.prod(ratios) ** (1 / len(ratios))
         if score > best_score:
             best, best_score = name, score
     return best, best_score
+
+
+def tokens_can_follow(overrides: dict[str, Any]) -> bool:
+    """Whether a row's scheme lets tokens depend on batch company (engine/quantize.py)."""
+    parts = parse_quantize_parts(str(overrides.get("quantize_parts", "all")))
+    return tokens_can_follow_company(resolve_plan(str(overrides["quantize"]), parts, CPU, torch.float32))
 
 
 def context_line(results: list[tuple[str, dict[str, dict[str, float]]]], sets: list[SpeechSet]) -> str:
@@ -253,8 +259,9 @@ def main() -> None:
         f"Rule (the CPU default follows it): the fastest row, by the geometric mean of its speed ratios, "
         f"whose WER on REAL is within {WER_BOUND_PT} pt of the baseline (on its {sets[0].words} words that is "
         "not one word more; ESPEAK's WER is shown beside it, real speech decides) and whose tokens cannot "
-        "depend on batch company (none differed from alone, and not a scheme whose activation scale spans "
-        f"the batch: {', '.join(BATCH_DEPENDENT_MODES)}): **{chosen}** ({score:.2f}x). "
+        "depend on batch company (none differed from alone, and neither an activation scale spanning the "
+        "batch, int8-per-batch or int8-per-tensor, nor int8 in the decoder or projection, which turns the "
+        f"decode step attention's last-bit differences into other tokens): **{chosen}** ({score:.2f}x). "
         f"Accepting batch-dependent tokens, the same rule picks **{fastest}** ({fastest_score:.2f}x).",
     ]
     text = "\n".join(lines)

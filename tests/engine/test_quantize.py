@@ -30,6 +30,7 @@ from engine.quantize import (
     quantize,
     quantize_for,
     resolve_mode,
+    resolve_plan,
 )
 from engine.weights import load
 from service.config import parse_args
@@ -164,23 +165,39 @@ def test_fp16_weight_only_keeps_float32_activations_on_the_chosen_parts() -> Non
 
 def test_modes_resolve_per_device_and_refuse_int8_where_it_cannot_run() -> None:
     assert cpu_has_int8_dot_product()  # this machine's CPU (VNNI): the case the levers table measured
-    assert resolve_mode("auto", CPU, torch.float32) == "int8"  # the levers table's pick
-    assert resolve_mode("auto", CPU, torch.bfloat16) == "off"
-    assert resolve_mode("auto", CUDA, torch.float16) == "off"  # these kernels are CPU only
+    every = QUANTIZE_PARTS
+    # the levers table's pick
+    assert resolve_plan("auto", every, CPU, torch.float32) == {
+        "encoder": "int8",
+        "decoder": "fp16",
+        "projection": "fp16",
+    }
+    assert resolve_plan("auto", ("encoder", "projection"), CPU, torch.float32) == {
+        "encoder": "int8",
+        "projection": "fp16",
+    }
+    assert resolve_plan("auto", every, CPU, torch.bfloat16) == {}
+    assert resolve_plan("auto", every, CUDA, torch.float16) == {}  # these kernels are CPU only
+    assert resolve_plan("int8", ("decoder",), CPU, torch.float32) == {"decoder": "int8"}
     assert resolve_mode("on", CPU, torch.float32) == "int8-per-tensor"  # the old spelling keeps its meaning
-    assert resolve_mode("off", CUDA, torch.float16) == "off"
+    assert resolve_plan("off", every, CUDA, torch.float16) == {}
     with pytest.raises(ValueError, match="--quantize int8 needs --device cpu and float32"):
         resolve_mode("int8", CUDA, torch.float16)
     with pytest.raises(ValueError, match="--quantize int8-per-tensor needs --device cpu and float32"):
-        resolve_mode("on", CPU, torch.bfloat16)
+        resolve_plan("on", every, CPU, torch.bfloat16)
 
 
-def test_auto_keeps_fp16_weights_on_a_cpu_without_int8_dot_products(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_leaves_the_encoder_float_on_a_cpu_without_int8_dot_products(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Without VNNI/AMX oneDNN sums u8 x s8 pairs in 16 bits, which can saturate: auto does not
     choose int8 there (an explicit --quantize int8 still runs)."""
     monkeypatch.setattr(quantize_module, "cpu_has_int8_dot_product", lambda: False)
-    assert resolve_mode("auto", CPU, torch.float32) == "fp16"
-    assert resolve_mode("int8", CPU, torch.float32) == "int8"
+    assert resolve_plan("auto", QUANTIZE_PARTS, CPU, torch.float32) == {
+        "decoder": "fp16",
+        "projection": "fp16",
+    }
+    assert resolve_plan("int8", QUANTIZE_PARTS, CPU, torch.float32) == dict.fromkeys(QUANTIZE_PARTS, "int8")
 
 
 @pytest.mark.parametrize(
@@ -212,10 +229,13 @@ def test_quantize_flags_parse() -> None:
     assert e.validate() == []
 
 
-def test_the_cpu_default_makes_every_linear_int8_per_row() -> None:
+def test_the_cpu_default_makes_the_encoder_int8_per_row_and_stores_the_decoder_as_fp16() -> None:
     model = quantize_for(tiny_model(), EngineConfig(), CPU, torch.float32)
-    reached = {n for n, m in model.named_modules() if isinstance(m, Int8Linear)}
-    assert reached == {*linear_names(tiny_model(), ("encoder", "decoder")), "decoder.proj"}
+    int8 = {n for n, m in model.named_modules() if isinstance(m, Int8Linear)}
+    fp16 = {n for n, m in model.named_modules() if isinstance(m, DynamicLinear)}
+    assert int8 == set(linear_names(tiny_model(), ("encoder",)))
+    assert fp16 == {*linear_names(tiny_model(), ("decoder",)), "decoder.proj"}
+    assert all(model.get_submodule(n)._packed_params.dtype == torch.float16 for n in fp16)
     assert not any(type(m) is nn.Linear for m in model.modules())
     assert quantize_for(tiny_model(), EngineConfig(quantize="off"), CPU, torch.float32).decoder.proj is None
 
@@ -296,10 +316,10 @@ def tokens_alone_and_batched(
     return alone, [r.tokens for r in results]
 
 
-def test_int8_on_every_linear_decodes_real_speech_batched_as_alone_with_utterances_joining() -> None:
+def test_the_cpu_default_decodes_real_speech_batched_as_alone_with_utterances_joining() -> None:
+    assert EngineConfig().quantize == "auto"  # int8 encoder, fp16 decoder (resolve_plan's test above)
     alone, batched = tokens_alone_and_batched(
-        EngineConfig(threads=2, quantize="int8", quantize_parts="all", batch_window_ms=300.0, kv_slots=8),
-        join=True,
+        EngineConfig(threads=2, batch_window_ms=300.0, kv_slots=8), join=True
     )
     assert batched == alone
 
