@@ -5,7 +5,10 @@ fly. Four schemes:
 
 - `int8`: Int8Linear below. Symmetric int8 weights with one scale per output channel, and
   activations with one scale per row (a token, an encoder frame), multiplied exactly in int32 by
-  oneDNN. A row's result depends on that row alone, so the engine's "batched equals alone" holds.
+  oneDNN. A row's result depends on that row alone, bit for bit. In the encoder, whose attention
+  runs row by row (engine/model.py), that keeps "batched equals alone" exact; in the decoder it
+  would not: a decode step's attention over keys padded to the longest row differs from alone in
+  the last bits (in fp32 too), and int8 can turn those bits into other tokens.
 - `int8-per-batch`: torch.ao `quantize_dynamic` with per-channel weight scales
   (`per_channel_dynamic_qconfig`, fbgemm), but ONE activation scale per input tensor, computed over
   the whole batch: a row's result depends on the other rows in its call, so tokens can change with
@@ -14,9 +17,10 @@ fly. Four schemes:
   this engine shipped, the old `--quantize on`).
 - `fp16`: weight-only, float16 weights and float32 activations (fbgemm's fp16 GEMM). The
   bundled tiny.en ships float16 weights, so this stores exactly what was loaded.
-Which scheme and which parts the CPU default uses is decided by scripts/bench_levers.py on real
-and espeak speech (docs/benchmarks.md, "Engine levers"); scripts/bench_int8_kernels.py times the
-kernels per Linear shape.
+Which scheme each part gets by default (`auto`: AUTO_CPU_PLAN, int8 on the encoder and fp16 on
+the decoder and projection) is decided by scripts/bench_levers.py on real and espeak speech
+(docs/benchmarks.md, "Engine levers"); scripts/bench_int8_kernels.py times the kernels per Linear
+shape.
 
 `parts` chooses which Linear layers are quantized: the vocabulary projection (tied to the token
 embedding, so it gets its own Linear first), the decoder's other Linear layers, the encoder's.
