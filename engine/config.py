@@ -11,8 +11,9 @@ from engine.constants import N_FFT, SAMPLE_RATE
 EncoderContext = Literal["full", "trim"]
 CudaGraphs = Literal["auto", "on", "off"]
 DTYPES = ("auto", "float32", "float16", "bfloat16")
-# --quantize: auto resolves per device (engine/quantize.py); on is the old spelling of int8-per-tensor.
-QUANTIZE_MODES = ("auto", "off", "int8", "int8-per-tensor", "fp16", "on")
+# --quantize: auto resolves per device and CPU (engine/quantize.py); on is the old spelling of
+# int8-per-tensor.
+QUANTIZE_MODES = ("auto", "off", "int8", "int8-per-batch", "int8-per-tensor", "fp16", "on")
 QUANTIZE_PARTS = ("encoder", "decoder", "projection")
 WHISPER_TEXT_POSITIONS = 448  # every Whisper size's decoder context
 # The smallest slot that can hold a prompt and still generate: <|startoftranscript|>, language,
@@ -109,20 +110,22 @@ class EngineConfig:
     quantize: str = field(
         default="auto",
         metadata={
-            "help": "dynamic quantization of Linear layers (CPU, float32 models only): fp16 (float16 "
-            "weights, float32 activations; lossless for the bundled float16 weights), int8 (per-channel "
-            "weight scales; activations scaled per batch, so tokens can depend on batch company), "
-            "int8-per-tensor (`on` is its old spelling), off (fp32), or auto: fp16 on a float32 CPU "
-            'model, off on GPU (docs/benchmarks.md "Engine levers": the fastest setting that kept WER '
-            "and batch invariance, 1.22-1.23x in one loaded run)"
+            "help": "quantization of Linear layers (CPU, float32 models only): int8 (per-channel weight "
+            "scales, one activation scale per row, exact int32 sums: a row's result depends on that row "
+            "alone; on the decoder it still amplifies attention's last-bit differences between batched "
+            "and alone), int8-per-batch (torch.ao: one activation scale per batch), int8-per-tensor (`on` "
+            "is its old spelling), fp16 (float16 weights, float32 activations), off (fp32), or auto: on a "
+            "float32 CPU model int8 on the encoder and fp16 on the decoder and projection (fp16 there "
+            'only, without VNNI/AMX int8 instructions), off on GPU (docs/benchmarks.md "Engine levers": '
+            "the fastest plan that kept real-speech WER and tokens independent of batch company)"
         },
     )
     quantize_parts: str = field(
-        default="decoder,projection",
+        default="all",
         metadata={
             "help": "which Linear layers --quantize reaches: all, or a comma-separated subset of "
-            "encoder,decoder,projection (projection: the vocabulary projection; in the levers table int8 "
-            "on the encoder cost real-speech WER and fp16 on it gained nothing)"
+            "encoder,decoder,projection (projection: the vocabulary projection); with auto, the parts of "
+            "its plan that are listed here"
         },
     )
     cuda_graphs: CudaGraphs = field(

@@ -54,6 +54,21 @@ class Heads(nn.Module):
         b, h, t, d = y.shape
         return self.out(y.transpose(1, 2).reshape(b, t, h * d))
 
+    def attend_each(self, q: Tensor, k: Tensor, v: Tensor, lengths: list[int] | None) -> Tensor:
+        """Row b attends over its first lengths[b] positions only (None: every row over all), in a
+        call of its own: the very call it gets alone. A mask over the longest row's keys would sum
+        over another length, which rounds differently; int8 per-row activations turn such last-bit
+        differences into changed tokens. Positions past a row's length come out as zeros."""
+        if lengths is None:
+            return self.attend(q, k, v, None)
+        y = q.new_zeros(q.shape)
+        for row, n in enumerate(lengths):
+            y[row, :, :n] = F.scaled_dot_product_attention(
+                q[row : row + 1, :, :n], k[row : row + 1, :, :n], v[row : row + 1, :, :n]
+            )[0]
+        b, h, t, d = y.shape
+        return self.out(y.transpose(1, 2).reshape(b, t, h * d))
+
 
 class SelfAttention(Heads):
     """Q, K and V from one fused Linear: one matmul instead of three (as SGLang's Whisper)."""
@@ -93,8 +108,8 @@ class EncoderBlock(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(n_state, n_ffn), nn.GELU(), nn.Linear(n_ffn, n_state))
         self.mlp_ln = nn.LayerNorm(n_state)
 
-    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
-        x = x + self.attn.attend(*self.attn.project(self.attn_ln(x)), mask)
+    def forward(self, x: Tensor, lengths: list[int] | None) -> Tensor:
+        x = x + self.attn.attend_each(*self.attn.project(self.attn_ln(x)), lengths)
         return x + self.mlp(self.mlp_ln(x))
 
 
@@ -113,19 +128,15 @@ class AudioEncoder(nn.Module):
     def layers(self) -> Iterator[EncoderBlock]:
         return (cast(EncoderBlock, b) for b in self.blocks)
 
-    def forward(self, mel: Tensor, audio_ctx: Tensor | None = None) -> Tensor:
+    def forward(self, mel: Tensor, audio_ctx: list[int] | None = None) -> Tensor:
         """mel: [B, n_mels, 2*T] with frames past each row's 2*audio_ctx zeroed.
-        audio_ctx: [B] encoder positions each row uses, or None when every row uses all T (the caller
-        knows which on the host: checking here would wait for the device). Returns [B, T, D]."""
+        audio_ctx: the encoder positions each row uses (host ints), or None when every row uses all T.
+        Returns [B, T, D]; positions past a row's audio_ctx are padding, never read as keys."""
         x = F.gelu(self.conv1(mel))
         x = F.gelu(self.conv2(x)).transpose(1, 2)
         x = x + self.positional_embedding[: x.shape[1]]
-        mask = None
-        if audio_ctx is not None:
-            keys = torch.arange(x.shape[1], device=x.device)
-            mask = (keys[None, :] < audio_ctx[:, None])[:, None, None, :]  # [B, 1, 1, T]
         for block in self.layers():
-            x = block(x, mask)
+            x = block(x, audio_ctx)
         return self.ln_post(x)
 
 

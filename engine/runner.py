@@ -107,8 +107,8 @@ class ModelRunner:
         ctx_t = torch.tensor(ctx, device=self.device)
         self.sync()
         t1 = time.perf_counter()
-        # The mel spans the longest context: rows all that long need no mask (decided here, on the host).
-        features = self.model.encoder(mel, ctx_t if min(ctx) != max(ctx) else None)
+        # The mel spans the longest context: rows all that long attend over all of it.
+        features = self.model.encoder(mel, ctx if min(ctx) != max(ctx) else None)
         self.sync()
         t2 = time.perf_counter()
         row_t = torch.tensor(rows, device=self.device)

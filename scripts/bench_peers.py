@@ -347,11 +347,14 @@ def run_one(
     n = len(audios)
     quantize = ""
     if system.startswith("engine"):
-        from engine.quantize import resolve_mode
+        from engine.config import parse_quantize_parts
+        from engine.quantize import describe, resolve_plan
 
         cfg = engine_config(threads, engine_options)
-        quantize = f"{cfg.quantize}: {resolve_mode(cfg.quantize, torch.device('cpu'), torch.float32)}"
-        quantize += f" on {cfg.quantize_parts}" if not quantize.endswith("off") else ""
+        plan = resolve_plan(
+            cfg.quantize, parse_quantize_parts(cfg.quantize_parts), torch.device("cpu"), torch.float32
+        )
+        quantize = f"{cfg.quantize}: {describe(plan)}"
     batch = {"engine-all": n, "engine-16": STREAMS, "engine-16-fp32": STREAMS, "fw-int8-workers": 1}
     return {
         "system": system,

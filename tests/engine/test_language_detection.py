@@ -51,8 +51,12 @@ def hf_generate_tokens(audio: np.ndarray) -> list[int]:
 
 @pytest.fixture(scope="module")
 def base_engine() -> Iterator[Engine]:
-    """Whisper's full 30 s context: what transformers' generate runs, so tokens compare exactly."""
-    engine = Engine(EngineConfig(model="base", threads=2, encoder_context="full", kv_slots=4, warmup=False))
+    """Whisper's full 30 s context in fp32: what transformers' generate runs, so tokens compare exactly."""
+    engine = Engine(
+        EngineConfig(
+            model="base", threads=2, encoder_context="full", kv_slots=4, warmup=False, quantize="off"
+        )
+    )
     engine.start()
     yield engine
     engine.stop()

@@ -1,23 +1,43 @@
-"""int8 quantization (engine/quantize.py) on the real bundled tiny.en weights: which layers get
-which weight scales, what --quantize accepts where, and that the CPU default keeps jfk's tokens."""
+"""Quantization (engine/quantize.py) on the real bundled tiny.en weights: which layers get which
+scales, that int8 with a scale per row makes each row's result its own (batched equals alone, on real
+speech, with utterances joining and leaving) while torch.ao's per-batch int8 does not, what
+--quantize accepts where, and what the CPU default does to jfk's tokens."""
 
 from __future__ import annotations
 
+import math
+import time
 from functools import cache
+from pathlib import Path
 
+import numpy as np
 import pytest
+import soundfile as sf
 import torch
 from torch import nn
 from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 
 from engine import Engine, EngineConfig
+from engine import quantize as quantize_module
+from engine.config import QUANTIZE_PARTS
+from engine.features import LogMel
 from engine.model import Whisper, from_transformers
-from engine.quantize import linear_names, quantize, quantize_for, resolve_mode
+from engine.quantize import (
+    Int8Linear,
+    QuantizeMode,
+    cpu_has_int8_dot_product,
+    linear_names,
+    quantize,
+    quantize_for,
+    resolve_mode,
+    resolve_plan,
+)
 from engine.weights import load
 from service.config import parse_args
 from tests.support.engine import jfk_16k
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+POCKETSPHINX = Path("/usr/share/pocketsphinx/test/data")  # pocketsphinx-testdata (scripts/setup.sh)
 
 
 @cache
@@ -30,24 +50,67 @@ def tiny_model() -> Whisper:
     return from_transformers(_tiny_hf())
 
 
-def test_per_channel_int8_gives_each_output_row_its_own_scale_on_the_chosen_parts_only() -> None:
+def test_int8_gives_each_output_channel_its_own_scale_on_the_chosen_parts_only() -> None:
     model = quantize(tiny_model(), "int8", ("decoder", "projection"))
-    decoder = [
-        m for n, m in model.named_modules() if n.startswith("decoder.") and isinstance(m, DynamicLinear)
-    ]
+    decoder = [m for n, m in model.named_modules() if n.startswith("decoder.") and isinstance(m, Int8Linear)]
     # every Linear in the decoder's blocks, whatever their names, and the (untied) projection
     assert len(decoder) == len(linear_names(tiny_model(), ("decoder",))) + 1 > 2
+    assert not any(type(m) is nn.Linear for n, m in model.named_modules() if n.startswith("decoder."))
     for layer in decoder:
-        w = layer.weight()
-        assert w.qscheme() == torch.per_channel_affine
-        scales = w.q_per_channel_scales()
-        assert scales.shape == (w.shape[0],)  # one per output row
-        assert scales.unique().numel() > 1  # really per row, not one value repeated
+        scales = layer.weight_scale
+        assert scales.shape == (layer.out_features,)  # one per output channel
+        assert scales.unique().numel() > 1  # really per channel, not one value repeated
     proj = model.decoder.proj
-    assert isinstance(proj, DynamicLinear) and proj.weight().shape == (51864, 384)
+    assert isinstance(proj, Int8Linear) and (proj.out_features, proj.in_features) == (51864, 384)
     encoder = [m for n, m in model.named_modules() if n.startswith("encoder.") and isinstance(m, nn.Linear)]
     assert encoder and all(type(m) is nn.Linear for m in encoder)  # left float32
-    assert not any(isinstance(m, DynamicLinear) for n, m in model.named_modules() if n.startswith("encoder."))
+    assert not any(isinstance(m, Int8Linear) for n, m in model.named_modules() if n.startswith("encoder."))
+
+
+def test_int8_per_batch_is_torch_ao_with_per_channel_weights() -> None:
+    model = quantize(tiny_model(), "int8-per-batch", ("projection",))
+    assert isinstance(model.decoder.proj, DynamicLinear)
+    assert model.decoder.proj.weight().qscheme() == torch.per_channel_affine
+
+
+def reference_int8(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """Int8Linear's definition, written out: symmetric int8 weights per output channel and
+    activations per row, their exact integer product, then the two scales and the bias."""
+    w = linear.weight.detach().float()
+    w_scale = w.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127
+    w_q = torch.round(w / w_scale[:, None]).long()
+    x_scale = x.abs().amax(dim=1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny) / 127
+    x_q = torch.trunc(x / x_scale + 128.5).long() - 128  # round half up, as the layer does
+    y = (x_q @ w_q.T).float() * w_scale * x_scale  # int64 products: exact
+    return y if linear.bias is None else y + linear.bias.detach().float()
+
+
+def test_int8_rows_are_the_exact_integer_product_for_every_shape_of_tiny_en() -> None:
+    """The kernel adds int8 products exactly in int32, whatever its blocking: every row equals the
+    integer reference to the bit, for decode (1, 3, 16 rows), prefill and encoder-sized inputs. That
+    is what makes a row's result independent of its batch company."""
+    model = tiny_model()
+    linears = {
+        "encoder qkv": model.encoder.blocks[0].attn.qkv,
+        "encoder fc2": model.encoder.blocks[0].mlp[2],
+        "cross kv": model.decoder.blocks[0].cross_attn.kv,
+        "decoder out": model.decoder.blocks[1].attn.out,
+        "decoder fc1": model.decoder.blocks[3].mlp[0],
+    }
+    gen = torch.Generator().manual_seed(2)
+    for name, linear in linears.items():
+        layer = Int8Linear.from_float(linear)
+        for rows in (1, 3, 16, 48, 300):
+            x = torch.randn(rows, linear.in_features, generator=gen) * torch.rand(rows, 1, generator=gen) * 4
+            with torch.inference_mode():
+                assert torch.equal(layer(x), reference_int8(linear, x)), (name, rows)
+    proj = nn.Linear(384, 51864, bias=False)
+    proj.weight = model.decoder.token_embedding.weight
+    layer = Int8Linear.from_float(proj)
+    for rows in (1, 5, 16):
+        x = torch.randn(rows, 384, generator=gen)
+        with torch.inference_mode():
+            assert torch.equal(layer(x), reference_int8(proj, x)), ("projection", rows)
 
 
 def test_per_tensor_int8_has_one_scale_per_matrix() -> None:
@@ -69,17 +132,28 @@ def test_quantized_projection_logits_stay_close_to_float() -> None:
     assert (a.argmax(-1) == b.argmax(-1)).all()
 
 
-def test_int8_activations_are_scaled_per_batch_and_fp16_weights_are_not() -> None:
-    """Why the batch-invariance column of the levers table reads as it does: int8 scales a
-    whole input tensor at once, so a row's logits depend on the rows beside it; fp16 weight-only
-    keeps float32 activations and each row to itself."""
+@pytest.mark.parametrize(
+    ("mode", "batch_matters"),
+    [("int8", False), ("fp16", False), ("int8-per-batch", True), ("int8-per-tensor", True)],
+)
+def test_a_projection_row_alone_equals_itself_in_loud_company_unless_activations_scale_per_batch(
+    mode: QuantizeMode, batch_matters: bool
+) -> None:
+    """int8 scales each row by itself, fp16 keeps float32 activations: a row's logits are the same
+    bits alone and among 15 louder rows, at any position. torch.ao's int8 schemes scale the whole
+    input tensor at once (the negative control), so the company changes them."""
     h = torch.randn(16, 384, generator=torch.Generator().manual_seed(1))
     h[5:] *= 8  # louder company
+    model = quantize(tiny_model(), mode, ("projection",))
     with torch.inference_mode():
-        for mode, batch_matters in (("int8", True), ("fp16", False)):
-            model = quantize(tiny_model(), mode, ("projection",))  # type: ignore[arg-type]
-            together, alone = model.decoder.logits(h)[:1], model.decoder.logits(h[:1])
-            assert bool((together != alone).any()) is batch_matters, mode
+        together = model.decoder.logits(h)
+        differs = [
+            bool((together[i : i + 1] != model.decoder.logits(h[i : i + 1])).any()) for i in (0, 4, 15)
+        ]
+    if batch_matters:
+        assert differs[0], mode  # a quiet row among loud ones
+    else:
+        assert differs == [False, False, False], mode
 
 
 def test_fp16_weight_only_keeps_float32_activations_on_the_chosen_parts() -> None:
@@ -90,15 +164,40 @@ def test_fp16_weight_only_keeps_float32_activations_on_the_chosen_parts() -> Non
 
 
 def test_modes_resolve_per_device_and_refuse_int8_where_it_cannot_run() -> None:
-    assert resolve_mode("auto", CPU, torch.float32) == "fp16"  # the levers table's pick
-    assert resolve_mode("auto", CPU, torch.bfloat16) == "off"
-    assert resolve_mode("auto", CUDA, torch.float16) == "off"  # quantize_dynamic is CPU only
+    assert cpu_has_int8_dot_product()  # this machine's CPU (VNNI): the case the levers table measured
+    every = QUANTIZE_PARTS
+    # the levers table's pick
+    assert resolve_plan("auto", every, CPU, torch.float32) == {
+        "encoder": "int8",
+        "decoder": "fp16",
+        "projection": "fp16",
+    }
+    assert resolve_plan("auto", ("encoder", "projection"), CPU, torch.float32) == {
+        "encoder": "int8",
+        "projection": "fp16",
+    }
+    assert resolve_plan("auto", every, CPU, torch.bfloat16) == {}
+    assert resolve_plan("auto", every, CUDA, torch.float16) == {}  # these kernels are CPU only
+    assert resolve_plan("int8", ("decoder",), CPU, torch.float32) == {"decoder": "int8"}
     assert resolve_mode("on", CPU, torch.float32) == "int8-per-tensor"  # the old spelling keeps its meaning
-    assert resolve_mode("off", CUDA, torch.float16) == "off"
+    assert resolve_plan("off", every, CUDA, torch.float16) == {}
     with pytest.raises(ValueError, match="--quantize int8 needs --device cpu and float32"):
         resolve_mode("int8", CUDA, torch.float16)
     with pytest.raises(ValueError, match="--quantize int8-per-tensor needs --device cpu and float32"):
-        resolve_mode("on", CPU, torch.bfloat16)
+        resolve_plan("on", every, CPU, torch.bfloat16)
+
+
+def test_auto_leaves_the_encoder_float_on_a_cpu_without_int8_dot_products(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without VNNI/AMX oneDNN sums u8 x s8 pairs in 16 bits, which can saturate: auto does not
+    choose int8 there (an explicit --quantize int8 still runs)."""
+    monkeypatch.setattr(quantize_module, "cpu_has_int8_dot_product", lambda: False)
+    assert resolve_plan("auto", QUANTIZE_PARTS, CPU, torch.float32) == {
+        "decoder": "fp16",
+        "projection": "fp16",
+    }
+    assert resolve_plan("int8", QUANTIZE_PARTS, CPU, torch.float32) == dict.fromkeys(QUANTIZE_PARTS, "int8")
 
 
 @pytest.mark.parametrize(
@@ -106,7 +205,7 @@ def test_modes_resolve_per_device_and_refuse_int8_where_it_cannot_run() -> None:
     [
         (
             ["--quantize", "int4"],
-            "--quantize must be one of auto, off, int8, int8-per-tensor, fp16, on (got 'int4')",
+            "--quantize must be one of auto, off, int8, int8-per-batch, int8-per-tensor, fp16, on (got 'int4')",
         ),
         (
             ["--quantize-parts", "decoder,lm_head"],
@@ -130,12 +229,14 @@ def test_quantize_flags_parse() -> None:
     assert e.validate() == []
 
 
-def test_the_cpu_default_stores_decoder_and_projection_weights_as_fp16_and_leaves_the_encoder() -> None:
+def test_the_cpu_default_makes_the_encoder_int8_per_row_and_stores_the_decoder_as_fp16() -> None:
     model = quantize_for(tiny_model(), EngineConfig(), CPU, torch.float32)
-    reached = {n for n, m in model.named_modules() if isinstance(m, DynamicLinear)}
-    assert reached == {*linear_names(tiny_model(), ("decoder",)), "decoder.proj"}
-    assert all(model.get_submodule(n)._packed_params.dtype == torch.float16 for n in reached)
-    assert not any(n.startswith("encoder.") for n in reached)
+    int8 = {n for n, m in model.named_modules() if isinstance(m, Int8Linear)}
+    fp16 = {n for n, m in model.named_modules() if isinstance(m, DynamicLinear)}
+    assert int8 == set(linear_names(tiny_model(), ("encoder",)))
+    assert fp16 == {*linear_names(tiny_model(), ("decoder",)), "decoder.proj"}
+    assert all(model.get_submodule(n)._packed_params.dtype == torch.float16 for n in fp16)
+    assert not any(type(m) is nn.Linear for m in model.modules())
     assert quantize_for(tiny_model(), EngineConfig(quantize="off"), CPU, torch.float32).decoder.proj is None
 
 
@@ -152,3 +253,85 @@ def test_default_config_keeps_jfk_tokens_of_float32() -> None:
             engine.stop()
     default, fp32 = results[EngineConfig().quantize], results["off"]
     assert list(default.tokens) == list(fp32.tokens)
+
+
+@cache
+def real_clips() -> tuple[np.ndarray, ...]:
+    """Real human speech: jfk.flac and two each of pocketsphinx-testdata's librivox sentences and
+    cards utterances (16 kHz), of different lengths (2-11 s)."""
+    clips = [jfk_16k()]
+    for folder in ("librivox", "cards"):
+        for path in sorted((POCKETSPHINX / folder).glob("*.wav"))[:2]:
+            audio, rate = sf.read(path, dtype="float32")
+            assert rate == 16000, path
+            clips.append(audio)
+    return tuple(clips)
+
+
+@pytest.mark.parametrize("mode", ["off", "int8"])
+def test_encoder_rows_are_the_same_bits_alone_and_among_rows_of_other_lengths(mode: QuantizeMode) -> None:
+    """Each row of a trimmed encoder pass attends over its own positions in a call of its own, so
+    its features are bit for bit what it gets alone (fp32 and int8). Attending under a mask over
+    the longest row's keys rounds differently; int8's per-row scales then turn those last bits into
+    other tokens (tests/engine/test_engine_real.py's trim-margin clips changed with int8)."""
+    model = quantize(tiny_model(), mode, QUANTIZE_PARTS)
+    logmel = LogMel(80, CPU)
+    clips = list(real_clips()[:3])  # jfk (11 s) and two librivox sentences
+    ctx = [50 * math.ceil(len(c) / 16000 + 2) for c in clips]
+    assert len(set(ctx)) == len(ctx)
+    with torch.inference_mode():
+        batched = model.encoder(logmel(clips, ctx), ctx)
+        for row, (clip, n) in enumerate(zip(clips, ctx, strict=True)):
+            alone = model.encoder(logmel([clip], [n]))
+            assert torch.equal(batched[row, :n], alone[0]), (mode, row)
+
+
+def tokens_alone_and_batched(
+    config: EngineConfig, join: bool
+) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
+    """Each real clip's tokens decoded alone, then all of them batched: the first two in one window
+    and, with `join`, the rest joining while those two decode (and leaving at their own lengths)."""
+    clips = real_clips()
+    engine = Engine(config)
+    engine.start()
+    try:
+        alone = [engine.submit(c).future.result(timeout=120).tokens for c in clips]
+        if join:
+            first = [engine.submit(c) for c in clips[:2]]
+            deadline = time.monotonic() + 60
+            while engine.stats()["active"] == 0:
+                assert time.monotonic() < deadline, "the first window never started decoding"
+                time.sleep(0.001)
+            handles = [*first, *(engine.submit(c) for c in clips[2:])]
+        else:
+            handles = [engine.submit(c) for c in clips]
+        results = [h.future.result(timeout=120) for h in handles]
+    finally:
+        engine.stop()
+    if join:
+        assert [r.stats.encoder_batch_size for r in results[:2]] == [2, 2]  # the first window batched
+        assert all(r.stats.encoder_batch_size > 1 for r in results[2:])
+    else:
+        assert all(r.stats.encoder_batch_size == len(clips) for r in results)  # one shared encoder pass
+    return alone, [r.tokens for r in results]
+
+
+def test_the_cpu_default_decodes_real_speech_batched_as_alone_with_utterances_joining() -> None:
+    assert EngineConfig().quantize == "auto"  # int8 encoder, fp16 decoder (resolve_plan's test above)
+    alone, batched = tokens_alone_and_batched(
+        EngineConfig(threads=2, batch_window_ms=300.0, kv_slots=8), join=True
+    )
+    assert batched == alone
+
+
+def test_int8_per_batch_decodes_real_speech_differently_batched_than_alone() -> None:
+    """The negative control of the test above: torch.ao's int8, one activation scale per batch,
+    changes a real utterance's tokens with its batch company (all five in one window, so the
+    company is the same every run)."""
+    alone, batched = tokens_alone_and_batched(
+        EngineConfig(
+            threads=2, quantize="int8-per-batch", quantize_parts="all", batch_window_ms=300.0, kv_slots=8
+        ),
+        join=False,
+    )
+    assert batched != alone
