@@ -121,7 +121,7 @@ class Hook:
 
     def queued(self) -> int:
         """Utterances submitted and not yet in a slot (what --max-queue bounds)."""
-        return int(self.engine._scheduler._queued)
+        return sum(self.engine._scheduler._queued)
 
     async def close_gate(self) -> None:
         """Hold the scheduler thread in the encoder pass of a silent sentinel utterance: what is

@@ -18,7 +18,7 @@ from engine.constants import SAMPLE_RATE
 from engine.decoding import DecodingRules
 from engine.outcome import loop_reason, repeats_at_end, window_ended
 from engine.policy import IDLE_POLL_S, MAX_REORDER_S, Policy, Snapshot, Waiting
-from engine.request import DecodeOptions, Request, RequestStatus
+from engine.request import DecodeOptions, Priority, Request, RequestStatus
 
 FULL_CTX = 1500
 NOW = 1000.0  # an arbitrary monotonic instant
@@ -43,8 +43,20 @@ def interim(rid: str, seconds: float = 2.0, age: float = 0.5) -> Waiting:
     return Waiting(rid, True, NOW - age, int(seconds * SAMPLE_RATE), False)
 
 
-def state(*waiting: Waiting, decoding: int = 0, free: int = 32, cost: float = 0.0) -> Snapshot:
-    return Snapshot(NOW, tuple(waiting), decoding, free, None, cost)
+def recorded(rid: str, seconds: float = 2.0, age: float = 1.0) -> Waiting:
+    """An utterance of a recording (Recognize, an HTTP upload)."""
+    return replace(final(rid, seconds, age), priority=Priority.RECORDED)
+
+
+def offer(rid: str, promote_in: float, seconds: float = 2.0, age: float = 0.1) -> Waiting:
+    """A speculative offer whose end would be confirmed `promote_in` s after NOW."""
+    return replace(final(rid, seconds, age), priority=Priority.BEST_EFFORT, promote_at=NOW + promote_in)
+
+
+def state(
+    *waiting: Waiting, decoding: int = 0, free: int = 32, cost: float = 0.0, recorded_rows: int = 0
+) -> Snapshot:
+    return Snapshot(NOW, tuple(waiting), decoding, free, None, cost, recorded_rows)
 
 
 def encoded(plan: object) -> list[str]:
@@ -79,6 +91,77 @@ def test_interims_stay_oldest_first() -> None:
     p = policy(max_batch=3)
     plan = p.plan(state(interim("new", 1.0, age=0.1), interim("old", 9.0, age=0.5)))
     assert encoded(plan) == ["old", "new"]
+
+
+# --- priority classes: live finals, then interims and speculative offers, then recorded work ---
+
+
+def test_classes_go_live_then_best_effort_then_recorded_whatever_their_age() -> None:
+    p = policy(max_batch=4)
+    plan = p.plan(
+        state(recorded("r", age=5.0), interim("i", age=3.0), offer("o", 1.0, age=2.0), final("f", age=0.01))
+    )
+    assert encoded(plan) == ["f", "o", "i", "r"]
+
+
+def test_recorded_work_joins_a_pass_only_in_the_room_live_work_leaves() -> None:
+    p = policy(max_batch=4)
+    plan = p.plan(state(*(recorded(f"r{i}", age=5.0) for i in range(3)), *(final(f"f{i}") for i in range(3))))
+    assert encoded(plan) == ["f0", "f1", "f2", "r0"]
+
+
+def test_recorded_work_holds_at_most_its_rows_and_live_work_takes_the_rest() -> None:
+    p = policy(kv_slots=32, max_recorded_rows=0)  # 0: half the slots, 16
+    waiting = [*(recorded(f"r{i}") for i in range(8)), final("f")]
+    assert encoded(p.plan(state(*waiting, decoding=12, free=20, recorded_rows=12))) == [
+        "f",
+        "r0",
+        "r1",
+        "r2",
+        "r3",
+    ]
+    full = state(*waiting, decoding=16, free=16, recorded_rows=16)
+    assert encoded(p.plan(full)) == ["f"]  # recorded at its 16 rows: only the live final goes
+    only_recorded = state(*waiting[:-1], decoding=16, free=16, recorded_rows=16)
+    assert encoded(p.plan(only_recorded)) == [] and p.plan(only_recorded).window_opened is None
+    assert policy(kv_slots=32, max_recorded_rows=3).config.recorded_rows == 3
+
+
+def test_a_speculative_offer_ranks_as_best_effort_until_its_end_would_be_confirmed() -> None:
+    p = policy(max_batch=1)
+    unconfirmed = state(offer("o", promote_in=0.2, age=0.5), interim("i", age=0.9), final("f", age=0.01))
+    assert [w.id for w in p.order(list(unconfirmed.waiting), NOW)] == ["f", "o", "i"]
+    confirmed = state(offer("o", promote_in=-0.01, seconds=1.0, age=0.5), final("f", seconds=3.0, age=0.01))
+    assert encoded(p.plan(confirmed)) == ["o"]  # now a live final: the shorter one first
+
+
+def test_a_live_final_is_refused_only_when_live_finals_alone_fill_the_queue() -> None:
+    p = policy(max_queue=4, max_queue_recorded=2)
+    assert p.admit(Priority.LIVE, (3, 50, 2)) is None  # interims, offers and recordings never count
+    refusal = p.admit(Priority.LIVE, (4, 0, 0))
+    assert refusal is not None and "4 live finals waiting" in refusal and "--max-queue 4" in refusal
+
+
+def test_interims_and_offers_are_admitted_only_in_the_room_live_finals_leave() -> None:
+    p = policy(max_queue=4)
+    assert p.admit(Priority.BEST_EFFORT, (2, 1, 9)) is None
+    refusal = p.admit(Priority.BEST_EFFORT, (3, 1, 0))
+    assert refusal is not None and "best effort" in refusal and "--max-queue 4" in refusal
+    assert p.admit(Priority.BEST_EFFORT, (4, 0, 0)) is not None
+
+
+def test_recorded_work_has_its_own_bound() -> None:
+    p = policy(max_queue=4, max_queue_recorded=2)
+    assert p.admit(Priority.RECORDED, (4, 4, 1)) is None  # a full live queue leaves its share alone
+    refusal = p.admit(Priority.RECORDED, (0, 0, 2))
+    assert refusal is not None and "--max-queue-recorded 2" in refusal
+
+
+def test_recorded_work_with_no_rows_left_opens_no_window_and_never_spins() -> None:
+    p = policy(kv_slots=4, max_recorded_rows=1)
+    waiting = state(recorded("r"), decoding=1, free=3, recorded_rows=1)
+    assert p.idle_wait(waiting) == 0.0  # decoding: the loop steps, it does not wait on the window
+    assert p.idle_wait(replace(waiting, decoding=0)) == IDLE_POLL_S
 
 
 # --- the micro-batching window ---
