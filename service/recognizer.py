@@ -21,6 +21,7 @@ from grpc import aio
 
 from engine import DecodeOptions, EngineOverloaded, Transcript, UtteranceHandle
 from engine.api import EngineStopped, ModelInfo
+from engine.prompt import check_prompt_chars
 from service import metrics
 from service.audio import (
     TARGET_RATE,
@@ -48,6 +49,10 @@ log = logging.getLogger("service.recognizer")
 
 STREAM_ID_HEADER = "asr-stream-id"  # initial metadata of an accepted stream (see StreamingRecognize)
 FIRST_REQUEST_TIMEOUT_S = 10.0  # a stream that sends no config is not kept waiting for it
+# Bounds on what a RecognitionConfig may make the server work through (the prompt's: engine/prompt.py).
+# BCP-47 tags: RFC 5646 asks for at least 35 characters; only the primary subtag is read.
+MAX_LANGUAGE_CODE_CHARS = 64
+MAX_REDACT_VALUES = 8  # three kinds exist; a repeat is harmless, a million of them is not
 
 # BCP-47 primary subtags that Whisper spells differently.
 _BCP47_TO_WHISPER = {"iw": "he", "jv": "jw", "nb": "no", "fil": "tl"}
@@ -55,6 +60,11 @@ _BCP47_TO_WHISPER = {"iw": "he", "jv": "jw", "nb": "no", "fil": "tl"}
 
 def whisper_language(code: str, info: ModelInfo) -> str | None:
     """ "en-US" / "en" / "" -> Whisper's code (None: the model's default or detection)."""
+    if len(code) > MAX_LANGUAGE_CODE_CHARS:
+        raise ValueError(
+            f"language_code has {len(code)} characters, over the limit of {MAX_LANGUAGE_CODE_CHARS} "
+            "(a BCP-47 tag such as en-US, or Whisper's code)"
+        )
     if not code.strip():
         return None
     primary = code.strip().replace("_", "-").split("-")[0].lower()
@@ -79,7 +89,22 @@ def _seconds(d: object) -> float:
     return d.seconds + d.nanos / 1e9  # type: ignore[attr-defined]
 
 
+def check_bounds(config: asr_pb2.RecognitionConfig) -> None:
+    """Refuse (ValueError naming the field and the limit) a field that would make the server work through
+    an unbounded amount of it, before anything else reads it."""
+    check_prompt_chars(config.prompt)
+    if len(config.redact) > MAX_REDACT_VALUES:
+        raise ValueError(
+            f"redact has {len(config.redact)} values, over the limit of {MAX_REDACT_VALUES} (PCI, SSN, NUMBERS)"
+        )
+
+
 def decode_options(config: asr_pb2.RecognitionConfig, engine: RecognitionEngine) -> DecodeOptions:
+    """The engine's options for this config, every bound checked here, in the frontend: the prompt in
+    characters, then in tokens with the engine's own tokenizer (ModelInfo.prompts)."""
+    check_bounds(config)
+    if engine.info.prompts is not None:
+        engine.info.prompts.encode(config.prompt)  # remembered: an in-process engine finds it tokenized
     options = DecodeOptions(
         language=whisper_language(config.language_code, engine.info),
         prompt=config.prompt or None,
