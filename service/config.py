@@ -63,6 +63,15 @@ class ServerConfig:
             "(--max-queue) ahead of live calls; larger batches it better, smaller leaves live calls more room"
         },
     )
+    max_recognize_calls: int = field(
+        default=8,
+        metadata={
+            "help": "most Recognize calls (and HTTP transcriptions) one frontend process serves at once; "
+            "beyond it RESOURCE_EXHAUSTED at once. Recorded work waits in the engine for the capacity live "
+            "calls leave (--max-queue-recorded, --max-recorded-rows); keep this times --recognize-inflight "
+            "at most --max-queue-recorded"
+        },
+    )
     max_buffer_seconds: float = field(
         default=120.0,
         metadata={
@@ -212,7 +221,13 @@ def validate(config: ServerConfig) -> None:
         problems.append("--metrics-port must be 0-65535")
     if not 0 <= config.http_port <= 65535:
         problems.append("--http-port must be 0-65535")
-    for name in ("max_streams", "max_chunk_bytes", "max_recognize_bytes", "recognize_inflight"):
+    for name in (
+        "max_streams",
+        "max_chunk_bytes",
+        "max_recognize_bytes",
+        "recognize_inflight",
+        "max_recognize_calls",
+    ):
         if getattr(config, name) < 1:
             problems.append(f"{_flag(name)} must be at least 1")
     for name in ("max_stream_seconds", "max_recognize_seconds", "max_buffer_seconds", "interim_interval_s"):

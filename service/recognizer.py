@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import itertools
 import logging
 import os
@@ -22,6 +23,7 @@ from grpc import aio
 from engine import DecodeOptions, EngineOverloaded, Transcript, UtteranceHandle
 from engine.api import EngineStopped, ModelInfo
 from engine.prompt import check_prompt_chars
+from engine.request import Priority
 from service import metrics
 from service.audio import (
     TARGET_RATE,
@@ -205,6 +207,7 @@ class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
         self.draining = False
         self.sessions: set[StreamSession] = set()
         self._reserved = 0  # streams admitted, counted before their first message arrives
+        self._recognizing = 0  # Recognize calls (and HTTP transcriptions) under way
         self._idle = asyncio.Event()
         self._idle.set()
         self._ids = itertools.count()
@@ -340,7 +343,23 @@ class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
             metrics.RECOGNIZE_SECONDS.observe(time.perf_counter() - started)
 
     async def _recognize(self, request: asr_pb2.RecognizeRequest) -> asr_pb2.RecognizeResponse:
+        """One recording, for gRPC Recognize and the HTTP door alike: at most --max-recognize-calls at once."""
         engine = self._check_available()
+        if self._recognizing >= self.config.max_recognize_calls:
+            raise StreamError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"server is at its limit of {self.config.max_recognize_calls} concurrent Recognize calls "
+                "(max_recognize_calls); recorded work waits for live calls, retry with backoff",
+            )
+        self._recognizing += 1
+        try:
+            return await self._recognize_recording(engine, request)
+        finally:
+            self._recognizing -= 1
+
+    async def _recognize_recording(
+        self, engine: RecognitionEngine, request: asr_pb2.RecognizeRequest
+    ) -> asr_pb2.RecognizeResponse:
         c = request.config
         data = request.audio_content  # read once: each read of a bytes field is a fresh copy (upb)
         if not data:
@@ -354,7 +373,8 @@ class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
         limit_s = self.config.max_recognize_seconds
         try:
             encoding = encoding_name(c.encoding)
-            options = decode_options(c, engine)
+            # Recorded work: served after live calls, in its own share of the engine (engine/policy.py).
+            options = dataclasses.replace(decode_options(c, engine), priority=Priority.RECORDED)
             result_opts = result_options(c)
             # The header (or the byte count) says how long the recording is: a small FLAC of silence
             # can hold hours, so the length is checked before anything is decoded.

@@ -183,7 +183,10 @@ class StreamSession:
         self._buffer_s = 0.0  # this stream's share of asr_stream_buffer_seconds
         self._end_status: StreamError | None = None
         self._finalizers: list[asyncio.Task[Any]] = []
-        self._speculations = Speculations(engine, settings.options, stream_id)  # service/speculation.py
+        ep = settings.endpointing
+        self._speculations = Speculations(  # service/speculation.py
+            engine, settings.options, stream_id, confirm_after_s=ep.min_silence_s - ep.speech_pad_s
+        )
 
     def _become(self, new: StreamState) -> bool:
         """Move forward to `new`; False (and no move) when the stream is already past it."""

@@ -38,7 +38,8 @@ def test_the_token_bound_is_half_the_slot_and_never_more_than_whispers() -> None
 
 
 @pytest.mark.parametrize(
-    "prompt", ["Acme Widget-Pro, Zyxel and Kubernetes.", "  Dr. Nguyen's refill (Lisinopril 10 mg)  ", "é ß 東京"]
+    "prompt",
+    ["Acme Widget-Pro, Zyxel and Kubernetes.", "  Dr. Nguyen's refill (Lisinopril 10 mg)  ", "é ß 東京"],
 )
 def test_prompt_tokens_are_the_tokenizers_own(encoder: PromptEncoder, hf_tokenizer: Any, prompt: str) -> None:
     expected = hf_tokenizer.encode(" " + prompt.strip(), add_special_tokens=False)
