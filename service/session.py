@@ -405,8 +405,8 @@ class StreamSession:
         ch.finals.put_nowait(pending)
 
     def _end_after_admitted(self, error: StreamError) -> None:
-        """Stop taking audio; the utterances already admitted get their finals, then `error` ends the
-        stream (a later failure of one of them may still end it first, with its own status)."""
+        """Stop taking audio; every utterance already admitted, on every channel, gets its final (and every
+        final a redacting channel holds back is sent), then the first such `error` ends the stream."""
         if self._end_status is None:
             self._end_status = error
         self._finish_input(flush=False)
@@ -482,25 +482,24 @@ class StreamSession:
                 outcome = "cancelled"
             except EngineStopped as e:
                 self._settle(ch, pending, "error", None)
-                self._send_held(ch)
-                self._fail(StreamError(grpc.StatusCode.UNAVAILABLE, f"recognition engine stopped: {e}"))
-                return
-            except EngineOverloaded as e:  # an engine in another process refuses on the future
+                self._end_after_admitted(
+                    StreamError(grpc.StatusCode.UNAVAILABLE, f"recognition engine stopped: {e}")
+                )
+                continue
+            except (EngineOverloaded, ValueError) as e:  # an engine in another process refuses on the future
                 self._settle(ch, pending, "error", None)
-                self._send_held(ch)
-                self._fail(engine_refusal(e))
-                return
+                self._end_after_admitted(engine_refusal(e))
+                continue
             except Exception as e:
                 log.exception("utterance failed", extra={"fields": {"stream_id": self.id, "channel": ch.tag}})
                 self._settle(ch, pending, "error", None)
-                self._send_held(ch)
-                self._fail(
+                self._end_after_admitted(
                     StreamError(
                         grpc.StatusCode.INTERNAL,
                         f"recognition failed on utterance {u.index} (channel {ch.tag}): {type(e).__name__}: {e}",
                     )
                 )
-                return
+                continue
             else:
                 outcome = "final" if t.is_speech and t.text.strip() else "empty"
             self._settle(ch, pending, outcome, t)
