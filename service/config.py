@@ -67,9 +67,8 @@ class ServerConfig:
         default=8,
         metadata={
             "help": "most Recognize calls (and HTTP transcriptions) one frontend process serves at once; "
-            "beyond it RESOURCE_EXHAUSTED at once. Recorded work waits in the engine for the capacity live "
-            "calls leave (--max-queue-recorded, --max-recorded-rows); keep this times --recognize-inflight "
-            "at most --max-queue-recorded"
+            "beyond it RESOURCE_EXHAUSTED at once. In the engine, recorded work waits for the capacity live "
+            "calls leave (its share of the queue is --max-queue-recorded: keep it at least this times --recognize-inflight)"
         },
     )
     max_buffer_seconds: float = field(
@@ -77,6 +76,14 @@ class ServerConfig:
         metadata={
             "help": "audio a stream may have received but not yet had transcribed (a client sending faster "
             "than real time); beyond it RESOURCE_EXHAUSTED"
+        },
+    )
+    max_response_backlog_bytes: int = field(
+        default=1 << 20,
+        metadata={
+            "help": "responses one stream may have queued for a client that does not read them (bytes, "
+            "beyond what HTTP/2 flow control lets through); beyond it the stream's work stops, what is queued "
+            "is dropped and the stream ends RESOURCE_EXHAUSTED (the client sees it once it reads again)"
         },
     )
     interim_interval_s: float = field(
@@ -225,6 +232,7 @@ def validate(config: ServerConfig) -> None:
         "max_streams",
         "max_chunk_bytes",
         "max_recognize_bytes",
+        "max_response_backlog_bytes",
         "recognize_inflight",
         "max_recognize_calls",
     ):

@@ -109,10 +109,11 @@ def engine_refusal(e: EngineOverloaded | EngineStopped | ValueError) -> StreamEr
 
 @dataclass
 class _Out:
-    """A queued response, and what to record once it has been handed to gRPC."""
+    """A queued response, its serialized size, and what to record once it has been handed to gRPC."""
 
     response: Response
     on_sent: Callable[[], None] | None = None
+    size: int = 0
 
 
 @dataclass
@@ -175,8 +176,10 @@ class StreamSession:
         else:
             self.channel_mode = "separate" if settings.separate_channels else "mixdown"
         self._audio_counter = metrics.AUDIO_SECONDS.labels(self.channel_mode)
-        # None tells the writer to end the stream, with _end_status (None: OK).
+        # None tells the writer to end the stream, with _end_status (None: OK). Bounded in bytes
+        # (--max-response-backlog-bytes): a client that does not read cannot grow it past that.
         self._out: asyncio.Queue[_Out | None] = asyncio.Queue()
+        self._backlog = 0  # serialized bytes of the responses in _out
         self._tasks: set[asyncio.Task[Any]] = set()
         self.state = StreamState.OPEN
         self._received_s = 0.0
@@ -209,6 +212,7 @@ class StreamSession:
                 if self._end_status is not None:
                     raise self._end_status
                 return
+            self._count_backlog(-item.size)
             yield item.response
             if item.on_sent is not None:
                 item.on_sent()
@@ -233,6 +237,7 @@ class StreamSession:
         for t in self._tasks:
             t.cancel()
         self._set_buffer(0.0)
+        self._drop_queued()  # never to be sent
 
     async def close(self) -> None:
         """The stream is over (however it ended): abandon what is left and wait for the tasks to stop."""
@@ -248,8 +253,42 @@ class StreamSession:
         task.add_done_callback(self._tasks.discard)
         return task
 
+    @property
+    def backlog_bytes(self) -> int:
+        """Serialized bytes of the responses queued for the client and not yet handed to gRPC."""
+        return self._backlog
+
     def _put(self, response: Response, on_sent: Callable[[], None] | None = None) -> None:
-        self._out.put_nowait(_Out(response, on_sent))
+        if self.state is StreamState.CLOSED:
+            return  # the call is over (or was shed for its backlog): nothing more goes out
+        item = _Out(response, on_sent, response.ByteSize())
+        self._out.put_nowait(item)
+        self._count_backlog(item.size)
+        if self._backlog > self.config.max_response_backlog_bytes:
+            self._shed()
+
+    def _count_backlog(self, change: int) -> None:
+        self._backlog += change
+        metrics.RESPONSE_BACKLOG_BYTES.inc(change)
+
+    def _shed(self) -> None:
+        """The client has fallen --max-response-backlog-bytes behind reading: stop its work at once (engine
+        requests, tasks), drop what is queued, and end the stream RESOURCE_EXHAUSTED. The status reaches the
+        client after what HTTP/2 already carries, once it reads again."""
+        self._end_status = StreamError(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"the client is {self._backlog} bytes of responses behind reading, over the limit of "
+            f"{self.config.max_response_backlog_bytes} bytes (max_response_backlog_bytes); read responses as "
+            "they come",
+        )
+        self.abandon()
+        self._out.put_nowait(None)  # the writer ends the call with the status once gRPC takes it
+
+    def _drop_queued(self) -> None:
+        while not self._out.empty():
+            item = self._out.get_nowait()
+            if item is not None:
+                self._count_backlog(-item.size)
 
     def _fail(self, error: StreamError) -> None:
         """End the stream with an error status: nothing more is read or sent after what is queued."""
