@@ -86,6 +86,15 @@ class EngineConfig:
             "oldest one). Recorded work is served after live work and never counts against it"
         },
     )
+    recorded_encoder_budget_ms: float = field(
+        default=250.0,
+        metadata={
+            "help": "cut an encoder pass of recorded work to what the measured encoder cost says fits in this "
+            "many ms (at least one utterance): a live final that arrives during it waits about this long at "
+            "most. Recorded work gets a pass only when no live request waits or decodes; 0: no cut (a server "
+            "that serves only recordings)"
+        },
+    )
     max_recorded_rows: int = field(
         default=0,
         metadata={
@@ -205,6 +214,7 @@ class EngineConfig:
         check("max_queue", 1, 1_000_000)  # beyond it, memory for queued audio
         check("max_queue_recorded", 1, 1_000_000)
         check("max_recorded_rows", 0, 4096)  # 0: half of --kv-slots
+        check("recorded_encoder_budget_ms", 0, 60_000, " ms")  # 0: off
         check("trim_margin_s", MIN_TRIM_MARGIN_S, MAX_TRIM_MARGIN_S, " s")
         check("max_encoder_batch_while_decoding", 0, 1024)  # 0: no bound beyond --max-batch
         check("encoder_budget_while_decoding_ms", 0, 60_000, " ms")  # 0: off

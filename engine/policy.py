@@ -17,9 +17,12 @@ waiting for a row; BEST_EFFORT work only while it and the LIVE finals waiting st
 (so it can never get a live final refused); RECORDED work has its own bound, `max_queue_recorded`.
 
 Latency rules, in order:
-  1. By class: LIVE, then BEST_EFFORT, then RECORDED. RECORDED work joins an encoder pass only in the
-     room live work left in it, and holds at most `config.recorded_rows` KV-cache rows, so the other
-     rows stay free for live calls.
+  1. By class: LIVE, then BEST_EFFORT, then RECORDED. RECORDED work gets an encoder pass of its own
+     only when no live request (LIVE or BEST_EFFORT) waits or decodes: it never pads a live request's
+     pass, and its encoder work never holds up a live sequence's decoding. Its pass is cut to
+     `recorded_encoder_budget_ms` of measured encoder time (at least one utterance), which bounds how
+     long a live final arriving meanwhile waits; and it holds at most `config.recorded_rows` KV-cache
+     rows, so the other rows stay free for live calls.
   2. Among LIVE finals that have waited less than MAX_REORDER_S, the shortest audio first: in a trimmed
      encoder pass every row pays for the longest one, so short finals sharing a pass with long
      ones wait for work that is not theirs. A final waiting longer goes by age, so no final starves.
@@ -73,6 +76,7 @@ class Snapshot:
     window_opened: float | None  # when the current micro-batching window opened (None: none open)
     encoder_s_per_position: float = 0.0  # measured cost of one padded encoder position (0: unknown)
     recorded_rows: int = 0  # KV-cache rows held by RECORDED requests
+    live_rows: int = 0  # KV-cache rows held by the others (LIVE, BEST_EFFORT)
 
 
 @dataclass(frozen=True)
@@ -118,17 +122,15 @@ class Policy:
         return None
 
     def eligible(self, s: Snapshot) -> list[Waiting]:
-        """The waiting requests that may go into the next encoder pass, in the order they go: every live
-        one, then recorded ones up to the rows recorded work may still take."""
-        room = self.config.recorded_rows - s.recorded_rows
-        out = []
-        for w in self.order([w for w in s.waiting if not w.cancelled], s.now):
-            if w.rank(s.now) is Priority.RECORDED:
-                if room <= 0:
-                    continue
-                room -= 1
-            out.append(w)
-        return out
+        """The waiting requests that may go into the next encoder pass, in the order they go: the live
+        ones (finals, offers, interims) if any wait; else, while no live request holds a row, recorded
+        ones up to the rows recorded work may still take."""
+        ordered = self.order([w for w in s.waiting if not w.cancelled], s.now)
+        live = [w for w in ordered if w.rank(s.now) is not Priority.RECORDED]
+        if live or s.live_rows:
+            return live
+        room = max(0, self.config.recorded_rows - s.recorded_rows)
+        return ordered[:room]
 
     def idle_wait(self, s: Snapshot) -> float:
         """How long the loop may block on its inbox before planning: not at all while decoding;
@@ -168,21 +170,27 @@ class Policy:
         oldest = min(w.submitted for w in ready)
         if len(ready) < limit and s.now - oldest < self.config.batch_window_ms / 1000:
             return Plan(drop=drop, step=step, window_opened=opened)
+        recorded = ready[0].rank(s.now) is Priority.RECORDED  # a pass is all live or all recorded
         chosen: list[Admit] = []
         widest = 0
         for w in ready[:limit]:
             ctx = self.audio_ctx_for(w.samples, w.full_context)
-            if chosen and s.decoding and not self._fits(len(chosen) + 1, max(widest, ctx), s):
+            if chosen and not self._fits(len(chosen) + 1, max(widest, ctx), s, recorded):
                 break
             chosen.append(Admit(w.id, ctx))
             widest = max(widest, ctx)
         # The admitted sequences take their first step in the same turn as the others.
         return Plan(drop=drop, encode=tuple(chosen), step=True, window_waited_s=s.now - opened)
 
-    def _fits(self, rows: int, widest_ctx: int, s: Snapshot) -> bool:
-        """Whether an encoder pass of `rows` rows padded to `widest_ctx` positions stays within the
-        blocking budget (always, with no budget or no measurement yet)."""
-        budget_s = self.config.encoder_budget_while_decoding_ms / 1000
-        if budget_s <= 0 or s.encoder_s_per_position <= 0:
+    def _fits(self, rows: int, widest_ctx: int, s: Snapshot, recorded: bool) -> bool:
+        """Whether an encoder pass of `rows` rows padded to `widest_ctx` positions stays within its
+        budgets: while sequences decode, the blocking budget; a recorded pass, its own (always, with no
+        budget or no measurement yet)."""
+        budgets = []
+        if s.decoding and self.config.encoder_budget_while_decoding_ms > 0:
+            budgets.append(self.config.encoder_budget_while_decoding_ms / 1000)
+        if recorded and self.config.recorded_encoder_budget_ms > 0:
+            budgets.append(self.config.recorded_encoder_budget_ms / 1000)
+        if not budgets or s.encoder_s_per_position <= 0:
             return True
-        return rows * widest_ctx * s.encoder_s_per_position <= budget_s
+        return rows * widest_ctx * s.encoder_s_per_position <= min(budgets)

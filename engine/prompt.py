@@ -3,8 +3,8 @@
 Whisper conditions on at most `n_text_ctx // 2 - 1` prompt tokens (openai/whisper: 223 of its 448); this
 engine's slots hold `--max-tokens` tokens (prompt + generated), so it keeps at most `--max-tokens // 2 - 1`
 (111 at the default 224). A longer prompt is refused, not silently cut. So that the tokenizer never sees
-megabytes, the text is first bounded in characters (MAX_PROMPT_CHARS, far above what that many tokens
-spell in any language: ~1000 characters of English, ~500 of product names).
+megabytes, the text is first bounded in characters (MAX_PROMPT_CHARS, above what even Whisper's 223
+tokens spell: ~1000 characters of English, ~500 of product names).
 
 `PromptEncoder` tokenizes exactly as the engine conditions (tokens the model would take for special
 ones, `<|endoftext|>` typed by a client, are read as text) and remembers recent prompts, so that a

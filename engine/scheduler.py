@@ -190,6 +190,7 @@ class Scheduler:
 
     def _snapshot(self) -> Snapshot:
         """What the policy decides from: no tensors, no references it could change."""
+        recorded_rows = sum(1 for r in self._active if r.priority is Priority.RECORDED)
         return Snapshot(
             now=time.monotonic(),
             waiting=tuple(
@@ -211,7 +212,8 @@ class Scheduler:
             free_rows=self.runner.cache.free,
             window_opened=self._window_opened,
             encoder_s_per_position=self._encoder_s_per_position,
-            recorded_rows=sum(1 for r in self._active if r.priority is Priority.RECORDED),
+            recorded_rows=recorded_rows,
+            live_rows=len(self._active) - recorded_rows,
         )
 
     def _execute(self, plan: Plan) -> None:

@@ -54,9 +54,16 @@ def offer(rid: str, promote_in: float, seconds: float = 2.0, age: float = 0.1) -
 
 
 def state(
-    *waiting: Waiting, decoding: int = 0, free: int = 32, cost: float = 0.0, recorded_rows: int = 0
+    *waiting: Waiting,
+    decoding: int = 0,
+    free: int = 32,
+    cost: float = 0.0,
+    recorded_rows: int = 0,
+    live_rows: int | None = None,
 ) -> Snapshot:
-    return Snapshot(NOW, tuple(waiting), decoding, free, None, cost, recorded_rows)
+    """`live_rows`: rows held by live requests (default: every decoding row not counted as recorded)."""
+    live = max(0, decoding - recorded_rows) if live_rows is None else live_rows
+    return Snapshot(NOW, tuple(waiting), decoding, free, None, cost, recorded_rows, live)
 
 
 def encoded(plan: object) -> list[str]:
@@ -96,35 +103,51 @@ def test_interims_stay_oldest_first() -> None:
 # --- priority classes: live finals, then interims and speculative offers, then recorded work ---
 
 
-def test_classes_go_live_then_best_effort_then_recorded_whatever_their_age() -> None:
+def test_classes_go_live_then_best_effort_whatever_their_age_and_recorded_work_after() -> None:
     p = policy(max_batch=4)
-    plan = p.plan(
-        state(recorded("r", age=5.0), interim("i", age=3.0), offer("o", 1.0, age=2.0), final("f", age=0.01))
-    )
-    assert encoded(plan) == ["f", "o", "i", "r"]
+    waiting = [recorded("r", age=5.0), interim("i", age=3.0), offer("o", 1.0, age=2.0), final("f", age=0.01)]
+    assert [w.id for w in p.order(waiting, NOW)] == ["f", "o", "i", "r"]
+    assert encoded(p.plan(state(*waiting))) == ["f", "o", "i"]  # recorded work never pads a live pass
 
 
-def test_recorded_work_joins_a_pass_only_in_the_room_live_work_leaves() -> None:
+def test_recorded_work_gets_a_pass_only_when_no_live_request_waits_or_decodes() -> None:
     p = policy(max_batch=4)
-    plan = p.plan(state(*(recorded(f"r{i}", age=5.0) for i in range(3)), *(final(f"f{i}") for i in range(3))))
-    assert encoded(plan) == ["f0", "f1", "f2", "r0"]
+    waiting = [*(recorded(f"r{i}", age=5.0) for i in range(3)), *(final(f"f{i}") for i in range(3))]
+    assert encoded(p.plan(state(*waiting))) == ["f0", "f1", "f2"]
+    only_recorded = [w for w in waiting if w.priority is Priority.RECORDED]
+    assert encoded(p.plan(state(*only_recorded, decoding=2, free=30, live_rows=2))) == []  # live decoding
+    assert p.idle_wait(state(*only_recorded, decoding=2, free=30, live_rows=2)) == 0.0  # it steps on
+    assert encoded(p.plan(state(*only_recorded, decoding=2, free=30, recorded_rows=2))) == ["r0", "r1", "r2"]
 
 
-def test_recorded_work_holds_at_most_its_rows_and_live_work_takes_the_rest() -> None:
+def test_recorded_work_holds_at_most_its_rows() -> None:
     p = policy(kv_slots=32, max_recorded_rows=0)  # 0: half the slots, 16
-    waiting = [*(recorded(f"r{i}") for i in range(8)), final("f")]
+    waiting = [recorded(f"r{i}") for i in range(8)]
     assert encoded(p.plan(state(*waiting, decoding=12, free=20, recorded_rows=12))) == [
-        "f",
         "r0",
         "r1",
         "r2",
         "r3",
     ]
     full = state(*waiting, decoding=16, free=16, recorded_rows=16)
-    assert encoded(p.plan(full)) == ["f"]  # recorded at its 16 rows: only the live final goes
-    only_recorded = state(*waiting[:-1], decoding=16, free=16, recorded_rows=16)
-    assert encoded(p.plan(only_recorded)) == [] and p.plan(only_recorded).window_opened is None
+    assert encoded(p.plan(full)) == [] and p.plan(full).window_opened is None and p.plan(full).step
     assert policy(kv_slots=32, max_recorded_rows=3).config.recorded_rows == 3
+
+
+def test_a_recorded_pass_is_cut_to_its_budget_and_a_live_pass_is_not() -> None:
+    # 2 s clips: 4 s of context, 200 positions; at 0.1 ms a position a row costs 20 ms.
+    p = policy(recorded_encoder_budget_ms=50.0)
+    assert len(p.plan(state(*(recorded(f"r{i}") for i in range(5)), cost=1e-4)).encode) == 2
+    assert len(p.plan(state(*(final(f"f{i}") for i in range(5)), cost=1e-4)).encode) == 5
+    assert len(p.plan(state(recorded("long", 30.0), recorded("r"), cost=1e-2)).encode) == 1  # at least one
+    assert (
+        len(
+            policy(recorded_encoder_budget_ms=0.0)
+            .plan(state(*(recorded(f"r{i}") for i in range(5)), cost=1e-4))
+            .encode
+        )
+        == 5
+    )
 
 
 def test_a_speculative_offer_ranks_as_best_effort_until_its_end_would_be_confirmed() -> None:
