@@ -87,7 +87,7 @@ class EngineConfig:
         },
     )
     recorded_encoder_budget_ms: float = field(
-        default=250.0,
+        default=100.0,
         metadata={
             "help": "cut an encoder pass of recorded work to what the measured encoder cost says fits in this "
             "many ms (at least one utterance): a live final that arrives during it waits about this long at "
@@ -98,8 +98,10 @@ class EngineConfig:
     max_recorded_rows: int = field(
         default=0,
         metadata={
-            "help": "most KV-cache slots recorded work may hold at once (0: half of --kv-slots, at least 1): "
-            "the rest stay free for live calls, which never wait for a recorded decode to finish"
+            "help": "most KV-cache slots recorded work may hold at once (0: an eighth of --kv-slots, at least "
+            "1): the rest stay free for live calls, which never wait for a recorded decode to finish. On a CPU "
+            "every recorded sequence slows the decode steps live ones share (docs/benchmarks.md, live calls "
+            "beside a bulk job); on a GPU a larger share may pay: measure it"
         },
     )
     encoder_context: EncoderContext = field(
@@ -213,7 +215,7 @@ class EngineConfig:
         check("max_tokens", MIN_MAX_TOKENS, WHISPER_TEXT_POSITIONS)
         check("max_queue", 1, 1_000_000)  # beyond it, memory for queued audio
         check("max_queue_recorded", 1, 1_000_000)
-        check("max_recorded_rows", 0, 4096)  # 0: half of --kv-slots
+        check("max_recorded_rows", 0, 4096)  # 0: an eighth of --kv-slots
         check("recorded_encoder_budget_ms", 0, 60_000, " ms")  # 0: off
         check("trim_margin_s", MIN_TRIM_MARGIN_S, MAX_TRIM_MARGIN_S, " s")
         check("max_encoder_batch_while_decoding", 0, 1024)  # 0: no bound beyond --max-batch
@@ -245,8 +247,8 @@ class EngineConfig:
 
     @property
     def recorded_rows(self) -> int:
-        """KV-cache rows recorded work may hold at once (--max-recorded-rows, 0: half the slots)."""
-        rows = self.max_recorded_rows or self.kv_slots // 2
+        """KV-cache rows recorded work may hold at once (--max-recorded-rows, 0: an eighth of the slots)."""
+        rows = self.max_recorded_rows or self.kv_slots // 8
         return max(1, min(rows, self.kv_slots))
 
 

@@ -97,6 +97,7 @@ ENGINE_OUT_OF_RANGE = [
     ("--max-queue", "-5", "--max-queue must be 1-1000000"),
     ("--max-queue-recorded", "0", "--max-queue-recorded must be 1-1000000"),
     ("--max-recorded-rows", "-1", "--max-recorded-rows must be 0-4096"),
+    ("--recorded-encoder-budget-ms", "-1", "--recorded-encoder-budget-ms must be 0-60000 ms"),
     ("--trim-margin-s", "0", "--trim-margin-s must be 0.0125-30.0 s"),
     ("--trim-margin-s", "0.0124", "--trim-margin-s must be 0.0125-30.0 s"),
     ("--batch-window-ms", "-1", "--batch-window-ms must be 0-60000 ms"),

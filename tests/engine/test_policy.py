@@ -111,7 +111,7 @@ def test_classes_go_live_then_best_effort_whatever_their_age_and_recorded_work_a
 
 
 def test_recorded_work_gets_a_pass_only_when_no_live_request_waits_or_decodes() -> None:
-    p = policy(max_batch=4)
+    p = policy(max_batch=4, max_recorded_rows=8)
     waiting = [*(recorded(f"r{i}", age=5.0) for i in range(3)), *(final(f"f{i}") for i in range(3))]
     assert encoded(p.plan(state(*waiting))) == ["f0", "f1", "f2"]
     only_recorded = [w for w in waiting if w.priority is Priority.RECORDED]
@@ -121,28 +121,23 @@ def test_recorded_work_gets_a_pass_only_when_no_live_request_waits_or_decodes() 
 
 
 def test_recorded_work_holds_at_most_its_rows() -> None:
-    p = policy(kv_slots=32, max_recorded_rows=0)  # 0: half the slots, 16
+    p = policy(kv_slots=32, max_recorded_rows=0)  # 0: an eighth of the slots, 4
     waiting = [recorded(f"r{i}") for i in range(8)]
-    assert encoded(p.plan(state(*waiting, decoding=12, free=20, recorded_rows=12))) == [
-        "r0",
-        "r1",
-        "r2",
-        "r3",
-    ]
-    full = state(*waiting, decoding=16, free=16, recorded_rows=16)
+    assert encoded(p.plan(state(*waiting, decoding=1, free=31, recorded_rows=1))) == ["r0", "r1", "r2"]
+    full = state(*waiting, decoding=4, free=28, recorded_rows=4)
     assert encoded(p.plan(full)) == [] and p.plan(full).window_opened is None and p.plan(full).step
     assert policy(kv_slots=32, max_recorded_rows=3).config.recorded_rows == 3
 
 
 def test_a_recorded_pass_is_cut_to_its_budget_and_a_live_pass_is_not() -> None:
     # 2 s clips: 4 s of context, 200 positions; at 0.1 ms a position a row costs 20 ms.
-    p = policy(recorded_encoder_budget_ms=50.0)
+    p = policy(recorded_encoder_budget_ms=50.0, max_recorded_rows=16)
     assert len(p.plan(state(*(recorded(f"r{i}") for i in range(5)), cost=1e-4)).encode) == 2
     assert len(p.plan(state(*(final(f"f{i}") for i in range(5)), cost=1e-4)).encode) == 5
     assert len(p.plan(state(recorded("long", 30.0), recorded("r"), cost=1e-2)).encode) == 1  # at least one
     assert (
         len(
-            policy(recorded_encoder_budget_ms=0.0)
+            policy(recorded_encoder_budget_ms=0.0, max_recorded_rows=16)
             .plan(state(*(recorded(f"r{i}") for i in range(5)), cost=1e-4))
             .encode
         )
