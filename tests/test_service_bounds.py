@@ -18,7 +18,7 @@ from engine.prompt import MAX_PROMPT_CHARS
 from service.config import ServerConfig
 from tests.support.audio import JFK_FLAC, make_conversation, to_linear16_bytes
 from tests.support.calls import Outcome, alongside_good_stream, audio_requests, config_request, run_stream
-from tests.support.server import ServerThread
+from tests.support.server import ServerProcess, ServerThread
 
 HUGE_PROMPT = "Acme Widget-Pro " * (1 << 20)  # 16 MiB of text
 TOO_MANY_TOKENS = "Zyxel Kubernetes " * 60  # ~1000 characters: under the character bound, ~240 tokens
@@ -88,6 +88,18 @@ async def test_a_prompt_over_the_token_bound_is_refused_naming_both_bounds(
     ok = await stream_with(asr_server.target, prompt="Zyxel Kubernetes " * 10)  # within both bounds: served
     assert ok.code == grpc.StatusCode.OK and ok.finals, ok
     assert engine_prompts and min(engine_prompts) > 0
+
+
+async def test_a_frontend_process_counts_prompt_tokens_with_the_engines_tokenizer(
+    server_process: ServerProcess,
+) -> None:
+    """asr-server, its engine in another process: the frontend refuses on the config, with the tokenizer
+    that came to it in ModelInfo, and serves a prompt within the bound."""
+    refused = await stream_with(server_process.target, prompt=TOO_MANY_TOKENS)
+    assert refused.code == grpc.StatusCode.INVALID_ARGUMENT, refused
+    assert "over the limit of 111 tokens" in refused.details and refused.responses == []
+    served = await stream_with(server_process.target, prompt="Zyxel Kubernetes " * 10)
+    assert served.code == grpc.StatusCode.OK and served.finals, served
 
 
 @pytest.mark.parametrize(
