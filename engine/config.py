@@ -72,7 +72,38 @@ class EngineConfig:
     )
     max_queue: int = field(
         default=256,
-        metadata={"help": "most utterances waiting for a slot; beyond it submit() is refused (overload)"},
+        metadata={
+            "help": "most live finals waiting for a KV slot; beyond it a live final is refused (overload, "
+            "RESOURCE_EXHAUSTED). Interims and speculative offers are admitted only while they and the live "
+            "finals waiting stay below it (refused first, never counted against a live final); recorded work "
+            "has its own --max-queue-recorded"
+        },
+    )
+    max_queue_recorded: int = field(
+        default=64,
+        metadata={
+            "help": "most recorded utterances (Recognize, HTTP uploads) waiting for a KV slot, all calls "
+            "together; beyond it a recorded utterance is refused (a Recognize call then waits on its own "
+            "oldest one). Recorded work is served after live work and never counts against it"
+        },
+    )
+    recorded_encoder_budget_ms: float = field(
+        default=100.0,
+        metadata={
+            "help": "cut an encoder pass of recorded work to what the measured encoder cost says fits in this "
+            "many ms (at least one utterance): a live final that arrives during it waits about this long at "
+            "most. Recorded work gets a pass only when no live request waits or decodes; 0: no cut (a server "
+            "that serves only recordings)"
+        },
+    )
+    max_recorded_rows: int = field(
+        default=0,
+        metadata={
+            "help": "most KV-cache slots recorded work may hold at once (0: an eighth of --kv-slots, at least "
+            "1): the rest stay free for live calls, which never wait for a recorded decode to finish. On a CPU "
+            "every recorded sequence slows the decode steps live ones share (docs/benchmarks.md, live calls "
+            "beside a bulk job); on a GPU a larger share may pay: measure it"
+        },
     )
     encoder_context: EncoderContext = field(
         default="trim",
@@ -193,6 +224,9 @@ class EngineConfig:
         check("kv_slots", 1, 4096)
         check("max_tokens", MIN_MAX_TOKENS, WHISPER_TEXT_POSITIONS)
         check("max_queue", 1, 1_000_000)  # beyond it, memory for queued audio
+        check("max_queue_recorded", 1, 1_000_000)
+        check("max_recorded_rows", 0, 4096)  # 0: an eighth of --kv-slots
+        check("recorded_encoder_budget_ms", 0, 60_000, " ms")  # 0: off
         check("trim_margin_s", MIN_TRIM_MARGIN_S, MAX_TRIM_MARGIN_S, " s")
         check("max_encoder_batch_while_decoding", 0, 1024)  # 0: no bound beyond --max-batch
         check("encoder_budget_while_decoding_ms", 0, 60_000, " ms")  # 0: off
@@ -221,6 +255,12 @@ class EngineConfig:
         if self.encoder_context not in ("full", "trim"):
             problems.append(f"--encoder-context must be full or trim (got {self.encoder_context!r})")
         return problems
+
+    @property
+    def recorded_rows(self) -> int:
+        """KV-cache rows recorded work may hold at once (--max-recorded-rows, 0: an eighth of the slots)."""
+        rows = self.max_recorded_rows or self.kv_slots // 8
+        return max(1, min(rows, self.kv_slots))
 
 
 def parse_quantize_parts(text: str) -> tuple[str, ...]:

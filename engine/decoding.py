@@ -87,11 +87,9 @@ class DecodingRules:
         `language` overrides the options' (later windows reuse the detected one)."""
         v, opts = self.vocab, req.options
         language = language or opts.language
-        prefix: list[int] = []
-        if opts.prompt:
-            text_tokens = self.tokenizer.encode(" " + opts.prompt.strip(), add_special_tokens=False)
-            keep = max(0, min(len(text_tokens), max_tokens // 2 - 1))
-            prefix = [v.sot_prev, *text_tokens[len(text_tokens) - keep :]] if keep else []
+        # The prompt was tokenized (and its length bounded) once, at submit: engine/prompt.py.
+        keep = max(0, min(len(req.prompt_ids), max_tokens // 2 - 1))
+        prefix = [v.sot_prev, *req.prompt_ids[len(req.prompt_ids) - keep :]] if keep else []
         tail: list[int] = []
         if v.multilingual:
             tail.append(v.translate if opts.task == "translate" else v.transcribe)

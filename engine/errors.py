@@ -3,7 +3,11 @@ engine.api and engine.scheduler both use it without importing each other."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.prompt import PromptEncoder
 
 
 class EngineOverloaded(Exception):
@@ -22,3 +26,6 @@ class ModelInfo:
     multilingual: bool
     languages: frozenset[str]
     kv_cache_bytes: int
+    # Tokenizes and bounds prompts exactly as the engine does (pickles as its tokenizer's JSON), so that a
+    # frontend refuses a prompt too long in tokens before it reaches the engine. None: not known.
+    prompts: PromptEncoder | None = field(default=None, repr=False, compare=False)

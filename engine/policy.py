@@ -7,11 +7,26 @@ SchedulerOutput that `EngineCore.step()` hands to the executor; here the decisio
 encoder-decoder needs: which waiting utterances go into the next encoder pass, with how much
 encoder context, and whether the decoding batch takes a step.
 
+Priority classes (engine.request.Priority), served in this order:
+  LIVE         a live call's final (and a speculative offer once its end would be confirmed);
+  BEST_EFFORT  a live call's interim or speculative offer: a preview, or a final not yet confirmed;
+  RECORDED     recorded audio (Recognize, HTTP uploads): takes only the capacity live work leaves.
+
+Admission (`admit`, at submit): a LIVE final is refused only when `max_queue` LIVE finals are already
+waiting for a row; BEST_EFFORT work only while it and the LIVE finals waiting stay below `max_queue`
+(so it can never get a live final refused); RECORDED work has its own bound, `max_queue_recorded`.
+
 Latency rules, in order:
-  1. Finals before interims (an interim is a preview; a final is what a caller waits for).
-  2. Among finals that have waited less than MAX_REORDER_S, the shortest audio first: in a trimmed
+  1. By class: LIVE, then BEST_EFFORT, then RECORDED. RECORDED work gets an encoder pass of its own
+     only when no live request (LIVE or BEST_EFFORT) waits or decodes: it never pads a live request's
+     pass, and its encoder work never holds up a live sequence's decoding. Its pass is cut to
+     `recorded_encoder_budget_ms` of measured encoder time (at least one utterance), which bounds how
+     long a live final arriving meanwhile waits; and it holds at most `config.recorded_rows` KV-cache
+     rows, so the other rows stay free for live calls.
+  2. Among LIVE finals that have waited less than MAX_REORDER_S, the shortest audio first: in a trimmed
      encoder pass every row pays for the longest one, so short finals sharing a pass with long
-     ones wait for work that is not theirs. A final waiting longer goes by age, so nothing starves.
+     ones wait for work that is not theirs. A final waiting longer goes by age, so no final starves.
+     BEST_EFFORT work: speculative offers before interims, each oldest first; RECORDED oldest first.
   3. While sequences decode, every encoder pass holds all of them up: with
      `encoder_budget_while_decoding_ms`, a pass is cut to what the measured encoder cost says
      fits in that budget (at least one utterance, so waiting work always moves), and the rest
@@ -24,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.config import EngineConfig
+from engine.request import Priority
 
 IDLE_POLL_S = 0.5  # nothing to do: how long the loop blocks on its inbox before looking again
 MAX_REORDER_S = 1.0  # a final older than this is served by age, ahead of shorter newer ones
@@ -39,6 +55,16 @@ class Waiting:
     samples: int  # audio this pass would encode (the current 30 s window)
     full_context: bool  # needs Whisper's whole 30 s (timestamps, a prompt, a fallback)
     cancelled: bool = False
+    priority: Priority = Priority.LIVE  # its class as submitted (an interim is never LIVE)
+    promote_at: float | None = None  # BEST_EFFORT until this instant, LIVE from then (a speculative offer)
+
+    def rank(self, now: float) -> Priority:
+        """Its class now."""
+        if self.interim and self.priority is Priority.LIVE:
+            return Priority.BEST_EFFORT
+        if self.priority is Priority.BEST_EFFORT and self.promote_at is not None and now >= self.promote_at:
+            return Priority.LIVE
+        return self.priority
 
 
 @dataclass(frozen=True)
@@ -49,6 +75,8 @@ class Snapshot:
     free_rows: int  # KV-cache rows free
     window_opened: float | None  # when the current micro-batching window opened (None: none open)
     encoder_s_per_position: float = 0.0  # measured cost of one padded encoder position (0: unknown)
+    recorded_rows: int = 0  # KV-cache rows held by RECORDED requests
+    live_rows: int = 0  # KV-cache rows held by the others (LIVE, BEST_EFFORT)
 
 
 @dataclass(frozen=True)
@@ -72,58 +100,97 @@ class Policy:
         self.config = config
         self.audio_ctx_for = audio_ctx_for
 
+    def admit(self, priority: Priority, queued: tuple[int, int, int]) -> str | None:
+        """Whether a request of this class may join the queue, given how many of each class (LIVE,
+        BEST_EFFORT, RECORDED) are waiting for a row: None if it may, else why not (naming the flag)."""
+        live, best_effort, recorded = queued
+        limit = self.config.max_queue
+        if priority is Priority.LIVE:
+            if live >= limit:
+                return f"engine admission queue is full ({live} live finals waiting; --max-queue {limit})"
+        elif priority is Priority.BEST_EFFORT:
+            if live + best_effort >= limit:
+                return (
+                    f"no room for interims or speculative offers: {live} live finals and {best_effort} of "
+                    f"them waiting (--max-queue {limit}); they are best effort"
+                )
+        elif recorded >= self.config.max_queue_recorded:
+            return (
+                f"recorded work is at its share of the engine queue ({recorded} recorded utterances "
+                f"waiting; --max-queue-recorded {self.config.max_queue_recorded})"
+            )
+        return None
+
+    def eligible(self, s: Snapshot) -> list[Waiting]:
+        """The waiting requests that may go into the next encoder pass, in the order they go: the live
+        ones (finals, offers, interims) if any wait; else, while no live request holds a row, recorded
+        ones up to the rows recorded work may still take."""
+        ordered = self.order([w for w in s.waiting if not w.cancelled], s.now)
+        live = [w for w in ordered if w.rank(s.now) is not Priority.RECORDED]
+        if live or s.live_rows:
+            return live
+        room = max(0, self.config.recorded_rows - s.recorded_rows)
+        return ordered[:room]
+
     def idle_wait(self, s: Snapshot) -> float:
         """How long the loop may block on its inbox before planning: not at all while decoding;
         until the open window closes when something waits for a free row; else a slow poll."""
         if s.decoding:
             return 0.0
-        live = [w for w in s.waiting if not w.cancelled]
-        if live and s.free_rows > 0:
-            opened = min(w.submitted for w in live)
+        ready = self.eligible(s)
+        if ready and s.free_rows > 0:
+            opened = min(w.submitted for w in ready)
             return max(0.0, opened + self.config.batch_window_ms / 1000 - s.now)
         return IDLE_POLL_S
 
     def order(self, waiting: list[Waiting], now: float) -> list[Waiting]:
-        """Who goes first: finals before interims; young finals shortest first, old ones by age;
-        interims oldest first."""
+        """Who goes first: by class; young live finals shortest first, old ones by age; speculative
+        offers before interims (an offer is a final not yet confirmed); otherwise oldest first."""
 
-        def key(w: Waiting) -> tuple[bool, bool, float, float]:
-            if w.interim:
-                return (True, True, w.submitted, 0.0)
+        def key(w: Waiting) -> tuple[int, bool, float, float]:
+            rank = w.rank(now)
+            if rank is not Priority.LIVE:
+                return (int(rank), w.interim, w.submitted, 0.0)
             young = now - w.submitted < MAX_REORDER_S
-            return (False, young, float(w.samples) if young else w.submitted, w.submitted)
+            return (int(rank), young, float(w.samples) if young else w.submitted, w.submitted)
 
         return sorted(waiting, key=key)
 
     def plan(self, s: Snapshot) -> Plan:
         drop = tuple(w.id for w in s.waiting if w.cancelled)
-        live = [w for w in s.waiting if not w.cancelled]
+        ready = self.eligible(s)
         step = s.decoding > 0
-        if not live or s.free_rows == 0:
+        if not ready or s.free_rows == 0:
             return Plan(drop=drop, step=step)  # waiting for a row is queueing, not a window
         opened = s.window_opened if s.window_opened is not None else s.now
         limit = min(self.config.max_batch, s.free_rows)
         bound = self.config.max_encoder_batch_while_decoding
         if s.decoding and bound > 0:
             limit = min(limit, bound)
-        oldest = min(w.submitted for w in live)
-        if len(live) < limit and s.now - oldest < self.config.batch_window_ms / 1000:
+        oldest = min(w.submitted for w in ready)
+        if len(ready) < limit and s.now - oldest < self.config.batch_window_ms / 1000:
             return Plan(drop=drop, step=step, window_opened=opened)
+        recorded = ready[0].rank(s.now) is Priority.RECORDED  # a pass is all live or all recorded
         chosen: list[Admit] = []
         widest = 0
-        for w in self.order(live, s.now)[:limit]:
+        for w in ready[:limit]:
             ctx = self.audio_ctx_for(w.samples, w.full_context)
-            if chosen and s.decoding and not self._fits(len(chosen) + 1, max(widest, ctx), s):
+            if chosen and not self._fits(len(chosen) + 1, max(widest, ctx), s, recorded):
                 break
             chosen.append(Admit(w.id, ctx))
             widest = max(widest, ctx)
         # The admitted sequences take their first step in the same turn as the others.
         return Plan(drop=drop, encode=tuple(chosen), step=True, window_waited_s=s.now - opened)
 
-    def _fits(self, rows: int, widest_ctx: int, s: Snapshot) -> bool:
-        """Whether an encoder pass of `rows` rows padded to `widest_ctx` positions stays within the
-        blocking budget (always, with no budget or no measurement yet)."""
-        budget_s = self.config.encoder_budget_while_decoding_ms / 1000
-        if budget_s <= 0 or s.encoder_s_per_position <= 0:
+    def _fits(self, rows: int, widest_ctx: int, s: Snapshot, recorded: bool) -> bool:
+        """Whether an encoder pass of `rows` rows padded to `widest_ctx` positions stays within its
+        budgets: while sequences decode, the blocking budget; a recorded pass, its own (always, with no
+        budget or no measurement yet)."""
+        budgets = []
+        if s.decoding and self.config.encoder_budget_while_decoding_ms > 0:
+            budgets.append(self.config.encoder_budget_while_decoding_ms / 1000)
+        if recorded and self.config.recorded_encoder_budget_ms > 0:
+            budgets.append(self.config.recorded_encoder_budget_ms / 1000)
+        if not budgets or s.encoder_s_per_position <= 0:
             return True
-        return rows * widest_ctx * s.encoder_s_per_position <= budget_s
+        return rows * widest_ctx * s.encoder_s_per_position <= min(budgets)

@@ -12,6 +12,20 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.constants import N_SAMPLES, SAMPLE_RATE
+from engine.prompt import check_prompt_chars
+
+
+class Priority(enum.IntEnum):
+    """Who is served first (engine/policy.py): a class per kind of work, lower first."""
+
+    LIVE = 0  # a live call's final: a caller is waiting for it
+    BEST_EFFORT = 1  # a live call's interim or speculative offer: a preview, refused first
+    RECORDED = 2  # recorded audio (Recognize, an HTTP upload): waits for the capacity live work leaves
+
+    @property
+    def label(self) -> str:
+        """The `class` label of the engine's metrics."""
+        return self.name.lower()
 
 
 @dataclass(frozen=True)
@@ -25,6 +39,17 @@ class DecodeOptions:
     max_new_tokens: int | None = None  # None: as many as the slot holds
     interim: bool = False  # a partial hypothesis: never returned as silence-dropped, lower priority
     word_timestamps: bool = False  # per-word times and probabilities (engine/timing.py)
+    priority: Priority = Priority.LIVE  # an interim is BEST_EFFORT whatever this says (unless RECORDED)
+    # A BEST_EFFORT request that becomes LIVE at this time.monotonic(): a speculative offer ranks as a final
+    # from when its end would be confirmed (engine/policy.py); None: never.
+    promote_at: float | None = None
+
+    @property
+    def work_class(self) -> Priority:
+        """The class the engine admits and serves this request in."""
+        if self.interim and self.priority is Priority.LIVE:
+            return Priority.BEST_EFFORT
+        return self.priority
 
 
 def validate_options(options: DecodeOptions, *, multilingual: bool, languages: Collection[str]) -> None:
@@ -45,6 +70,11 @@ def validate_options(options: DecodeOptions, *, multilingual: bool, languages: C
         raise ValueError("task 'translate' needs a multilingual model")
     if options.max_new_tokens is not None and options.max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be at least 1, got {options.max_new_tokens}")
+    check_prompt_chars(options.prompt)  # its length in tokens is checked where the tokenizer is
+    if not isinstance(options.priority, Priority):
+        raise ValueError(
+            f"priority {options.priority!r} must be one of {', '.join(p.name for p in Priority)}"
+        )
 
 
 @dataclass(frozen=True)
@@ -124,6 +154,8 @@ class Request:
     ready_time: float = field(default_factory=time.monotonic)
     submitted: float = 0.0  # when the engine accepted it (opens the micro-batching window)
     # Filled in by the scheduler (see scheduler.py):
+    priority: Priority = Priority.LIVE  # its class (options.work_class), fixed at submit
+    prompt_ids: tuple[int, ...] = ()  # options.prompt tokenized once, at submit (engine/prompt.py)
     status: RequestStatus = RequestStatus.WAITING
     prompt_tokens: list[int] = field(default_factory=list)
     sot_index: int = 0  # where <|startoftranscript|> sits in the prompt (no-speech probability)

@@ -35,7 +35,8 @@ from engine.config import EngineConfig
 from engine.constants import SAMPLE_RATE
 from engine.errors import EngineOverloaded, EngineStopped, ModelInfo
 from engine.policy import Plan, Policy, Snapshot, Waiting
-from engine.request import DecodeOptions, Request, RequestStatus
+from engine.prompt import PromptEncoder, max_prompt_tokens
+from engine.request import DecodeOptions, Priority, Request, RequestStatus
 from engine.runner import ModelRunner
 from engine.timing import WordAligner, alignment_heads
 from engine.weights import load
@@ -70,6 +71,9 @@ class Scheduler:
         self.runner = ModelRunner(weights, config)
         self.rules = self.runner.rules
         vocab = self.rules.vocab
+        self.prompts = PromptEncoder(
+            weights.tokenizer.backend_tokenizer.to_str(), vocab.eot, max_prompt_tokens(config.max_tokens)
+        )
         self.model_info = ModelInfo(
             name=weights.name,
             device=str(self.runner.device),
@@ -77,6 +81,7 @@ class Scheduler:
             multilingual=vocab.multilingual,
             languages=frozenset(vocab.languages) if vocab.multilingual else frozenset({"en"}),
             kv_cache_bytes=self.runner.cache.nbytes,
+            prompts=self.prompts,
         )
         m.KV_CACHE_BYTES.set(self.runner.cache.nbytes)
         dims = self.runner.model.dims
@@ -86,7 +91,8 @@ class Scheduler:
         self.policy = Policy(config, self.runner.audio_ctx_for)
         self._waiting: list[Request] = []  # WAITING, in arrival order (the policy orders them)
         self._active: list[Request] = []  # active[i] holds cache row i (ENCODING, then DECODING)
-        self._queued = 0  # submitted, not yet in a slot: what the admission bound counts
+        # Submitted, not yet in a slot, per class (indexed by Priority): what admission counts.
+        self._queued = [0] * len(Priority)
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         # Set (under _lock) when the scheduler drains its inbox for the last time: a submit either
@@ -130,17 +136,21 @@ class Scheduler:
     def submit(self, req: Request) -> None:
         if self._dead is not None or self._stopping.is_set():
             raise EngineStopped("the engine is not running")
+        req.priority = req.options.work_class
+        # On the caller's thread, once per distinct prompt (engine/prompt.py), never per window or fallback.
+        req.prompt_ids = self.prompts.encode(req.options.prompt)
         with self._lock:
-            if self._queued >= self.config.max_queue:
-                raise EngineOverloaded(
-                    f"engine admission queue is full ({self.config.max_queue} utterances waiting; --max-queue)"
-                )
+            live, best_effort, recorded = self._queued
+            refusal = self.policy.admit(req.priority, (live, best_effort, recorded))
+            if refusal is not None:
+                m.ENGINE_REFUSED.labels(req.priority.label).inc()
+                raise EngineOverloaded(refusal)
             req.submitted = time.monotonic()
             if self.enqueue_hook is not None:
                 self.enqueue_hook(req)
             if self._closed:
                 raise EngineStopped("the engine is not running")
-            self._queued += 1
+            self._queued[req.priority] += 1
             self._inbox.put(("submit", req))
 
     def cancel(self, request_id: str) -> None:
@@ -180,6 +190,7 @@ class Scheduler:
 
     def _snapshot(self) -> Snapshot:
         """What the policy decides from: no tensors, no references it could change."""
+        recorded_rows = sum(1 for r in self._active if r.priority is Priority.RECORDED)
         return Snapshot(
             now=time.monotonic(),
             waiting=tuple(
@@ -192,6 +203,8 @@ class Scheduler:
                     # and a prompt's spellings were lost on tiny.en; they keep the full context.
                     full_context=r.full_context or r.options.timestamps or bool(r.options.prompt),
                     cancelled=r.future.cancelled(),
+                    priority=r.priority,
+                    promote_at=r.options.promote_at,
                 )
                 for r in self._waiting
             ),
@@ -199,6 +212,8 @@ class Scheduler:
             free_rows=self.runner.cache.free,
             window_opened=self._window_opened,
             encoder_s_per_position=self._encoder_s_per_position,
+            recorded_rows=recorded_rows,
+            live_rows=len(self._active) - recorded_rows,
         )
 
     def _execute(self, plan: Plan) -> None:
@@ -249,9 +264,9 @@ class Scheduler:
             if req.encode_start is None:  # first admission (not a later window or a fallback)
                 req.encode_start = now
                 req.encoder_batch_size = len(batch)
-                m.QUEUE_WAIT_SECONDS.observe(now - req.ready_time)
+                m.QUEUE_WAIT_SECONDS.labels(req.priority.label).observe(now - req.ready_time)
                 with self._lock:
-                    self._queued -= 1
+                    self._queued[req.priority] -= 1
         self._active.extend(batch)
         failed = self._encode(batch)
         if blocked:
@@ -545,7 +560,7 @@ class Scheduler:
                 self._waiting.remove(req)
                 if req.encode_start is None:  # never admitted: still counted by the admission bound
                     with self._lock:
-                        self._queued -= 1
+                        self._queued[req.priority] -= 1
                 self._mark_cancelled(req)
                 return
         for req in self._active:
@@ -608,7 +623,11 @@ class Scheduler:
 
     def _update_gauges(self) -> None:
         cache = self.runner.cache
-        m.UTTERANCES_WAITING.set(len(self._waiting))
+        waiting = [0] * len(Priority)  # by class as submitted (a promoted offer still counts as best effort)
+        for req in self._waiting:
+            waiting[req.priority] += 1
+        for p in Priority:
+            m.UTTERANCES_WAITING.labels(p.label).set(waiting[p])
         m.ACTIVE_SEQUENCES.set(len(self._active))
         m.KV_SLOTS_USED.set(cache.used)
         m.KV_SLOTS_FREE.set(cache.free)

@@ -78,11 +78,27 @@ class ServerConfig:
             "(--max-queue) ahead of live calls; larger batches it better, smaller leaves live calls more room"
         },
     )
+    max_recognize_calls: int = field(
+        default=8,
+        metadata={
+            "help": "most Recognize calls (and HTTP transcriptions) one frontend process serves at once; "
+            "beyond it RESOURCE_EXHAUSTED at once. In the engine, recorded work waits for the capacity live "
+            "calls leave (its share of the queue is --max-queue-recorded: keep it at least this times --recognize-inflight)"
+        },
+    )
     max_buffer_seconds: float = field(
         default=120.0,
         metadata={
             "help": "audio a stream may have received but not yet had transcribed (a client sending faster "
             "than real time); beyond it RESOURCE_EXHAUSTED"
+        },
+    )
+    max_response_backlog_bytes: int = field(
+        default=1 << 20,
+        metadata={
+            "help": "responses one stream may have queued for a client that does not read them (bytes, "
+            "beyond what HTTP/2 flow control lets through); beyond it the stream's work stops, what is queued "
+            "is dropped and the stream ends RESOURCE_EXHAUSTED (the client sees it once it reads again)"
         },
     )
     interim_interval_s: float = field(
@@ -266,7 +282,14 @@ def validate(config: ServerConfig) -> None:
         problems.append("--metrics-port must be 0-65535")
     if not 0 <= config.http_port <= 65535:
         problems.append("--http-port must be 0-65535")
-    for name in ("max_streams", "max_chunk_bytes", "max_recognize_bytes", "recognize_inflight"):
+    for name in (
+        "max_streams",
+        "max_chunk_bytes",
+        "max_recognize_bytes",
+        "max_response_backlog_bytes",
+        "recognize_inflight",
+        "max_recognize_calls",
+    ):
         if getattr(config, name) < 1:
             problems.append(f"{_flag(name)} must be at least 1")
     for name in (

@@ -57,6 +57,12 @@ STREAM_BUFFER_SECONDS = Gauge(
     "Audio received but not yet transcribed, summed over open streams (clients sending faster than real time)",
     multiprocess_mode="livesum",
 )
+RESPONSE_BACKLOG_BYTES = Gauge(
+    "asr_response_backlog_bytes",
+    "Responses queued for clients that have not read them yet (serialized bytes), summed over open streams; "
+    "each stream's share is bounded by --max-response-backlog-bytes",
+    multiprocess_mode="livesum",
+)
 RECOGNIZE_SECONDS = Histogram(
     "asr_recognize_seconds", "Wall time of one Recognize call (whole recording)", buckets=TIME_BUCKETS
 )

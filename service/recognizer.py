@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import itertools
 import logging
 import os
@@ -21,6 +22,8 @@ from grpc import aio
 
 from engine import DecodeOptions, EngineOverloaded, Transcript, UtteranceHandle
 from engine.api import EngineStopped, ModelInfo
+from engine.prompt import check_prompt_chars
+from engine.request import Priority
 from service import metrics
 from service.audio import (
     TARGET_RATE,
@@ -50,6 +53,10 @@ log = logging.getLogger("service.recognizer")
 
 STREAM_ID_HEADER = "asr-stream-id"  # initial metadata of an accepted stream (see StreamingRecognize)
 FIRST_REQUEST_TIMEOUT_S = 10.0  # a stream that sends no config is not kept waiting for it
+# Bounds on what a RecognitionConfig may make the server work through (the prompt's: engine/prompt.py).
+# BCP-47 tags: RFC 5646 asks for at least 35 characters; only the primary subtag is read.
+MAX_LANGUAGE_CODE_CHARS = 64
+MAX_REDACT_VALUES = 8  # three kinds exist; a repeat is harmless, a million of them is not
 
 # BCP-47 primary subtags that Whisper spells differently.
 _BCP47_TO_WHISPER = {"iw": "he", "jv": "jw", "nb": "no", "fil": "tl"}
@@ -57,6 +64,11 @@ _BCP47_TO_WHISPER = {"iw": "he", "jv": "jw", "nb": "no", "fil": "tl"}
 
 def whisper_language(code: str, info: ModelInfo) -> str | None:
     """ "en-US" / "en" / "" -> Whisper's code (None: the model's default or detection)."""
+    if len(code) > MAX_LANGUAGE_CODE_CHARS:
+        raise ValueError(
+            f"language_code has {len(code)} characters, over the limit of {MAX_LANGUAGE_CODE_CHARS} "
+            "(a BCP-47 tag such as en-US, or Whisper's code)"
+        )
     if not code.strip():
         return None
     primary = code.strip().replace("_", "-").split("-")[0].lower()
@@ -81,7 +93,22 @@ def _seconds(d: object) -> float:
     return d.seconds + d.nanos / 1e9  # type: ignore[attr-defined]
 
 
+def check_bounds(config: asr_pb2.RecognitionConfig) -> None:
+    """Refuse (ValueError naming the field and the limit) a field that would make the server work through
+    an unbounded amount of it, before anything else reads it."""
+    check_prompt_chars(config.prompt)
+    if len(config.redact) > MAX_REDACT_VALUES:
+        raise ValueError(
+            f"redact has {len(config.redact)} values, over the limit of {MAX_REDACT_VALUES} (PCI, SSN, NUMBERS)"
+        )
+
+
 def decode_options(config: asr_pb2.RecognitionConfig, engine: RecognitionEngine) -> DecodeOptions:
+    """The engine's options for this config, every bound checked here, in the frontend: the prompt in
+    characters, then in tokens with the engine's own tokenizer (ModelInfo.prompts)."""
+    check_bounds(config)
+    if engine.info.prompts is not None:
+        engine.info.prompts.encode(config.prompt)  # remembered: an in-process engine finds it tokenized
     options = DecodeOptions(
         language=whisper_language(config.language_code, engine.info),
         prompt=config.prompt or None,
@@ -189,6 +216,7 @@ class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
         self.draining = False
         self.sessions: set[StreamSession] = set()
         self._reserved = 0  # streams of this process admitted (and holding a place under the limit)
+        self._recognizing = 0  # Recognize calls (and HTTP transcriptions) under way
         self._idle = asyncio.Event()
         self._idle.set()
         self._ids = itertools.count()
@@ -325,10 +353,25 @@ class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
             metrics.RECOGNIZE_SECONDS.observe(time.perf_counter() - started)
 
     async def _recognize(self, c: asr_pb2.RecognitionConfig, data: EncodedAudio) -> asr_pb2.RecognizeResponse:
-        """Recognize's core, shared by the HTTP door. `data` is read in place, never copied: gRPC passes
-        `request.audio_content` read once (each read of a bytes field is a fresh copy, upb), the HTTP door
-        the buffer it read the upload into."""
+        """One recording, for gRPC Recognize and the HTTP door alike: at most --max-recognize-calls at once.
+        `data` is read in place, never copied: gRPC passes `request.audio_content` read once (each read of
+        a bytes field is a fresh copy, upb), the HTTP door the buffer it read the upload into."""
         engine = self._check_available()
+        if self._recognizing >= self.config.max_recognize_calls:
+            raise StreamError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"server is at its limit of {self.config.max_recognize_calls} concurrent Recognize calls "
+                "(max_recognize_calls); recorded work waits for live calls, retry with backoff",
+            )
+        self._recognizing += 1
+        try:
+            return await self._recognize_recording(engine, c, data)
+        finally:
+            self._recognizing -= 1
+
+    async def _recognize_recording(
+        self, engine: RecognitionEngine, c: asr_pb2.RecognitionConfig, data: EncodedAudio
+    ) -> asr_pb2.RecognizeResponse:
         if not data:
             raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, "audio_content is empty")
         if len(data) > self.config.max_recognize_bytes:
@@ -340,7 +383,8 @@ class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
         limit_s = self.config.max_recognize_seconds
         try:
             encoding = encoding_name(c.encoding)
-            options = decode_options(c, engine)
+            # Recorded work: served after live calls, in its own share of the engine (engine/policy.py).
+            options = dataclasses.replace(decode_options(c, engine), priority=Priority.RECORDED)
             result_opts = result_options(c)
             # The header (or the byte count) says how long the recording is: a small FLAC of silence
             # can hold hours, so the length is checked before anything is decoded.

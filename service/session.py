@@ -109,10 +109,11 @@ def engine_refusal(e: EngineOverloaded | EngineStopped | ValueError) -> StreamEr
 
 @dataclass
 class _Out:
-    """A queued response, and what to record once it has been handed to gRPC."""
+    """A queued response, its serialized size, and what to record once it has been handed to gRPC."""
 
     response: Response
     on_sent: Callable[[], None] | None = None
+    size: int = 0
 
 
 @dataclass
@@ -175,15 +176,20 @@ class StreamSession:
         else:
             self.channel_mode = "separate" if settings.separate_channels else "mixdown"
         self._audio_counter = metrics.AUDIO_SECONDS.labels(self.channel_mode)
-        # None tells the writer to end the stream, with _end_status (None: OK).
+        # None tells the writer to end the stream, with _end_status (None: OK). Bounded in bytes
+        # (--max-response-backlog-bytes): a client that does not read cannot grow it past that.
         self._out: asyncio.Queue[_Out | None] = asyncio.Queue()
+        self._backlog = 0  # serialized bytes of the responses in _out
         self._tasks: set[asyncio.Task[Any]] = set()
         self.state = StreamState.OPEN
         self._received_s = 0.0
         self._buffer_s = 0.0  # this stream's share of asr_stream_buffer_seconds
         self._end_status: StreamError | None = None
         self._finalizers: list[asyncio.Task[Any]] = []
-        self._speculations = Speculations(engine, settings.options, stream_id)  # service/speculation.py
+        ep = settings.endpointing
+        self._speculations = Speculations(  # service/speculation.py
+            engine, settings.options, stream_id, confirm_after_s=ep.min_silence_s - ep.speech_pad_s
+        )
         self._last_audio = time.monotonic()  # for --idle-audio-timeout (_check_idle)
         self._idle_timer: asyncio.TimerHandle | None = None
 
@@ -210,6 +216,7 @@ class StreamSession:
                 if self._end_status is not None:
                     raise self._end_status
                 return
+            self._count_backlog(-item.size)
             yield item.response
             if item.on_sent is not None:
                 item.on_sent()
@@ -238,6 +245,7 @@ class StreamSession:
         if self._idle_timer is not None:
             self._idle_timer.cancel()
         self._set_buffer(0.0)
+        self._drop_queued()  # never to be sent
 
     async def close(self) -> None:
         """The stream is over (however it ended): abandon what is left and wait for the tasks to stop."""
@@ -253,8 +261,42 @@ class StreamSession:
         task.add_done_callback(self._tasks.discard)
         return task
 
+    @property
+    def backlog_bytes(self) -> int:
+        """Serialized bytes of the responses queued for the client and not yet handed to gRPC."""
+        return self._backlog
+
     def _put(self, response: Response, on_sent: Callable[[], None] | None = None) -> None:
-        self._out.put_nowait(_Out(response, on_sent))
+        if self.state is StreamState.CLOSED:
+            return  # the call is over (or was shed for its backlog): nothing more goes out
+        item = _Out(response, on_sent, response.ByteSize())
+        self._out.put_nowait(item)
+        self._count_backlog(item.size)
+        if self._backlog > self.config.max_response_backlog_bytes:
+            self._shed()
+
+    def _count_backlog(self, change: int) -> None:
+        self._backlog += change
+        metrics.RESPONSE_BACKLOG_BYTES.inc(change)
+
+    def _shed(self) -> None:
+        """The client has fallen --max-response-backlog-bytes behind reading: stop its work at once (engine
+        requests, tasks), drop what is queued, and end the stream RESOURCE_EXHAUSTED. The status reaches the
+        client after what HTTP/2 already carries, once it reads again."""
+        self._end_status = StreamError(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"the client is {self._backlog} bytes of responses behind reading, over the limit of "
+            f"{self.config.max_response_backlog_bytes} bytes (max_response_backlog_bytes); read responses as "
+            "they come",
+        )
+        self.abandon()
+        self._out.put_nowait(None)  # the writer ends the call with the status once gRPC takes it
+
+    def _drop_queued(self) -> None:
+        while not self._out.empty():
+            item = self._out.get_nowait()
+            if item is not None:
+                self._count_backlog(-item.size)
 
     def _fail(self, error: StreamError) -> None:
         """End the stream with an error status: nothing more is read or sent after what is queued."""
@@ -436,8 +478,8 @@ class StreamSession:
         ch.finals.put_nowait(pending)
 
     def _end_after_admitted(self, error: StreamError) -> None:
-        """Stop taking audio; the utterances already admitted get their finals, then `error` ends the
-        stream (a later failure of one of them may still end it first, with its own status)."""
+        """Stop taking audio; every utterance already admitted, on every channel, gets its final (and every
+        final a redacting channel holds back is sent), then the first such `error` ends the stream."""
         if self._end_status is None:
             self._end_status = error
         self._finish_input(flush=False)
@@ -513,25 +555,24 @@ class StreamSession:
                 outcome = "cancelled"
             except EngineStopped as e:
                 self._settle(ch, pending, "error", None)
-                self._send_held(ch)
-                self._fail(StreamError(grpc.StatusCode.UNAVAILABLE, f"recognition engine stopped: {e}"))
-                return
-            except EngineOverloaded as e:  # an engine in another process refuses on the future
+                self._end_after_admitted(
+                    StreamError(grpc.StatusCode.UNAVAILABLE, f"recognition engine stopped: {e}")
+                )
+                continue
+            except (EngineOverloaded, ValueError) as e:  # an engine in another process refuses on the future
                 self._settle(ch, pending, "error", None)
-                self._send_held(ch)
-                self._fail(engine_refusal(e))
-                return
+                self._end_after_admitted(engine_refusal(e))
+                continue
             except Exception as e:
                 log.exception("utterance failed", extra={"fields": {"stream_id": self.id, "channel": ch.tag}})
                 self._settle(ch, pending, "error", None)
-                self._send_held(ch)
-                self._fail(
+                self._end_after_admitted(
                     StreamError(
                         grpc.StatusCode.INTERNAL,
                         f"recognition failed on utterance {u.index} (channel {ch.tag}): {type(e).__name__}: {e}",
                     )
                 )
-                return
+                continue
             else:
                 outcome = "final" if t.is_speech and t.text.strip() else "empty"
             self._settle(ch, pending, outcome, t)

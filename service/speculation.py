@@ -9,15 +9,21 @@ It is submitted to the engine at once as a final; its result is held here, never
   the engine (in its own process too, through the engine client) and counted as a miss.
 An engine that refuses the speculative request (or fails it) costs nothing: the utterance is submitted
 again when it is confirmed, exactly as without speculation.
+
+In the engine an offer is best effort (engine/policy.py): it is admitted only in the room live finals
+leave, so it can never get a live call refused, and it ranks after live finals until the moment its end
+would be confirmed (`confirm_after_s` after the offer), from which it ranks as the live final it then is.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 from dataclasses import dataclass
 
 from engine import DecodeOptions, EngineOverloaded, UtteranceHandle
 from engine.api import EngineStopped
+from engine.request import Priority
 from service import metrics
 from service.audio import TARGET_RATE
 from service.endpointing import Utterance
@@ -33,9 +39,14 @@ class _Offer:
 class Speculations:
     """The speculative requests of one stream, at most one per channel (keyed by channel tag)."""
 
-    def __init__(self, engine: RecognitionEngine, options: DecodeOptions, stream_id: str) -> None:
+    def __init__(
+        self, engine: RecognitionEngine, options: DecodeOptions, stream_id: str, confirm_after_s: float
+    ) -> None:
+        """`confirm_after_s`: from an offer to its end's confirmation, in a real-time call (the silence
+        still to come: min_silence_duration less the speech pad already heard)."""
         self._engine = engine
-        self._options = options
+        self._options = dataclasses.replace(options, priority=Priority.BEST_EFFORT)
+        self._confirm_after_s = max(0.0, confirm_after_s)
         self._stream_id = stream_id
         self._offers: dict[int, _Offer] = {}
         self._attempts = 0  # request ids stay unique: a cancelled id may still be in flight
@@ -48,10 +59,11 @@ class Speculations:
         utterance is submitted the ordinary way)."""
         self.cancel(channel)
         self._attempts += 1
+        options = dataclasses.replace(self._options, promote_at=ready_time + self._confirm_after_s)
         try:
             handle = self._engine.submit(
                 utterance.audio,
-                self._options,
+                options,
                 ready_time=ready_time,
                 request_id=f"{self._stream_id}-{channel}-{utterance.index}-spec{self._attempts}",
             )

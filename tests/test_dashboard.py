@@ -41,7 +41,7 @@ EXTERNAL = re.compile(r"^(DCGM_FI_\w+|process_\w+)$")
 PROMQL_WORDS = {
     "sum", "by", "rate", "increase", "histogram_quantile", "or", "and", "le", "avg", "max", "min", "count",
     "namespace", "pod", "grpc_method", "grpc_code", "grpc_service", "outcome", "exported_namespace", "exported_pod",
-    "process",
+    "process", "class",
 }  # fmt: skip
 
 

@@ -123,7 +123,7 @@ class Hook:
 
     def queued(self) -> int:
         """Utterances submitted and not yet in a slot (what --max-queue bounds)."""
-        return int(self.engine._scheduler._queued)
+        return sum(self.engine._scheduler._queued)
 
     async def close_gate(self) -> None:
         """Hold the scheduler thread in the encoder pass of a silent sentinel utterance: what is
@@ -369,7 +369,7 @@ async def test_full_admission_queue_refuses_at_once(
         hook.open_gate()
         outcomes = await asyncio.gather(*finishing)
     assert refused.code == grpc.StatusCode.RESOURCE_EXHAUSTED, refused
-    assert "engine admission queue is full (2 utterances waiting; --max-queue)" in refused.details
+    assert "engine admission queue is full (2 live finals waiting; --max-queue 2)" in refused.details
     served = [o for o in outcomes if o is not refused]
     assert [o.code for o in served] == [grpc.StatusCode.OK] * 2, served
     for o in served:

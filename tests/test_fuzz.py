@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine import Engine
+from engine.prompt import PromptEncoder
 from service.config import ServerConfig
 from tests.support.audio import make_conversation, to_linear16_bytes
 from tests.support.calls import GoodStreamThread, Outcome, Request, run_stream
@@ -120,9 +121,10 @@ request_streams = st.one_of(
 )
 
 
-def well_formed(requests: list[Request]) -> bool:
+def well_formed(requests: list[Request], prompts: PromptEncoder) -> bool:
     """True when the server must answer OK: a plain valid config first, then whole LINEAR16 frames within
-    the chunk limit (rate 16 kHz mono, no language the model lacks, default endpointing)."""
+    the chunk limit (rate 16 kHz mono, no language the model lacks, default endpointing, a prompt within
+    its bounds)."""
     if not requests or requests[0].WhichOneof("streaming_request") != "streaming_config":
         return False
     sc = requests[0].streaming_config
@@ -135,6 +137,10 @@ def well_formed(requests: list[Request]) -> bool:
         or sc.HasField("endpointing")
     ):
         return False
+    try:
+        prompts.encode(c.prompt)
+    except ValueError:
+        return False  # longer than the prompt's bound (docs/operations.md)
     return all(
         r.WhichOneof("streaming_request") == "audio_content"
         and len(r.audio_content) % 2 == 0
@@ -156,6 +162,8 @@ def test_fuzzed_request_streams_get_valid_statuses_and_harm_no_one(
     fuzz_server: ServerThread, service_engine: Engine
 ) -> None:
     good = GoodStreamThread(fuzz_server.target)
+    prompts = service_engine.info.prompts
+    assert prompts is not None
     talking_done = good.talk()
     seen: dict[str, int] = {}
     started = time.monotonic()
@@ -178,7 +186,7 @@ def test_fuzzed_request_streams_get_valid_statuses_and_harm_no_one(
         assert outcome.code in DOCUMENTED, outcome
         if outcome.code != grpc.StatusCode.OK:
             assert outcome.details, outcome  # a refusal always says why
-        if well_formed(requests):
+        if well_formed(requests, prompts):
             assert outcome.code == grpc.StatusCode.OK, (requests[0], outcome)
         # the good stream is the only one left on the server (poll: the fuzzed one's cleanup can trail
         # its status by a moment)

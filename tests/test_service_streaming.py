@@ -427,8 +427,10 @@ async def test_refused_utterance_ends_the_stream_after_the_finals_of_those_admit
     asr_server: ServerThread, service_engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """--max-queue 2, engine held: sentences 0 and 1 are admitted, sentence 2 is refused. The stream
-    still gets the finals of 0 and 1, then RESOURCE_EXHAUSTED."""
+    still gets the finals of 0 and 1, then RESOURCE_EXHAUSTED. (Speculation off: an offer is best effort,
+    not counted against the live finals' queue, and the refused offer's sentence would be let in.)"""
     monkeypatch.setattr(service_engine.config, "max_queue", 2)
+    monkeypatch.setattr(asr_server.config, "speculative_endpointing", False)
     audio, _ = make_conversation(SENTENCES[:3], pause_s=1.0)
     with scheduler_gate(service_engine) as gate:
         await gate.close()
@@ -458,7 +460,7 @@ async def test_drain_with_a_refused_utterance_still_sends_the_admitted_finals(
     monkeypatch.setattr(service_engine.config, "max_queue", 1)
     first, _ = make_conversation(SENTENCES[:1], pause_s=1.0)
     second, _ = make_conversation(SENTENCES[1:2], pause_s=0.0, lead_s=0.0)  # still speaking at the end
-    server = ServerThread(ServerConfig(), service_engine).start()
+    server = ServerThread(ServerConfig(speculative_endpointing=False), service_engine).start()
     try:
         with scheduler_gate(service_engine) as gate:
             await gate.close()

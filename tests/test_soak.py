@@ -180,6 +180,10 @@ def test_soak() -> None:
         }
         while True:
             metrics = scrape(f"http://127.0.0.1:{server.metrics_port}/metrics")
+            # one series per class (live, best_effort, recorded): nothing of any class waits
+            metrics["asr_utterances_waiting"] = sum(
+                v for k, v in metrics.items() if k.startswith("asr_utterances_waiting{")
+            )
             # the buffer gauge moves by differences of floats: zero up to rounding
             now = {k: round(metrics[k], 6) for k in idle}
             if now == idle or time.monotonic() > deadline:

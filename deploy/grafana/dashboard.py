@@ -164,7 +164,7 @@ ROWS: list[tuple[str, list[Panel]]] = [
             Panel(
                 "Queue depth and decoding sequences",
                 [
-                    (f"sum by (pod) (asr_utterances_waiting{{{SEL}}})", "waiting {{pod}}"),
+                    (f"sum by (pod, class) (asr_utterances_waiting{{{SEL}}})", "waiting {{pod}} {{class}}"),
                     (f"sum by (pod) (asr_active_sequences{{{SEL}}})", "decoding {{pod}}"),
                 ],
             ),
@@ -179,8 +179,8 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 "Queue wait and window wait (p95)",
                 [
                     (
-                        f"histogram_quantile(0.95, sum by (le) (rate(asr_queue_wait_seconds_bucket{{{SEL}}}[{RATE}])))",
-                        "queue wait (end of utterance to encoder pass)",
+                        f"histogram_quantile(0.95, sum by (le, class) (rate(asr_queue_wait_seconds_bucket{{{SEL}}}[{RATE}])))",
+                        "queue wait {{class}} (end of utterance to encoder pass)",
                     ),
                     (
                         f"histogram_quantile(0.95, sum by (le) (rate(asr_window_wait_seconds_bucket{{{SEL}}}[{RATE}])))",

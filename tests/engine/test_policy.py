@@ -18,7 +18,7 @@ from engine.constants import SAMPLE_RATE
 from engine.decoding import DecodingRules
 from engine.outcome import loop_reason, repeats_at_end, window_ended
 from engine.policy import IDLE_POLL_S, MAX_REORDER_S, Policy, Snapshot, Waiting
-from engine.request import DecodeOptions, Request, RequestStatus
+from engine.request import DecodeOptions, Priority, Request, RequestStatus
 
 FULL_CTX = 1500
 NOW = 1000.0  # an arbitrary monotonic instant
@@ -43,8 +43,27 @@ def interim(rid: str, seconds: float = 2.0, age: float = 0.5) -> Waiting:
     return Waiting(rid, True, NOW - age, int(seconds * SAMPLE_RATE), False)
 
 
-def state(*waiting: Waiting, decoding: int = 0, free: int = 32, cost: float = 0.0) -> Snapshot:
-    return Snapshot(NOW, tuple(waiting), decoding, free, None, cost)
+def recorded(rid: str, seconds: float = 2.0, age: float = 1.0) -> Waiting:
+    """An utterance of a recording (Recognize, an HTTP upload)."""
+    return replace(final(rid, seconds, age), priority=Priority.RECORDED)
+
+
+def offer(rid: str, promote_in: float, seconds: float = 2.0, age: float = 0.1) -> Waiting:
+    """A speculative offer whose end would be confirmed `promote_in` s after NOW."""
+    return replace(final(rid, seconds, age), priority=Priority.BEST_EFFORT, promote_at=NOW + promote_in)
+
+
+def state(
+    *waiting: Waiting,
+    decoding: int = 0,
+    free: int = 32,
+    cost: float = 0.0,
+    recorded_rows: int = 0,
+    live_rows: int | None = None,
+) -> Snapshot:
+    """`live_rows`: rows held by live requests (default: every decoding row not counted as recorded)."""
+    live = max(0, decoding - recorded_rows) if live_rows is None else live_rows
+    return Snapshot(NOW, tuple(waiting), decoding, free, None, cost, recorded_rows, live)
 
 
 def encoded(plan: object) -> list[str]:
@@ -79,6 +98,88 @@ def test_interims_stay_oldest_first() -> None:
     p = policy(max_batch=3)
     plan = p.plan(state(interim("new", 1.0, age=0.1), interim("old", 9.0, age=0.5)))
     assert encoded(plan) == ["old", "new"]
+
+
+# --- priority classes: live finals, then interims and speculative offers, then recorded work ---
+
+
+def test_classes_go_live_then_best_effort_whatever_their_age_and_recorded_work_after() -> None:
+    p = policy(max_batch=4)
+    waiting = [recorded("r", age=5.0), interim("i", age=3.0), offer("o", 1.0, age=2.0), final("f", age=0.01)]
+    assert [w.id for w in p.order(waiting, NOW)] == ["f", "o", "i", "r"]
+    assert encoded(p.plan(state(*waiting))) == ["f", "o", "i"]  # recorded work never pads a live pass
+
+
+def test_recorded_work_gets_a_pass_only_when_no_live_request_waits_or_decodes() -> None:
+    p = policy(max_batch=4, max_recorded_rows=8)
+    waiting = [*(recorded(f"r{i}", age=5.0) for i in range(3)), *(final(f"f{i}") for i in range(3))]
+    assert encoded(p.plan(state(*waiting))) == ["f0", "f1", "f2"]
+    only_recorded = [w for w in waiting if w.priority is Priority.RECORDED]
+    assert encoded(p.plan(state(*only_recorded, decoding=2, free=30, live_rows=2))) == []  # live decoding
+    assert p.idle_wait(state(*only_recorded, decoding=2, free=30, live_rows=2)) == 0.0  # it steps on
+    assert encoded(p.plan(state(*only_recorded, decoding=2, free=30, recorded_rows=2))) == ["r0", "r1", "r2"]
+
+
+def test_recorded_work_holds_at_most_its_rows() -> None:
+    p = policy(kv_slots=32, max_recorded_rows=0)  # 0: an eighth of the slots, 4
+    waiting = [recorded(f"r{i}") for i in range(8)]
+    assert encoded(p.plan(state(*waiting, decoding=1, free=31, recorded_rows=1))) == ["r0", "r1", "r2"]
+    full = state(*waiting, decoding=4, free=28, recorded_rows=4)
+    assert encoded(p.plan(full)) == [] and p.plan(full).window_opened is None and p.plan(full).step
+    assert policy(kv_slots=32, max_recorded_rows=3).config.recorded_rows == 3
+
+
+def test_a_recorded_pass_is_cut_to_its_budget_and_a_live_pass_is_not() -> None:
+    # 2 s clips: 4 s of context, 200 positions; at 0.1 ms a position a row costs 20 ms.
+    p = policy(recorded_encoder_budget_ms=50.0, max_recorded_rows=16)
+    assert len(p.plan(state(*(recorded(f"r{i}") for i in range(5)), cost=1e-4)).encode) == 2
+    assert len(p.plan(state(*(final(f"f{i}") for i in range(5)), cost=1e-4)).encode) == 5
+    assert len(p.plan(state(recorded("long", 30.0), recorded("r"), cost=1e-2)).encode) == 1  # at least one
+    assert (
+        len(
+            policy(recorded_encoder_budget_ms=0.0, max_recorded_rows=16)
+            .plan(state(*(recorded(f"r{i}") for i in range(5)), cost=1e-4))
+            .encode
+        )
+        == 5
+    )
+
+
+def test_a_speculative_offer_ranks_as_best_effort_until_its_end_would_be_confirmed() -> None:
+    p = policy(max_batch=1)
+    unconfirmed = state(offer("o", promote_in=0.2, age=0.5), interim("i", age=0.9), final("f", age=0.01))
+    assert [w.id for w in p.order(list(unconfirmed.waiting), NOW)] == ["f", "o", "i"]
+    confirmed = state(offer("o", promote_in=-0.01, seconds=1.0, age=0.5), final("f", seconds=3.0, age=0.01))
+    assert encoded(p.plan(confirmed)) == ["o"]  # now a live final: the shorter one first
+
+
+def test_a_live_final_is_refused_only_when_live_finals_alone_fill_the_queue() -> None:
+    p = policy(max_queue=4, max_queue_recorded=2)
+    assert p.admit(Priority.LIVE, (3, 50, 2)) is None  # interims, offers and recordings never count
+    refusal = p.admit(Priority.LIVE, (4, 0, 0))
+    assert refusal is not None and "4 live finals waiting" in refusal and "--max-queue 4" in refusal
+
+
+def test_interims_and_offers_are_admitted_only_in_the_room_live_finals_leave() -> None:
+    p = policy(max_queue=4)
+    assert p.admit(Priority.BEST_EFFORT, (2, 1, 9)) is None
+    refusal = p.admit(Priority.BEST_EFFORT, (3, 1, 0))
+    assert refusal is not None and "best effort" in refusal and "--max-queue 4" in refusal
+    assert p.admit(Priority.BEST_EFFORT, (4, 0, 0)) is not None
+
+
+def test_recorded_work_has_its_own_bound() -> None:
+    p = policy(max_queue=4, max_queue_recorded=2)
+    assert p.admit(Priority.RECORDED, (4, 4, 1)) is None  # a full live queue leaves its share alone
+    refusal = p.admit(Priority.RECORDED, (0, 0, 2))
+    assert refusal is not None and "--max-queue-recorded 2" in refusal
+
+
+def test_recorded_work_with_no_rows_left_opens_no_window_and_never_spins() -> None:
+    p = policy(kv_slots=4, max_recorded_rows=1)
+    waiting = state(recorded("r"), decoding=1, free=3, recorded_rows=1)
+    assert p.idle_wait(waiting) == 0.0  # decoding: the loop steps, it does not wait on the window
+    assert p.idle_wait(replace(waiting, decoding=0)) == IDLE_POLL_S
 
 
 # --- the micro-batching window ---

@@ -16,6 +16,7 @@ from prometheus_client import REGISTRY
 
 from engine import DecodeOptions, Engine, EngineConfig, EngineOverloaded
 from engine.api import EngineStopped
+from engine.request import Priority
 from tests.support.wait import wait_until
 
 ONE_SECOND = np.zeros(16000, dtype=np.float32)
@@ -150,6 +151,60 @@ def test_admission_queue_bound_refuses_at_once(random_model: Path) -> None:
         engine.submit(noise(1, 1))
         with pytest.raises(EngineOverloaded, match="max-queue"):
             engine.submit(noise(1, 2))
+
+
+def test_each_class_has_its_own_share_of_the_queue_and_live_finals_are_never_crowded_out(
+    random_model: Path,
+) -> None:
+    """Interims and recorded work fill their shares; a live final still goes in, and is refused only when
+    live finals alone fill --max-queue. Each refusal is counted by class."""
+    recorded = DecodeOptions(priority=Priority.RECORDED)
+    refused = {
+        c: REGISTRY.get_sample_value("asr_engine_refused_total", {"class": c}) or 0.0
+        for c in ("live", "best_effort", "recorded")
+    }
+    with running(random_model, batch_window_ms=60_000.0, max_queue=2, max_queue_recorded=2) as engine:
+        engine.submit(noise(1, 0), recorded)
+        engine.submit(noise(1, 1), recorded)
+        with pytest.raises(EngineOverloaded, match="--max-queue-recorded 2"):
+            engine.submit(noise(1, 2), recorded)
+        engine.submit(noise(1, 3), DecodeOptions(interim=True))
+        engine.submit(noise(1, 4), DecodeOptions())
+        with pytest.raises(EngineOverloaded, match="best effort"):  # 1 live + 1 interim: no room for more
+            engine.submit(noise(1, 5), DecodeOptions(interim=True))
+        engine.submit(noise(1, 6), DecodeOptions())  # the second live final: the others never counted
+        with pytest.raises(EngineOverloaded, match="2 live finals waiting"):
+            engine.submit(noise(1, 7), DecodeOptions())
+    after = {c: REGISTRY.get_sample_value("asr_engine_refused_total", {"class": c}) or 0.0 for c in refused}
+    assert {c: after[c] - refused[c] for c in refused} == {"live": 1, "best_effort": 1, "recorded": 1}
+
+
+def test_recorded_work_waits_for_live_work_and_keeps_rows_free_for_it(random_model: Path) -> None:
+    """Twelve recorded utterances and, behind them, three live finals: the live ones go into the first
+    encoder pass, and recorded work never holds more than --max-recorded-rows rows."""
+    order: list[str] = []
+    peak_recorded = 0
+    with running(random_model, batch_window_ms=300.0, kv_slots=8, max_recorded_rows=2, max_batch=8) as engine:
+        scheduler = engine._scheduler
+
+        def seen(stage: str, reqs: list[object]) -> None:
+            nonlocal peak_recorded
+            if stage == "encoder":
+                order.extend(r.id for r in reqs)  # type: ignore[attr-defined]
+                held = sum(1 for r in scheduler._active if r.priority is Priority.RECORDED)
+                peak_recorded = max(peak_recorded, held)
+
+        scheduler.stage_hook = seen
+        short = DecodeOptions(max_new_tokens=4)  # random weights never end early: the caller's limit does
+        rec = DecodeOptions(max_new_tokens=4, priority=Priority.RECORDED)
+        handles = [engine.submit(noise(1, i), rec, request_id=f"rec{i}") for i in range(12)]
+        handles += [engine.submit(noise(1, 20 + i), short, request_id=f"live{i}") for i in range(3)]
+        for h in handles:
+            h.future.result(timeout=120)
+    assert order[:3] == ["live0", "live1", "live2"], order
+    assert order[3:5] == ["rec0", "rec1"], order  # the room live work left, within recorded's two rows
+    assert sorted(order) == sorted(h.id for h in handles)  # each once: every one finished
+    assert peak_recorded <= 2
 
 
 def test_the_encoder_budget_splits_passes_only_while_sequences_decode(random_model: Path) -> None:

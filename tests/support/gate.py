@@ -44,7 +44,7 @@ class SchedulerGate:
 
     def queued(self) -> int:
         """Utterances submitted and not yet in a slot (what --max-queue bounds)."""
-        return int(self.engine._scheduler._queued)
+        return sum(self.engine._scheduler._queued)
 
 
 @contextmanager

@@ -1,0 +1,93 @@
+"""The initial prompt (`DecodeOptions.prompt`): its bounds, and the token ids Whisper conditions on.
+
+Whisper conditions on at most `n_text_ctx // 2 - 1` prompt tokens (openai/whisper: 223 of its 448); this
+engine's slots hold `--max-tokens` tokens (prompt + generated), so it keeps at most `--max-tokens // 2 - 1`
+(111 at the default 224). A longer prompt is refused, not silently cut. So that the tokenizer never sees
+megabytes, the text is first bounded in characters (MAX_PROMPT_CHARS, above what even Whisper's 223
+tokens spell: ~1000 characters of English, ~500 of product names).
+
+`PromptEncoder` tokenizes exactly as the engine conditions (tokens the model would take for special
+ones, `<|endoftext|>` typed by a client, are read as text) and remembers recent prompts, so that a
+stream's prompt is tokenized once, not for every utterance, interim, window and fallback. It pickles as
+its tokenizer's JSON, so a frontend process checks a prompt's length in tokens (from `ModelInfo`) before
+anything reaches the engine.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any
+
+WHISPER_MAX_PROMPT_TOKENS = 223  # openai/whisper: n_text_ctx // 2 - 1 with its 448 text positions
+MAX_PROMPT_CHARS = 2048
+_CACHED_PROMPTS = 256  # distinct prompts remembered (one per stream configuration in use)
+
+
+def max_prompt_tokens(max_tokens: int) -> int:
+    """Prompt tokens a slot of `max_tokens` keeps: half of it, as openai/whisper halves its context."""
+    return max(0, min(WHISPER_MAX_PROMPT_TOKENS, max_tokens // 2 - 1))
+
+
+def check_prompt_chars(prompt: str | None) -> None:
+    """Raise ValueError naming `prompt` and the limit if it is longer than MAX_PROMPT_CHARS characters
+    (before its length is measured in tokens)."""
+    if prompt is not None and len(prompt) > MAX_PROMPT_CHARS:
+        raise ValueError(
+            f"prompt has {len(prompt)} characters, over the limit of {MAX_PROMPT_CHARS} characters; "
+            "keep it to the names and terms the call needs"
+        )
+
+
+class PromptEncoder:
+    """Prompt text -> the token ids the decoder is prompted with (after <|startofprev|>)."""
+
+    def __init__(self, tokenizer_json: str, eot: int, max_tokens: int) -> None:
+        """`tokenizer_json`: a `tokenizers.Tokenizer` as JSON; `eot`: <|endoftext|>, the first id that is
+        not text; `max_tokens`: the most prompt tokens accepted (max_prompt_tokens(--max-tokens))."""
+        self.tokenizer_json = tokenizer_json
+        self.eot = eot
+        self.max_tokens = max_tokens
+        self._tokenizer: Any = None
+        self._lock = threading.Lock()
+        self._cached = functools.lru_cache(maxsize=_CACHED_PROMPTS)(self._encode)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"tokenizer_json": self.tokenizer_json, "eot": self.eot, "max_tokens": self.max_tokens}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["tokenizer_json"], state["eot"], state["max_tokens"])  # type: ignore[misc]
+
+    def encode(self, prompt: str | None) -> tuple[int, ...]:
+        """The prompt's token ids (() for no prompt). Raises ValueError naming `prompt` and the limit
+        when it is over MAX_PROMPT_CHARS characters or `max_tokens` tokens."""
+        if not prompt or not prompt.strip():
+            return ()
+        check_prompt_chars(prompt)
+        return self._cached(prompt)
+
+    def _encode(self, prompt: str) -> tuple[int, ...]:
+        # Whisper's prompt convention: one leading space, as the prompt continues earlier speech.
+        ids = [
+            t
+            for t in self._backend().encode(" " + prompt.strip(), add_special_tokens=False).ids
+            if t < self.eot
+        ]
+        if len(ids) > self.max_tokens:
+            raise ValueError(
+                f"prompt is {len(ids)} tokens, over the limit of {self.max_tokens} tokens (the decoder keeps "
+                f"--max-tokens / 2 - 1 prompt tokens; Whisper's own bound is {WHISPER_MAX_PROMPT_TOKENS}); "
+                "shorten it"
+            )
+        return tuple(ids)
+
+    def _backend(self) -> Any:
+        with self._lock:
+            if self._tokenizer is None:
+                from tokenizers import Tokenizer
+
+                tokenizer = Tokenizer.from_str(self.tokenizer_json)
+                # "<|endoftext|>" typed into a prompt is text, never the control token itself.
+                tokenizer.encode_special_tokens = True
+                self._tokenizer = tokenizer
+            return self._tokenizer

