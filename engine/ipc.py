@@ -98,11 +98,19 @@ class Malformed(Exception):
         return f"malformed|{self}" if self.kind == ERROR else str(self)
 
 
+# Classes beyond the data classes and enums that a header may carry: their __setstate__ takes plain
+# values only (ModelInfo.prompts, so that a frontend counts prompt tokens with the engine's tokenizer).
+_CARRIED_CLASSES = frozenset({("engine.prompt", "PromptEncoder")})
+
+
 class _HeaderUnpickler(pickle.Unpickler):
-    """Resolves only the data classes and enums of engine.request and engine.errors: a pickle naming
-    anything else (a function to call, another module's class) is refused before it can run."""
+    """Resolves only the data classes and enums of engine.request and engine.errors, and
+    _CARRIED_CLASSES: a pickle naming anything else (a function to call, another module's class) is
+    refused before it can run."""
 
     def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _CARRIED_CLASSES:
+            return getattr(importlib.import_module(module), name)
         if module in _HEADER_MODULES and name.isidentifier():
             obj = getattr(importlib.import_module(module), name, None)
             if (
