@@ -8,10 +8,19 @@ import time
 from collections.abc import Collection
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from engine.constants import N_SAMPLES, SAMPLE_RATE
+
+if TYPE_CHECKING:
+    from engine.keyterms import KeytermState
+
+# Keyterm bounds: what one utterance's list may hold (the trie and the prompt grow with it).
+MAX_KEYTERMS = 100
+MAX_KEYTERM_CHARS = 50
+MAX_KEYTERM_TOKENS = 16  # as the model's tokenizer spells the term after a space (checked by the engine)
 
 
 @dataclass(frozen=True)
@@ -25,6 +34,8 @@ class DecodeOptions:
     max_new_tokens: int | None = None  # None: as many as the slot holds
     interim: bool = False  # a partial hypothesis: never returned as silence-dropped, lower priority
     word_timestamps: bool = False  # per-word times and probabilities (engine/timing.py)
+    # Names and jargon the caller may say, boosted in decoding (engine/keyterms.py); bounds above.
+    keyterms: tuple[str, ...] = ()
 
 
 def validate_options(options: DecodeOptions, *, multilingual: bool, languages: Collection[str]) -> None:
@@ -45,6 +56,25 @@ def validate_options(options: DecodeOptions, *, multilingual: bool, languages: C
         raise ValueError("task 'translate' needs a multilingual model")
     if options.max_new_tokens is not None and options.max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be at least 1, got {options.max_new_tokens}")
+    validate_keyterms(options.keyterms)
+
+
+def validate_keyterms(keyterms: Collection[str]) -> None:
+    """Raise ValueError naming the field and the bound for a keyterm list past them (the token bound
+    needs the model's tokenizer: DecodingRules.validate checks it)."""
+    if isinstance(keyterms, str):
+        raise ValueError("keyterms must be a list of terms, not one string")
+    if len(keyterms) > MAX_KEYTERMS:
+        raise ValueError(f"keyterms holds {len(keyterms)} terms; at most {MAX_KEYTERMS}")
+    for i, term in enumerate(keyterms):
+        if not isinstance(term, str) or not term.strip():
+            raise ValueError(f"keyterms[{i}] is empty; each keyterm needs at least one character")
+        if len(term.strip()) > MAX_KEYTERM_CHARS:
+            raise ValueError(
+                f"keyterms[{i}] is {len(term.strip())} characters long; at most {MAX_KEYTERM_CHARS} per keyterm"
+            )
+        if not term.isprintable():
+            raise ValueError(f"keyterms[{i}] holds a control character; keyterms are printable text")
 
 
 @dataclass(frozen=True)
@@ -149,6 +179,7 @@ class Request:
     encode_start: float | None = None  # its first encoder pass began (None: never admitted yet)
     encoder_batch_size: int = 0
     decode_steps: int = 0
+    keyterm: KeytermState | None = None  # the keyterm bias's place in this window (engine/keyterms.py)
 
     @property
     def kv_row(self) -> int:
