@@ -56,11 +56,11 @@ VARIANTS: dict[str, dict[str, object]] = {
     "prompt+bias": {"keyterm_prompt": True, "keyterm_bias": True},
     "bias without take-back": {"keyterm_take_back": False},
     # The neighbourhood of the default: the bonus and the evidence bound one at a time.
-    "bias, bonus 3": {"keyterm_bonus": 3.0},
-    "bias, bonus 6": {"keyterm_bonus": 6.0},
-    "bias, max gap 8": {"keyterm_max_gap": 8.0},
-    "bias, max gap 16": {"keyterm_max_gap": 16.0},
-    "bias, max gap 20": {"keyterm_max_gap": 20.0},
+    "bias with bonus 3": {"keyterm_bonus": 3.0},
+    "bias with bonus 6": {"keyterm_bonus": 6.0},
+    "bias with max gap 8": {"keyterm_max_gap": 8.0},
+    "bias with max gap 16": {"keyterm_max_gap": 16.0},
+    "bias with max gap 20": {"keyterm_max_gap": 20.0},
 }
 
 
