@@ -60,9 +60,10 @@ CONTROLS = (
 class Clip:
     name: str
     text: str  # the reference
-    term: str | None  # the keyterm said in it (None: none)
+    term: str | None  # the invented name said in it (None: none)
     voice: str = ""
     source: Path | None = None  # a recording (real speech) instead of espeak text
+    keyterms: tuple[str, ...] = KEYTERMS  # the list it is decoded with
 
 
 def name_clips(split: str) -> list[Clip]:
@@ -86,6 +87,25 @@ def real_clips() -> list[Clip]:
     from scripts.real_speech import real_clips as sources
 
     return [Clip(f"real{i:02d}", text, None, source=path) for i, (path, text) in enumerate(sources())]
+
+
+# Real speech with a list of its own words: what a caller's names and domain words would be (the
+# proper names of each source, the card words of the cards set), said in some clips and not others.
+OWN_WORDS = {
+    "jfk": ("Americans",),
+    "librivox": ("John Dashwood",),
+    "cards": ("clubs", "spades", "hearts", "diamonds", "ace", "king", "queen", "jack"),
+}
+
+
+def real_clips_own_words() -> list[Clip]:
+    """The real clips again, each with its source's OWN_WORDS as the keyterms."""
+    out = []
+    for clip in real_clips():
+        assert clip.source is not None
+        group = "jfk" if clip.source.suffix == ".flac" else clip.source.parent.name
+        out.append(Clip(f"own-{clip.name}", clip.text, None, source=clip.source, keyterms=OWN_WORDS[group]))
+    return out
 
 
 def _sox(*args: str | Path) -> None:
