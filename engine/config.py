@@ -145,8 +145,8 @@ class EngineConfig:
         default=False,
         metadata={
             "help": "keyterms: also put an utterance's keyterms into Whisper's previous-text prompt (as "
-            "faster-whisper's hotwords); off: in docs/benchmarks.md's Keyterms table it recalled fewer names "
-            "than the bias and, with it, had the model recite the list"
+            "faster-whisper's hotwords); off: in docs/benchmarks.md Keyterms it recalled fewer names than the "
+            "bias, inserted names nobody said, and with the bias had the model recite the list"
         },
     )
     keyterm_bias: bool = field(
@@ -159,14 +159,14 @@ class EngineConfig:
         default=4.0,
         metadata={
             "help": "keyterms: nats below the greedy token at which a term's first token may still start a "
-            "match (3 recalled fewer names, 5-8 no more, at more decode steps: docs/benchmarks.md)"
+            "match (3 recalled fewer names, 6 no more at more decode steps: docs/benchmarks.md Keyterms)"
         },
     )
     keyterm_max_gap: float = field(
         default=12.0,
         metadata={
             "help": "keyterms: a match is taken back once its tokens, summed, fall this many nats below the "
-            "greedy ones (8-10 recalled fewer names; 20 let a wrong name in: docs/benchmarks.md)"
+            "greedy ones (8 recalled fewer names, 16 no more, 20 let a wrong name in: docs/benchmarks.md Keyterms)"
         },
     )
     keyterm_take_back: bool = field(
