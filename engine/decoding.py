@@ -8,6 +8,7 @@ put every special token one id higher than English-only ones.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -115,7 +116,13 @@ class DecodingRules:
     # --- options and prompts ---
     def validate(self, options: DecodeOptions) -> None:
         validate_options(options, multilingual=self.vocab.multilingual, languages=self.vocab.languages)
-        for i, term in enumerate(options.keyterms):  # the bound only the tokenizer can check
+        if options.keyterms:
+            self._check_keyterm_tokens(tuple(options.keyterms))
+
+    @functools.lru_cache(maxsize=256)  # noqa: B019 - the rules live as long as the engine; a call's list repeats
+    def _check_keyterm_tokens(self, keyterms: tuple[str, ...]) -> None:
+        """The bound only the tokenizer can check (cached: every utterance of a call brings its list)."""
+        for i, term in enumerate(keyterms):
             tokens = len(self.tokenizer.encode(" " + term.strip(), add_special_tokens=False))
             if tokens > MAX_KEYTERM_TOKENS:
                 raise ValueError(
