@@ -175,6 +175,41 @@ class EngineConfig:
             "quantized layers do not trace)"
         },
     )
+    keyterm_prompt: bool = field(
+        default=False,
+        metadata={
+            "help": "keyterms: also put an utterance's keyterms into Whisper's previous-text prompt (as "
+            "faster-whisper's hotwords); off: in docs/benchmarks.md Keyterms it recalled fewer names than the "
+            "bias, inserted names nobody said, and with the bias had the model recite the list"
+        },
+    )
+    keyterm_bias: bool = field(
+        default=True,
+        metadata={
+            "help": "keyterms: bias the decode step toward an utterance's keyterms (engine/keyterms.py)"
+        },
+    )
+    keyterm_bonus: float = field(
+        default=4.0,
+        metadata={
+            "help": "keyterms: nats below the greedy token at which a term's first token may still start a "
+            "match (3 recalled fewer names, 6 no more at more decode steps: docs/benchmarks.md Keyterms)"
+        },
+    )
+    keyterm_max_gap: float = field(
+        default=12.0,
+        metadata={
+            "help": "keyterms: a match is taken back once its tokens, summed, fall this many nats below the "
+            "greedy ones (8 recalled fewer names, 16 no more, 20 let a wrong name in: docs/benchmarks.md Keyterms)"
+        },
+    )
+    keyterm_take_back: bool = field(
+        default=True,
+        metadata={
+            "help": "keyterms: a failed partial match returns the sequence to where it began, as if it never "
+            "started (off: the plain greedy trie bias, for comparison)"
+        },
+    )
     threads: int = field(default=0, metadata={"help": "torch intra-op threads (0: torch's default)"})
     warmup: bool = field(
         default=True, metadata={"help": "run one utterance through the model before reporting SERVING"}
@@ -231,6 +266,8 @@ class EngineConfig:
         check("max_encoder_batch_while_decoding", 0, 1024)  # 0: no bound beyond --max-batch
         check("encoder_budget_while_decoding_ms", 0, 60_000, " ms")  # 0: off
         check("threads", 0, 1024)  # 0: torch's default
+        check("keyterm_bonus", 0, 30)  # nats; 30: every first piece of a term starts a match
+        check("keyterm_max_gap", 0, 100)
         check("debug_crash_scheduler_after", 0, 1_000_000)  # test seam (engine/faults.py); 0: off
         check("debug_hang_scheduler_after", 0, 1_000_000)  # test seam (engine/faults.py); 0: off
         check("debug_drop_replies", 0, 1_000_000)  # test seam (engine/core_process.py); 0: off

@@ -1,5 +1,6 @@
-"""Whisper's decoding rules for greedy search: prompts, suppressed tokens, timestamps,
-stopping, language detection, and turning tokens into text and segments.
+"""Whisper's decoding rules for greedy search: prompts, suppressed tokens, timestamps, keyterms,
+stopping, language detection, and turning tokens into text and segments. The rules that edit logits
+are composable processors (engine/logits.py, engine/keyterms.py), applied in order over a whole step.
 
 Special token ids are read from the tokenizer, never hard-coded: multilingual vocabularies
 put every special token one id higher than English-only ones.
@@ -7,6 +8,8 @@ put every special token one id higher than English-only ones.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,15 +17,22 @@ import torch
 from torch import Tensor
 
 from engine.constants import CHUNK_SECONDS
-from engine.request import DecodeOptions, Request, Segment, validate_options
+from engine.keyterms import KeytermBias, KeytermSettings
+from engine.logits import (
+    SECONDS_PER_TIMESTAMP,
+    ApplyTimestampRules,
+    LogitProcessor,
+    StepRows,
+    SuppressBlank,
+    SuppressTokens,
+)
+from engine.request import MAX_KEYTERM_TOKENS, DecodeOptions, Request, Segment, validate_options
 
 NO_SPEECH_THRESHOLD = 0.6  # openai/whisper's defaults for dropping silent windows
 LOGPROB_THRESHOLD = -1.0
 # Whisper's rule alone lets digital silence through as a confident "you" (no-speech 0.95,
 # log-prob -0.38 on tiny.en); real speech here scores below 0.2. Above this, drop outright.
 CONFIDENT_NO_SPEECH = 0.8
-MAX_INITIAL_TIMESTAMP_S = 1.0
-SECONDS_PER_TIMESTAMP = 0.02
 
 
 @dataclass(frozen=True)
@@ -64,23 +74,66 @@ class Vocab:
         )
 
 
+@dataclass(frozen=True)
+class Choice:
+    """One sampling step's choice for its rows, on the host: the tokens, their log-probabilities under
+    the rules before any bias, and what the keyterm bias reports per row (None: no row has keyterms)."""
+
+    tokens: Tensor  # [B] int64
+    logprobs: Tensor  # [B] float64
+    keyterm: list[dict[str, float]] | None = None
+
+
 class DecodingRules:
     def __init__(
-        self, tokenizer: Any, generation_config: Any, n_vocab: int, multilingual: bool, device: torch.device
+        self,
+        tokenizer: Any,
+        generation_config: Any,
+        n_vocab: int,
+        multilingual: bool,
+        device: torch.device,
+        keyterms: KeytermSettings | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.vocab = Vocab.from_tokenizer(tokenizer, multilingual)
         self.n_vocab = n_vocab
-        self.suppress = torch.zeros(n_vocab, dtype=torch.bool, device=device)
-        self.suppress[list(generation_config.suppress_tokens or [])] = True
-        self.suppress_begin = torch.zeros(n_vocab, dtype=torch.bool, device=device)
-        self.suppress_begin[list(generation_config.begin_suppress_tokens or [])] = True
+        self.keyterm_settings = keyterms or KeytermSettings()
+        suppress = torch.zeros(n_vocab, dtype=torch.bool, device=device)
+        suppress[list(generation_config.suppress_tokens or [])] = True
+        suppress_begin = torch.zeros(n_vocab, dtype=torch.bool, device=device)
+        suppress_begin[list(generation_config.begin_suppress_tokens or [])] = True
         self.non_language = torch.ones(n_vocab, dtype=torch.bool, device=device)
         self.non_language[list(self.vocab.languages.values())] = False
+        self.keyterms = KeytermBias(tokenizer, self.vocab.eot, n_vocab, device, self.keyterm_settings)
+        # In order, as openai/whisper's LogitFilters: masks first, then the bias over what is left.
+        self.processors: list[LogitProcessor] = [
+            SuppressTokens(suppress),
+            SuppressBlank(suppress_begin),
+            ApplyTimestampRules(self.vocab, n_vocab, device),
+            self.keyterms,
+        ]
 
     # --- options and prompts ---
     def validate(self, options: DecodeOptions) -> None:
         validate_options(options, multilingual=self.vocab.multilingual, languages=self.vocab.languages)
+        if options.keyterms:
+            self._check_keyterm_tokens(tuple(options.keyterms))
+
+    @functools.lru_cache(maxsize=256)  # noqa: B019 - the rules live as long as the engine; a call's list repeats
+    def _check_keyterm_tokens(self, keyterms: tuple[str, ...]) -> None:
+        """The bound only the tokenizer can check (cached: every utterance of a call brings its list)."""
+        for i, term in enumerate(keyterms):
+            tokens = len(self.tokenizer.encode(" " + term.strip(), add_special_tokens=False))
+            if tokens > MAX_KEYTERM_TOKENS:
+                raise ValueError(
+                    f"keyterms[{i}] is {tokens} tokens long; at most {MAX_KEYTERM_TOKENS} tokens per keyterm"
+                )
+
+    def keyterm_prompt_ids(self, keyterms: tuple[str, ...]) -> tuple[int, ...]:
+        """The keyterms as previous text (the prompt layer, as faster-whisper's hotwords), to go before the
+        caller's prompt; bounded by the keyterm bounds, so tokenizing it costs little."""
+        text = " " + ", ".join(t.strip() for t in keyterms) + "."
+        return tuple(t for t in self.tokenizer.encode(text, add_special_tokens=False) if t < self.vocab.eot)
 
     def build_prompt(self, req: Request, max_tokens: int, language: str | None = None) -> None:
         """Fill req.prompt_tokens, req.sot_index and req.forced (tokens to emit after the prompt).
@@ -112,21 +165,41 @@ class DecodingRules:
             req.language = language
 
     # --- logits -> next tokens ---
-    def next_tokens(self, logits: Tensor, reqs: list[Request]) -> tuple[Tensor, Tensor]:
-        """Apply the rules to logits [B, V] (in place) and pick greedy tokens.
-        Returns (tokens [B], their log-probabilities [B]) on the host, fetched in one copy: the
-        rules themselves never wait for the device (which rows get which rule is known here)."""
-        logits.masked_fill_(self.suppress, float("-inf"))
-        for i, r in enumerate(reqs):
-            if len(r.generated) == r.sample_begin and not r.forced:
-                logits[i].masked_fill_(self.suppress_begin, float("-inf"))
-            if r.options.timestamps and not r.forced:
-                self._timestamp_rules(logits[i], r)
-        logprobs = torch.log_softmax(logits, dim=-1)
-        tokens = logits.argmax(dim=-1)
-        # float64 holds every token id and float32 log-probability exactly.
-        picked = torch.stack([tokens.double(), logprobs.gather(1, tokens[:, None])[:, 0].double()]).cpu()
-        return picked[0].long(), picked[1]
+    def start_window(self, req: Request) -> None:
+        """Per-window rule state (the keyterm bias's), before the window's first token is chosen."""
+        self.keyterms.start_window(req)
+
+    def next_tokens(self, logits: Tensor, reqs: Sequence[Request]) -> Choice:
+        """Apply the rules to logits [B, V] (in place; row i is reqs[i]) and pick greedy tokens.
+        Everything comes back to the host in one copy: the rules themselves never wait for the device."""
+        rows = StepRows.of(reqs)
+        for processor in self.processors:
+            processor.apply(logits, rows)
+        tokens = logits.argmax(dim=-1) if rows.tokens is None else rows.tokens
+        logprobs = rows.logprobs(logits).gather(1, tokens[:, None])[:, 0]
+        names = list(rows.fetch)
+        # float64 holds every token id, node and float32 log-probability exactly.
+        picked = torch.stack([tokens.double(), logprobs.double(), *(rows.fetch[k].double() for k in names)])
+        host = picked.cpu()
+        keyterm = None
+        if names:
+            values = host[2:].T.tolist()
+            keyterm = [dict(zip(names, row, strict=True)) for row in values]
+        return Choice(host[0].long(), host[1], keyterm)
+
+    def take(self, reqs: Sequence[Request], choice: Choice) -> list[tuple[Request, Exception]]:
+        """Append each row's chosen token to its request (a keyterm take-back first returns the row
+        to where its match began). Returns the requests whose update failed, each with its error."""
+        keyterm = choice.keyterm
+        failed: list[tuple[Request, Exception]] = []
+        for i, (req, token, logprob) in enumerate(
+            zip(reqs, choice.tokens.tolist(), choice.logprobs.tolist(), strict=True)
+        ):
+            try:
+                self.keyterms.take(req, token, logprob, keyterm[i] if keyterm is not None else None)
+            except Exception as exc:  # this row's state only; the others go on
+                failed.append((req, exc))
+        return failed
 
     def detect_language(self, logits: Tensor) -> Tensor:
         """Most likely language token per row of logits [B, V]."""
@@ -137,33 +210,6 @@ class DecodingRules:
 
     def no_speech_prob(self, sot_logits: Tensor) -> Tensor:
         return torch.softmax(sot_logits.float(), dim=-1)[:, self.vocab.no_speech]
-
-    def _timestamp_rules(self, logits: Tensor, req: Request) -> None:
-        """openai/whisper's ApplyTimestampRules for one sequence."""
-        v = self.vocab
-        ts = v.timestamp_begin
-        seq = req.generated[req.sample_begin :]  # sampled tokens only: not the language or task
-        logits[v.no_timestamps] = float("-inf")
-        last_was_ts = len(seq) >= 1 and seq[-1] >= ts
-        penultimate_was_ts = len(seq) < 2 or seq[-2] >= ts
-        if last_was_ts:
-            if penultimate_was_ts:  # a pair closed a segment: text must follow
-                logits[ts:] = float("-inf")
-            else:  # text then a timestamp: another timestamp (or the end) must follow
-                logits[: v.eot] = float("-inf")
-        stamps = [t for t in seq if t >= ts]
-        if stamps:
-            # Timestamps never go backwards; a segment's end is strictly after its start.
-            floor = stamps[-1] if (last_was_ts and not penultimate_was_ts) else stamps[-1] + 1
-            logits[ts:floor] = float("-inf")
-        if not seq:
-            logits[:ts] = float("-inf")
-            last_allowed = ts + round(MAX_INITIAL_TIMESTAMP_S / SECONDS_PER_TIMESTAMP)
-            logits[last_allowed + 1 :] = float("-inf")
-        logprobs = torch.log_softmax(logits.float(), dim=-1)
-        # As a device-side condition (no `if` on a tensor: that would wait for the device).
-        timestamp_likelier = torch.logsumexp(logprobs[ts:], dim=-1) > logprobs[:ts].max()
-        logits[:ts].masked_fill_(timestamp_likelier, float("-inf"))
 
     # --- tokens -> text ---
     def text(self, tokens: list[int]) -> str:

@@ -8,6 +8,7 @@ import time
 from collections.abc import Collection
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -26,6 +27,15 @@ class Priority(enum.IntEnum):
     def label(self) -> str:
         """The `class` label of the engine's metrics."""
         return self.name.lower()
+
+
+if TYPE_CHECKING:
+    from engine.keyterms import KeytermState
+
+# Keyterm bounds: what one utterance's list may hold (the trie and the prompt grow with it).
+MAX_KEYTERMS = 100
+MAX_KEYTERM_CHARS = 50
+MAX_KEYTERM_TOKENS = 16  # as the model's tokenizer spells the term after a space (checked by the engine)
 
 
 @dataclass(frozen=True)
@@ -51,6 +61,9 @@ class DecodeOptions:
             return Priority.BEST_EFFORT
         return self.priority
 
+    # Names and jargon the caller may say, boosted in decoding (engine/keyterms.py); bounds above.
+    keyterms: tuple[str, ...] = ()
+
 
 def validate_options(options: DecodeOptions, *, multilingual: bool, languages: Collection[str]) -> None:
     """Raise ValueError naming the field if a model (multilingual or not, with these language codes)
@@ -75,6 +88,25 @@ def validate_options(options: DecodeOptions, *, multilingual: bool, languages: C
         raise ValueError(
             f"priority {options.priority!r} must be one of {', '.join(p.name for p in Priority)}"
         )
+    validate_keyterms(options.keyterms)
+
+
+def validate_keyterms(keyterms: Collection[str]) -> None:
+    """Raise ValueError naming the field and the bound for a keyterm list past them (the token bound
+    needs the model's tokenizer: DecodingRules.validate checks it)."""
+    if isinstance(keyterms, str):
+        raise ValueError("keyterms must be a list of terms, not one string")
+    if len(keyterms) > MAX_KEYTERMS:
+        raise ValueError(f"keyterms holds {len(keyterms)} terms; at most {MAX_KEYTERMS}")
+    for i, term in enumerate(keyterms):
+        if not isinstance(term, str) or not term.strip():
+            raise ValueError(f"keyterms[{i}] is empty; each keyterm needs at least one character")
+        if len(term.strip()) > MAX_KEYTERM_CHARS:
+            raise ValueError(
+                f"keyterms[{i}] is {len(term.strip())} characters long; at most {MAX_KEYTERM_CHARS} per keyterm"
+            )
+        if not term.isprintable():
+            raise ValueError(f"keyterms[{i}] holds a control character; keyterms are printable text")
 
 
 @dataclass(frozen=True)
@@ -181,6 +213,7 @@ class Request:
     encode_start: float | None = None  # its first encoder pass began (None: never admitted yet)
     encoder_batch_size: int = 0
     decode_steps: int = 0
+    keyterm: KeytermState | None = None  # the keyterm bias's place in this window (engine/keyterms.py)
 
     @property
     def kv_row(self) -> int:

@@ -16,6 +16,7 @@ from engine.config import EngineConfig
 from engine.constants import POSITIONS_PER_SECOND, SAMPLE_RATE
 from engine.decoding import DecodingRules
 from engine.features import LogMel
+from engine.keyterms import KeytermSettings
 from engine.kv_cache import KVCache
 from engine.model import Whisper, from_transformers
 from engine.quantize import quantize_for
@@ -55,8 +56,15 @@ class ModelRunner:
         dims = self.model.dims
         self.logmel = LogMel(dims.n_mels, self.device)
         multilingual = dims.n_vocab >= 51865
+        keyterms = KeytermSettings(
+            prompt=config.keyterm_prompt,
+            bias=config.keyterm_bias,
+            start_bonus=config.keyterm_bonus,
+            max_gap=config.keyterm_max_gap,
+            take_back=config.keyterm_take_back,
+        )
         self.rules = DecodingRules(
-            weights.tokenizer, weights.generation_config, dims.n_vocab, multilingual, self.device
+            weights.tokenizer, weights.generation_config, dims.n_vocab, multilingual, self.device, keyterms
         )
         if config.max_tokens > dims.n_text_ctx:
             raise ValueError(

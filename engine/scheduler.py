@@ -33,6 +33,7 @@ from engine import metrics as m
 from engine import outcome
 from engine.config import EngineConfig
 from engine.constants import SAMPLE_RATE
+from engine.decoding import Choice
 from engine.errors import EngineOverloaded, EngineStopped, ModelInfo
 from engine.policy import Plan, Policy, Snapshot, Waiting
 from engine.prompt import PromptEncoder, max_prompt_tokens
@@ -139,6 +140,9 @@ class Scheduler:
         req.priority = req.options.work_class
         # On the caller's thread, once per distinct prompt (engine/prompt.py), never per window or fallback.
         req.prompt_ids = self.prompts.encode(req.options.prompt)
+        if req.options.keyterms and self.rules.keyterm_settings.prompt:
+            # before the caller's prompt: build_prompt keeps the tail when the two are too long together
+            req.prompt_ids = self.rules.keyterm_prompt_ids(req.options.keyterms) + req.prompt_ids
         with self._lock:
             live, best_effort, recorded = self._queued
             refusal = self.policy.admit(req.priority, (live, best_effort, recorded))
@@ -341,6 +345,7 @@ class Scheduler:
                 # Speech rarely passes ~5 tokens/s; a trimmed window far beyond that is looping.
                 budget = TRIMMED_TOKENS_PER_SECOND * len(req.window_audio()) / SAMPLE_RATE
                 req.max_new = min(req.max_new, TRIMMED_TOKENS_MIN + int(budget))
+            self.rules.start_window(req)
         if not reqs:
             return
         # Releasing a failed row moves the last row into its place, so the survivors are no longer
@@ -433,15 +438,15 @@ class Scheduler:
                 r.generated.append(r.forced.pop(0))
         if not free:
             return
-        chosen: list[tuple[Request, int, float]] = []
+        choices: list[tuple[list[Request], Choice]] = []
         failed: list[tuple[Request, Exception]] = []
         try:
-            self._stage("rules", [reqs[i] for i in free])
+            rows = [reqs[i] for i in free]
+            self._stage("rules", rows)
             # A copy either way (the rules edit in place; `logits` stays untouched for the retry below);
             # clone() when every row is free, since indexing by a list copies the index to the device.
             picked = logits.clone() if len(free) == len(reqs) else logits[free]
-            tokens, logprobs = self.rules.next_tokens(picked, [reqs[i] for i in free])
-            chosen = list(zip([reqs[i] for i in free], tokens.tolist(), logprobs.tolist(), strict=True))
+            choices.append((rows, self.rules.next_tokens(picked, rows)))
         except Exception as exc:
             if leaves_engine_unknown(exc):
                 raise
@@ -449,15 +454,12 @@ class Scheduler:
             for i in free:
                 try:
                     self._stage("rules", [reqs[i]])
-                    one_token, one_logprob = self.rules.next_tokens(logits[[i]], [reqs[i]])
-                    chosen.append((reqs[i], int(one_token.item()), float(one_logprob.item())))
+                    choices.append(([reqs[i]], self.rules.next_tokens(logits[[i]], [reqs[i]])))
                 except Exception as alone_exc:
                     failed.append((reqs[i], alone_exc))
-        for req, token, logprob in chosen:
-            req.generated.append(token)
-            req.sum_logprob += logprob
-            req.sampled += 1
-        m.TOKENS_GENERATED.inc(len(chosen))
+        for rows, choice in choices:
+            failed.extend(self.rules.take(rows, choice))
+        m.TOKENS_GENERATED.inc(sum(len(rows) for rows, _ in choices) - len(failed))
         # Released only now: a release moves rows, and `logits` was indexed by them above.
         for req, error in failed:
             self._fail_in_stage(req, "rules", error)

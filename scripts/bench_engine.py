@@ -191,9 +191,9 @@ def decode_step_bench(args: argparse.Namespace) -> None:
     def after(b: int, stepper: DecodeStepper = eager_stepper) -> list[int]:
         runner.stepper = stepper
         logits = runner.step([v.sot] * b, [length] * b)
-        tokens, logprobs = runner.rules.next_tokens(logits.clone(), reqs[:b])
-        logprobs.tolist()
-        return list(tokens.tolist())
+        choice = runner.rules.next_tokens(logits.clone(), reqs[:b])
+        choice.logprobs.tolist()
+        return list(choice.tokens.tolist())
 
     lines = [
         STEP_SECTION,

@@ -116,6 +116,8 @@ ENGINE_OUT_OF_RANGE = [
     ("--debug-hang-scheduler-after", "-1", "--debug-hang-scheduler-after must be 0-1000000"),
     ("--debug-drop-replies", "-1", "--debug-drop-replies must be 0-1000000"),
     ("--debug-slow-encoder-s", "-1", "--debug-slow-encoder-s must be 0-600 s"),
+    ("--keyterm-bonus", "31", "--keyterm-bonus must be 0-30"),
+    ("--keyterm-max-gap", "-1", "--keyterm-max-gap must be 0-100"),
 ]
 
 

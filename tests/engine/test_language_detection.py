@@ -112,8 +112,8 @@ def test_the_first_sampled_token_after_detection_obeys_begin_suppress(base_engin
             req.forced = []
         logits = torch.zeros(1, rules.n_vocab)
         logits[0, v.eot], logits[0, blank], logits[0, 1000] = 30.0, 20.0, 10.0
-        first, _ = rules.next_tokens(logits.clone(), [req])
+        first = rules.next_tokens(logits.clone(), [req]).tokens
         req.generated.append(int(first))
-        second, _ = rules.next_tokens(logits.clone(), [req])
+        second = rules.next_tokens(logits.clone(), [req]).tokens
         results[language] = (int(first), int(second))
     assert results[None] == results["es"] == (1000, v.eot)

@@ -128,6 +128,15 @@ def test_the_decode_step_compiles_as_one_graph_and_never_reads_the_device(engine
     later.generated = [v.timestamp_begin + 1, 1000]  # a sampled token already: no first-token rules
     logits = runner.step([v.sot] * 3, [3, 5, 4])
     assert host_reads(runner.rules.next_tokens, logits.clone(), [first, later, stamped]) == []
+    # Nor does the keyterm bias, once its list is compiled and stacked (per batch composition, not per step).
+    boosted = Request(
+        id="3", audio=np.zeros(1, np.float32), options=DecodeOptions(keyterms=("Kestoria",)), future=Future()
+    )
+    runner.rules.build_prompt(boosted, 224)
+    runner.rules.start_window(boosted)
+    logits = runner.step([v.sot] * 4, [3, 5, 4, 3])
+    runner.rules.next_tokens(logits.clone(), [first, later, stamped, boosted])
+    assert host_reads(runner.rules.next_tokens, logits.clone(), [first, later, stamped, boosted]) == []
 
 
 HOST_READ_VARIANTS = {
