@@ -129,11 +129,16 @@ class DecodingRules:
                     f"keyterms[{i}] is {tokens} tokens long; at most {MAX_KEYTERM_TOKENS} tokens per keyterm"
                 )
 
-    def keyterm_prompt_ids(self, keyterms: tuple[str, ...]) -> tuple[int, ...]:
-        """The keyterms as previous text (the prompt layer, as faster-whisper's hotwords), to go before the
-        caller's prompt; bounded by the keyterm bounds, so tokenizing it costs little."""
-        text = " " + ", ".join(t.strip() for t in keyterms) + "."
-        return tuple(t for t in self.tokenizer.encode(text, add_special_tokens=False) if t < self.vocab.eot)
+    def previous_text(self, options: DecodeOptions, prompt_ids: tuple[int, ...]) -> tuple[int, ...]:
+        """The token ids Whisper conditions on as previous text: the caller's prompt (tokenized once, at
+        submit: engine/prompt.py), after the keyterms when the prompt layer is on (as faster-whisper's
+        hotwords). Bounded by the keyterm bounds, so tokenizing them costs little; build_prompt keeps the
+        tail when the two together are too long."""
+        if not (options.keyterms and self.keyterm_settings.prompt):
+            return prompt_ids
+        text = " " + ", ".join(t.strip() for t in options.keyterms) + "."
+        terms = [t for t in self.tokenizer.encode(text, add_special_tokens=False) if t < self.vocab.eot]
+        return (*terms, *prompt_ids)
 
     def build_prompt(self, req: Request, max_tokens: int, language: str | None = None) -> None:
         """Fill req.prompt_tokens, req.sot_index and req.forced (tokens to emit after the prompt).

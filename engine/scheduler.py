@@ -139,10 +139,7 @@ class Scheduler:
             raise EngineStopped("the engine is not running")
         req.priority = req.options.work_class
         # On the caller's thread, once per distinct prompt (engine/prompt.py), never per window or fallback.
-        req.prompt_ids = self.prompts.encode(req.options.prompt)
-        if req.options.keyterms and self.rules.keyterm_settings.prompt:
-            # before the caller's prompt: build_prompt keeps the tail when the two are too long together
-            req.prompt_ids = self.rules.keyterm_prompt_ids(req.options.keyterms) + req.prompt_ids
+        req.prompt_ids = self.rules.previous_text(req.options, self.prompts.encode(req.options.prompt))
         with self._lock:
             live, best_effort, recorded = self._queued
             refusal = self.policy.admit(req.priority, (live, best_effort, recorded))

@@ -211,6 +211,8 @@ def test_the_prompt_layer_puts_the_terms_before_the_prompt(
     prompts = []
     for rules in (on, off):
         req = Request("r", np.zeros(1, np.float32), options, Future())
+        prompt = rules.tokenizer.encode(" Billing call.", add_special_tokens=False)
+        req.prompt_ids = rules.previous_text(options, tuple(prompt))
         rules.build_prompt(req, 224)
         prompts.append(rules.tokenizer.decode(req.prompt_tokens[1 : req.sot_index]))
     assert prompts == [" Kestoria, Moxilar. Billing call.", " Billing call."]
