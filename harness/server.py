@@ -23,7 +23,16 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from harness.metrics import Metrics, scrape
 from service.ports import LOOPBACK, free_port
 
-__all__ = ["HOST", "REPO", "ServerProcess", "checkout", "end_process", "merge_base", "source_tree"]
+__all__ = [
+    "HOST",
+    "REPO",
+    "ServerProcess",
+    "checkout",
+    "end_process",
+    "merge_base",
+    "source_tree",
+    "split_server_args",
+]
 HOST = LOOPBACK  # servers under test or benchmark never listen beyond this machine
 REPO = Path(__file__).resolve().parents[1]
 
@@ -44,6 +53,14 @@ def checkout(ref: str, paths: Sequence[str] = ()) -> Iterator[Path]:
         yield source_tree(ref, tmp / "src", paths)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def split_server_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """A script's own arguments and, after a `--`, the flags it passes to every server it starts."""
+    if "--" not in argv:
+        return list(argv), []
+    cut = list(argv).index("--")
+    return list(argv[:cut]), list(argv[cut + 1 :])
 
 
 def merge_base(branch: str = "main") -> str:

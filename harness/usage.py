@@ -10,12 +10,25 @@ from __future__ import annotations
 
 import contextlib
 import os
+import platform
 import statistics
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+
+
+def machine(load_at_start: float) -> dict[str, Any]:
+    """The machine a run's figures come from and how busy it was: the 1-minute load average at the
+    run's start (`os.getloadavg()[0]` then) and now. A busy shared machine explains slow figures."""
+    return {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "loadavg_1m_start_end": [round(load_at_start, 2), round(os.getloadavg()[0], 2)],
+    }
 
 
 def _tree(pid: int | None) -> list[Any]:

@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # runnable as a plain script from a checkout
 
 from clients import loadgen  # noqa: E402
-from harness.server import ServerProcess, checkout, merge_base  # noqa: E402
+from harness.server import ServerProcess, checkout, merge_base, split_server_args  # noqa: E402
 from harness.stats import percentile  # noqa: E402
 from scripts.real_speech import build_real_manifest  # noqa: E402
 
@@ -116,9 +116,7 @@ def table(rows: list[dict[str, Any]], concurrency: int) -> str:
 
 
 def main() -> None:
-    argv = sys.argv[1:]
-    server_args = argv[argv.index("--") + 1 :] if "--" in argv else []
-    argv = argv[: argv.index("--")] if "--" in argv else argv
+    argv, server_args = split_server_args(sys.argv[1:])
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
         "--before", default="", help="git ref of the 'before' code (default: merge-base with main)"

@@ -38,7 +38,7 @@ from clients.loadgen.plot import plot  # noqa: E402
 from clients.loadgen.report import compare_table  # noqa: E402
 from clients.loadgen.run import DEFAULT_CONCURRENCY  # noqa: E402
 from clients.manifest import build_manifest  # noqa: E402
-from harness.server import ServerProcess  # noqa: E402
+from harness.server import ServerProcess, split_server_args  # noqa: E402
 
 
 def run_mode(mode: str, label: str, args: argparse.Namespace, manifest: Path, server_args: list[str]) -> Path:
@@ -93,11 +93,7 @@ def targets(batched: dict[str, Any], peers: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    server_args: list[str] = []
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, server_args = argv[:cut], argv[cut + 1 :]
+    argv, server_args = split_server_args(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--manifest", type=Path, default=None, help="default: speak the 8 kHz manifest into OUT")
     p.add_argument("--count", type=int, default=40, help="utterances in the generated manifest")

@@ -38,7 +38,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import subprocess
 import sys
 import threading
@@ -53,7 +52,7 @@ sys.path.insert(0, str(REPO))  # runnable as a plain script from a checkout
 
 from clients.manifest import ManifestEntry, load_manifest  # noqa: E402
 from clients.scoring import corpus_wer  # noqa: E402
-from harness.usage import Stopwatch, peak_rss_bytes  # noqa: E402
+from harness.usage import Stopwatch, machine, peak_rss_bytes  # noqa: E402
 
 STREAMS = 16  # issue 13's throughput target: 16 streams sent as fast as possible
 SYSTEMS = (
@@ -449,13 +448,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "manifest": str(args.manifest),
         "manifest_utterances": len(entries),
         "encodings": sorted({e.encoding for e in entries}),
-        "machine": {
-            "platform": platform.platform(),
-            "machine": platform.machine(),
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "loadavg_1m_start_end": [round(load_start, 2), round(os.getloadavg()[0], 2)],
-        },
+        "machine": machine(load_start),
         "threads": args.threads,
         "omp_wait_policy": env["OMP_WAIT_POLICY"],
         "engine_options": args.engine_option,

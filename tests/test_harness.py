@@ -17,7 +17,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from harness.metrics import Metrics
-from harness.server import ServerProcess, end_process, source_tree
+from harness.server import ServerProcess, end_process, source_tree, split_server_args
 from harness.stats import percentile
 from harness.usage import Stopwatch, cpu_seconds, peak_rss_bytes
 
@@ -122,6 +122,14 @@ def test_end_process_terminates_then_kills_what_ignores_sigterm() -> None:
     )  # fmt: skip
     assert stubborn.stdout is not None and stubborn.stdout.readline() == "ready\n"
     assert end_process(stubborn, grace_s=0.5) == -signal.SIGKILL
+
+
+def test_server_flags_follow_the_double_dash() -> None:
+    assert split_server_args(["--count", "2", "--", "--quantize", "off", "--"]) == (
+        ["--count", "2"],
+        ["--quantize", "off", "--"],
+    )
+    assert split_server_args(["--count", "2"]) == (["--count", "2"], [])
 
 
 def test_a_server_of_another_tree_runs_that_trees_code(tmp_path: Path) -> None:

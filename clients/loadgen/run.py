@@ -10,7 +10,6 @@ import contextlib
 import datetime as dt
 import itertools
 import os
-import platform
 import sys
 import time
 from collections import Counter
@@ -26,6 +25,7 @@ from clients.manifest import load_manifest
 from clients.scoring import corpus_wer
 from harness.metrics import Metrics, scrape
 from harness.stats import percentile
+from harness.usage import machine
 
 DEFAULT_CONCURRENCY = (1, 4, 16, 64)
 RSS_METRIC = "process_resident_memory_bytes"
@@ -292,7 +292,7 @@ async def run_level(
 
 
 async def run_sweep(args: argparse.Namespace) -> dict[str, Any]:
-    load_start = os.getloadavg()  # a busy machine explains slow figures: record how busy it was
+    load_start = os.getloadavg()[0]  # a busy machine explains slow figures: record how busy it was
     entries = load_manifest(args.manifest)
     utts = load_utterances(entries)
     levels: list[LevelResult] = []
@@ -324,13 +324,7 @@ async def run_sweep(args: argparse.Namespace) -> dict[str, Any]:
         "manifest_audio_s": round(sum(u.duration_s for u in utts), 3),
         "realtime": args.realtime,
         "chunk_ms": args.chunk_ms,
-        "machine": {
-            "platform": platform.platform(),
-            "machine": platform.machine(),
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "loadavg_1m_start_end": [round(load_start[0], 2), round(os.getloadavg()[0], 2)],
-        },
+        "machine": machine(load_start),
         "server_info": info,
         "levels": [asdict(lv) for lv in levels],
     }
