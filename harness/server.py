@@ -91,7 +91,7 @@ class ServerProcess:
     - `ports_of` takes another server's ports (a restart); `own_process_group` puts it in a process
       group of its own, which a caller may signal as a whole (systemd's KillMode=control-group).
     - `source`: a source tree (`source_tree()`, `checkout()`) whose service and engine run instead of
-      this checkout's, on this interpreter's packages.
+      this checkout's, on this interpreter's packages (the generated asr.v1 protos included).
     - `log_path`: where the output goes and stays (default: a temporary file `stop()` removes).
 
     As a context manager: `stop(grace_s=60)` on leaving (SIGTERM, the server drains, then kill).
