@@ -46,6 +46,7 @@ COPY proto/ proto/
 COPY engine/ engine/
 COPY service/ service/
 COPY clients/ clients/
+COPY harness/ harness/
 RUN pip install --no-deps "./" \
     && python -c "import engine, service.server, asr.v1.asr_pb2" \
     && asr-server --help > /dev/null

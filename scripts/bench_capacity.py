@@ -22,14 +22,11 @@ through the server against the in-process engine, in one run, one table.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import datetime as dt
 import json
 import os
 import platform
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -39,13 +36,13 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # runnable as a plain script from a checkout
 
-from docs_section import write_section  # noqa: E402  (beside this script)
-from real_speech import build_real_manifest  # noqa: E402  (beside this script)
-
 from clients import loadgen  # noqa: E402
-from clients.client import RecognizerClient  # noqa: E402
+from clients.loadgen.report import fmt  # noqa: E402
 from clients.manifest import build_manifest  # noqa: E402
-from service.ports import LOOPBACK, free_port  # noqa: E402
+from harness.server import ServerProcess  # noqa: E402
+from harness.usage import Stopwatch  # noqa: E402
+from scripts.docs_section import write_section  # noqa: E402
+from scripts.real_speech import build_real_manifest  # noqa: E402
 
 SECTION = "## Capacity: frontends and calls"
 NOISE_RUNS = [(128, 20), (256, 100)]  # (calls, chunk ms): the issue's two live-call targets
@@ -55,39 +52,13 @@ SPEAKING_CALLS = 16
 SPEAKING_TARGET = 0.95  # through the server >= 95% of the in-process engine's throughput
 
 
-# --- audio ---
-
-
-# --- a server per configuration ---
-
-
 @contextlib.contextmanager
 def server(frontends: int, threads: int, log: Path, *extra: str) -> Iterator[tuple[str, str]]:
     """asr-server on loopback with free ports: (gRPC target, metrics URL) once SERVING."""
-    port, metrics_port = free_port(), free_port()
-    exe = Path(sys.executable).with_name("asr-server")
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "service.supervisor"]
-    cmd += ["--host", LOOPBACK, "--port", str(port), "--metrics-port", str(metrics_port), "--http-port", "0"]
-    cmd += ["--frontends", str(frontends), "--threads", str(threads), "--log-format", "text"]
-    cmd += ["--log-level", "warning", "--max-streams", "1024", *extra]
-    target = f"{LOOPBACK}:{port}"
-    with log.open("w") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
-        try:
-
-            async def ready() -> None:
-                async with RecognizerClient(target) as client:
-                    await client.wait_until_serving(300)
-
-            asyncio.run(ready())
-            yield target, f"http://{LOOPBACK}:{metrics_port}/metrics"
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+    flags = ["--frontends", str(frontends), "--log-level", "warning", "--max-streams", "1024", *extra]
+    with ServerProcess(*flags, threads=threads, log_format="text", log_path=log) as process:
+        process.wait_serving(300)
+        yield process.target, process.metrics_url
 
 
 # --- the runs ---
@@ -173,11 +144,11 @@ def in_process_speaking(manifest: Path, utterances: int, threads: int) -> dict[s
         engine.warmup()
         before = fallbacks()
         load = os.getloadavg()[0]
-        t0 = time.perf_counter()
-        handles = [engine.submit(clips[i % len(clips)]) for i in range(utterances)]
-        for h in handles:
-            h.future.result()
-        wall = time.perf_counter() - t0
+        with Stopwatch() as timed:
+            handles = [engine.submit(clips[i % len(clips)]) for i in range(utterances)]
+            for h in handles:
+                h.future.result()
+        wall = timed.wall_s
     finally:
         engine.stop()
     return {
@@ -189,10 +160,6 @@ def in_process_speaking(manifest: Path, utterances: int, threads: int) -> dict[s
 
 
 # --- the table ---
-
-
-def _f(v: float | None, fmt: str = "{:.2f}") -> str:
-    return "-" if v is None else fmt.format(v)
 
 
 def table(
@@ -218,10 +185,10 @@ def table(
         lines.append(
             f"| {r['calls']} x {r['seconds_per_call']:g} s in {r['chunk_ms']} ms chunks "
             f"| {r['frontends']} | {'yes' if r['kept_up'] else 'NO'} "
-            f"| {_f(r['close_lag_p50_s'])} / {_f(r['close_lag_p95_s'])} / {_f(r['close_lag_max_s'])} "
-            f"| {_f(pct, '{:.3f}')} (<= {target}){met} | {_f(r['server_cores_used'])} "
+            f"| {fmt(r['close_lag_p50_s'])} / {fmt(r['close_lag_p95_s'])} / {fmt(r['close_lag_max_s'])} "
+            f"| {fmt(pct, '{:.3f}')} (<= {target}){met} | {fmt(r['server_cores_used'])} "
             f"| {by.get('engine', 0):.1f} / {fronts:.1f} / {by.get('supervisor', 0):.1f} | {errs} "
-            f"| {_f(r['client_cores_used'])}, {r['client_send_late_max_s']:.2f} s "
+            f"| {fmt(r['client_cores_used'])}, {r['client_send_late_max_s']:.2f} s "
             f"| {r['loadavg_1m_start_end'][0]:.1f} |"
         )
     if held:
@@ -236,8 +203,8 @@ def table(
             miss = (
                 "none missed"
                 if m is None
-                else f"{m['calls']}, {_f(m['close_lag_p95_s'])}, {_f(m['cpu_per_call_pct'], '{:.3f}')}, "
-                f"{_f(m['server_cores_used'])}, {m['loadavg_1m_start_end'][0]:.1f}"
+                else f"{m['calls']}, {fmt(m['close_lag_p95_s'])}, {fmt(m['cpu_per_call_pct'], '{:.3f}')}, "
+                f"{fmt(m['server_cores_used'])}, {m['loadavg_1m_start_end'][0]:.1f}"
             )
             lines.append(f"| line noise, 20 ms chunks | {h['frontends']} | {h['held']} | {miss} |")
     lines += [
@@ -253,9 +220,9 @@ def table(
         errs = ", ".join(f"{k} {v}" for k, v in sorted(lv["errors"].items())) or "0"
         lines.append(
             f"| {s['set']} | {lv['utterances']} | {lv['utt_per_s']:.2f} | {s['in_process']['utt_per_s']:.2f} "
-            f"| {ratio:.0%} {'met' if ratio >= SPEAKING_TARGET else 'missed'} | {_f(lv['latency_p95_s'])} "
-            f"| {_f(None if lv['wer'] is None else 100 * lv['wer'], '{:.1f}')} "
-            f"| {_f(None if ipc is None else 1000 * ipc)} | {errs} "
+            f"| {ratio:.0%} {'met' if ratio >= SPEAKING_TARGET else 'missed'} | {fmt(lv['latency_p95_s'])} "
+            f"| {fmt(None if lv['wer'] is None else 100 * lv['wer'], '{:.1f}')} "
+            f"| {fmt(None if ipc is None else 1000 * ipc)} | {errs} "
             f"| {s['in_process']['full_context_fallbacks']:.0f} "
             f"| {lv['loadavg_1m']:.1f} / {s['in_process']['loadavg_1m']:.1f} |"
         )

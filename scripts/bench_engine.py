@@ -28,11 +28,9 @@ import importlib.util
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from functools import partial
 from pathlib import Path
 from types import ModuleType
@@ -44,6 +42,8 @@ from docs_section import write_section  # beside this script
 from engine.config import EngineConfig  # in the --throughput-json child these may be --before's
 from engine.runner import ModelRunner
 from engine.weights import load
+from harness.server import source_tree
+from harness.usage import Stopwatch, interleaved_median_wall_s, median_wall_s
 
 SECTION = "## Engine micro-benchmark"
 STEP_SECTION = "## Decode step: fused, sync-free, graph-ready"
@@ -56,18 +56,6 @@ def machine() -> str:
     if torch.cuda.is_available():
         return f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}"
     return f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
-
-
-def timed(fn, repeats: int, sync) -> float:  # type: ignore[no-untyped-def]
-    fn()  # warm: allocator, kernels, oneDNN primitives
-    sync()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        sync()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
 
 
 def encode_loop(runner: ModelRunner, audio: list[np.ndarray]) -> None:
@@ -107,11 +95,11 @@ def throughput_json(threads: int, n: int) -> None:
     try:
         for h in [engine.submit(c) for c in clips[:2]]:  # warm the shapes up, untimed
             h.future.result(timeout=600)
-        start = time.perf_counter()
-        results = [h.future.result(timeout=600) for h in [engine.submit(c) for c in clips]]
-        wall = time.perf_counter() - start
+        with Stopwatch(descendants=False) as timed:
+            results = [h.future.result(timeout=600) for h in [engine.submit(c) for c in clips]]
     finally:
         engine.stop()
+    wall = timed.wall_s
     print(json.dumps({"utt_s": n / wall, "wall": wall, "tokens": [list(r.tokens) for r in results]}))
 
 
@@ -218,21 +206,12 @@ def decode_step_bench(args: argparse.Namespace) -> None:
         same = f"{before(b) == after(b)}"
         compile_s = 0.0
         if b in compiled_sizes:
-            t0 = time.perf_counter()
-            compiled_tokens = after(b, compiled_stepper)
-            compile_s = time.perf_counter() - t0
+            with Stopwatch(descendants=False) as compiling:
+                compiled_tokens = after(b, compiled_stepper)
+            compile_s = compiling.wall_s
             same += f" / {compiled_tokens == after(b)}"
             runs["compiled"] = partial(after, b, compiled_stepper)
-        samples: dict[str, list[float]] = {name: [] for name in runs}
-        for fn in runs.values():
-            fn()  # warm
-        for _ in range(args.repeats):
-            for name, fn in runs.items():
-                start = time.perf_counter()
-                fn()
-                runner.sync()
-                samples[name].append(time.perf_counter() - start)
-        t = {k: statistics.median(x) for k, x in samples.items()}
+        t = interleaved_median_wall_s(runs, args.repeats, runner.sync)
         compiled = (
             f"{1000 * t['compiled']:.2f} | {t['before'] / t['eager']:.2f}x | {t['eager'] / t['compiled']:.2f}x"
             if "compiled" in t
@@ -268,12 +247,7 @@ def decode_step_bench(args: argparse.Namespace) -> None:
         print(lines[-1], flush=True)
 
     n = args.utterances
-    old_tree = tmp / "before"
-    old_tree.mkdir()
-    archive = subprocess.run(
-        ["git", "-C", str(REPO), "archive", args.before, "engine"], check=True, capture_output=True
-    )
-    subprocess.run(["tar", "-x", "-C", str(old_tree)], input=archive.stdout, check=True)
+    old_tree = source_tree(args.before, tmp / "before", ["engine"])
     lines += [
         "",
         f"{n} real utterances submitted at once through the engine (default settings, {args.threads or 'default'} "
@@ -363,8 +337,8 @@ def main() -> None:
                 if b * (30 if context == "full" else 1) > 200 and runner.device.type == "cpu"
                 else args.repeats
             )
-            loop = timed(partial(encode_loop, runner, audio[:b]), reps, runner.sync)
-            batch = timed(partial(encode_batch, runner, audio[:b]), reps, runner.sync)
+            loop = median_wall_s(partial(encode_loop, runner, audio[:b]), reps, runner.sync)
+            batch = median_wall_s(partial(encode_batch, runner, audio[:b]), reps, runner.sync)
             lines.append(
                 f"| {context} | {b} | {loop:.3f} | {batch:.3f} | {1000 * loop / b:.1f} / {1000 * batch / b:.1f} "
                 f"| {loop / batch:.2f}x |"
@@ -384,7 +358,7 @@ def main() -> None:
     for b in sizes:
         runner.prefill([[prompt.sot, prompt.no_timestamps]] * b, [0] * b, slice(0, b))
         tokens, lengths = [prompt.sot] * b, [40] * b  # a step 40 tokens into each sequence
-        step = timed(partial(runner.step, tokens, lengths), max(args.repeats, 10), runner.sync)
+        step = median_wall_s(partial(runner.step, tokens, lengths), max(args.repeats, 10), runner.sync)
         base = base or step
         lines.append(f"| {b} | {1000 * step:.1f} | {1000 * step / b:.2f} | {base * b / step:.1f}x |")
         print(lines[-1], flush=True)

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import threading
@@ -46,6 +45,8 @@ sys.path.insert(0, str(REPO))  # runnable as a plain script from a checkout
 
 from engine import DecodeOptions, Engine, EngineConfig  # noqa: E402
 from engine.api import SAMPLE_RATE  # noqa: E402
+from harness.stats import percentile  # noqa: E402
+from harness.usage import Stopwatch, median_wall_s  # noqa: E402
 
 # Sums of the engine's histograms that the engine step reads (engine/metrics.py).
 SUMS = (
@@ -80,18 +81,6 @@ def noise(seconds: float, rng: np.random.Generator) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------ encoder
-
-
-def timed(fn: Callable[[], None], repeats: int, sync: Callable[[], None]) -> float:
-    fn()  # warm: allocator, kernel selection
-    sync()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        sync()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
 
 
 def step_encoder(args: argparse.Namespace) -> None:
@@ -129,8 +118,8 @@ def step_encoder(args: argparse.Namespace) -> None:
             runner.encode(audio[:b], list(range(b)), ctx[:b])
 
         for b in sizes:
-            t_loop = timed(lambda b=b: loop(b), args.repeats, runner.sync)  # type: ignore[misc]
-            t_batch = timed(lambda b=b: batch(b), args.repeats, runner.sync)  # type: ignore[misc]
+            t_loop = median_wall_s(lambda b=b: loop(b), args.repeats, runner.sync)  # type: ignore[misc]
+            t_batch = median_wall_s(lambda b=b: batch(b), args.repeats, runner.sync)  # type: ignore[misc]
             lines.append(
                 f"| {context} ({ctx[0]} positions) | {b} | {1000 * t_loop:.1f} | {1000 * t_batch:.1f} "
                 f"| {1000 * t_loop / b:.2f} / {1000 * t_batch / b:.2f} | {t_loop / t_batch:.2f}x |"
@@ -197,12 +186,12 @@ def run_engine(config: EngineConfig, concurrency: int, total: int, ramp_s: float
                     tokens += len(result.tokens)
 
         threads = [threading.Thread(target=caller, args=(k,)) for k in range(concurrency)]
-        start = time.perf_counter()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        wall = time.perf_counter() - start
+        with Stopwatch(descendants=False) as timed:
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        wall = timed.wall_s
         after = metric_sums()
     finally:
         engine.stop()
@@ -214,8 +203,8 @@ def run_engine(config: EngineConfig, concurrency: int, total: int, ramp_s: float
     return {
         "utt_s": len(latencies) / wall,
         "tok_s": tokens / wall,
-        "p50": float(np.percentile(latencies, 50)),
-        "p95": float(np.percentile(latencies, 95)),
+        "p50": percentile(latencies, 50),
+        "p95": percentile(latencies, 95),
         "blocked": d["asr_scheduler_blocked_seconds_sum"] / wall,
         "enc_share": d["asr_encoder_seconds_sum"] / busy if busy else 0.0,
         "mean_batch": d["asr_encoder_batch_size_sum"] / calls if calls else 0.0,
@@ -302,8 +291,8 @@ def step_decode(args: argparse.Namespace) -> None:
             return runner.step([v.sot] * b, [args.length] * b).argmax(dim=-1).cpu()
 
         same = int((run(eager) == run(static)).sum())
-        t_off = timed(lambda: run(eager), args.repeats, runner.sync)
-        t_on = timed(lambda: run(static), args.repeats, runner.sync)
+        t_off = median_wall_s(lambda: run(eager), args.repeats, runner.sync)
+        t_on = median_wall_s(lambda: run(static), args.repeats, runner.sync)
         lines.append(f"| {b} | {1000 * t_off:.2f} | {1000 * t_on:.2f} | {t_off / t_on:.2f}x | {same}/{b} |")
         print(lines[-1], flush=True)
     if cuda:

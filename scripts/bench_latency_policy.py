@@ -27,11 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,52 +37,30 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # runnable as a plain script from a checkout
 
 from clients import loadgen  # noqa: E402
-from scripts.bench_loadgen_ab import HOST, free_port  # noqa: E402
+from harness.server import ServerProcess, checkout, merge_base, split_server_args  # noqa: E402
+from harness.stats import percentile  # noqa: E402
 from scripts.real_speech import build_real_manifest  # noqa: E402
-
-
-def checkout(ref: str, into: Path) -> Path:
-    """The tree at `ref`, extracted (no .git) so its server runs that code."""
-    into.mkdir(parents=True, exist_ok=True)
-    archive = subprocess.run(["git", "archive", ref], cwd=REPO, check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    return into
 
 
 @dataclass
 class Server:
     label: str
     flags: list[str]
-    port: int
-    proc: subprocess.Popen[bytes]
+    process: ServerProcess
     latencies: list[float] = field(default_factory=list)
     utterances: int = 0
     failed: int = 0  # not OK, or OK without a final
     loads: list[float] = field(default_factory=list)  # 1-min load average as each round began
 
 
-def start_server(label: str, src: Path, flags: list[str], args: argparse.Namespace) -> Server:
-    port, metrics_port = free_port(), free_port()
-    log = (args.out / f"server-{label.replace(' ', '_')}.log").open("w")
-    # `-m` from the source folder, with it first on the path: that tree's engine and service run.
-    cmd = [
-        sys.executable, "-m", "service.supervisor",
-        "--host", HOST, "--port", str(port), "--metrics-port", str(metrics_port), "--log-format", "text",
-        "--http-port", "0",  # several servers at once: none takes the HTTP API's fixed default port
-        *flags, *args.server_args,
-    ]  # fmt: skip
-    print(f"== {label}: {' '.join(cmd[2:])}  (code: {src})", file=sys.stderr, flush=True)
-    proc = subprocess.Popen(cmd, cwd=src, env={**os.environ, "PYTHONPATH": str(src)}, stdout=log, stderr=log)
-    return Server(label, flags, port, proc)
-
-
-def stop_server(server: Server) -> None:
-    server.proc.send_signal(signal.SIGTERM)
-    try:
-        server.proc.wait(60)
-    except subprocess.TimeoutExpired:
-        server.proc.kill()
-        server.proc.wait(10)
+def start_server(label: str, src: Path | None, flags: list[str], args: argparse.Namespace) -> Server:
+    """A server of `src`'s code (None: this checkout's), server defaults plus `flags`."""
+    log = args.out / f"server-{label.replace(' ', '_')}.log"
+    process = ServerProcess(
+        *flags, *args.server_args, threads=None, log_format="text", source=src, log_path=log
+    )
+    print(f"== {label}: {' '.join(process.argv[1:])}  (code: {src or REPO})", file=sys.stderr, flush=True)
+    return Server(label, flags, process)
 
 
 def run_round(server: Server, round_no: int, args: argparse.Namespace, manifest: Path) -> None:
@@ -95,7 +69,7 @@ def run_round(server: Server, round_no: int, args: argparse.Namespace, manifest:
     server.loads.append(round(os.getloadavg()[0], 2))
     loadgen.main(
         [
-            "run", "--server", f"{HOST}:{server.port}", "--manifest", str(manifest), "--realtime",
+            "run", "--server", server.process.target, "--manifest", str(manifest), "--realtime",
             "--concurrency", str(args.concurrency), "--utterances-per-level", str(args.utterances),
             "--out", str(args.out), "--label", label, "--wait-ready", "300",
             "--warmup", "1" if round_no == 0 else "0",
@@ -115,9 +89,9 @@ def summary(server: Server) -> dict[str, Any]:
     return {
         "label": server.label,
         "flags": " ".join(server.flags) or "(defaults)",
-        "p50": loadgen.percentile(lat, 50),
-        "p95": loadgen.percentile(lat, 95),
-        "p99": loadgen.percentile(lat, 99),
+        "p50": percentile(lat, 50),
+        "p95": percentile(lat, 95),
+        "p99": percentile(lat, 99),
         "finalized": len(lat),
         "utterances": server.utterances,
         "loads": server.loads,
@@ -142,9 +116,7 @@ def table(rows: list[dict[str, Any]], concurrency: int) -> str:
 
 
 def main() -> None:
-    argv = sys.argv[1:]
-    server_args = argv[argv.index("--") + 1 :] if "--" in argv else []
-    argv = argv[: argv.index("--")] if "--" in argv else argv
+    argv, server_args = split_server_args(sys.argv[1:])
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
         "--before", default="", help="git ref of the 'before' code (default: merge-base with main)"
@@ -159,34 +131,29 @@ def main() -> None:
     args = p.parse_args(argv)
     args.server_args = server_args
     args.out.mkdir(parents=True, exist_ok=True)
-    ref = (
-        args.before
-        or subprocess.run(
-            ["git", "merge-base", "HEAD", "main"], cwd=REPO, check=True, capture_output=True, text=True
-        ).stdout.strip()
-    )
+    ref = args.before or merge_base()
     manifest = build_real_manifest(args.out / "manifest")
-    tmp = Path(tempfile.mkdtemp(prefix="bench-before-"))
     started = time.time()
     servers: list[Server] = []
-    try:
-        before_src = checkout(ref, tmp / "src")
-        configs: list[tuple[str, Path, list[str]]] = [
-            (f"before ({ref[:7]})", before_src, []),
-            ("after", REPO, []),
-        ]
-        for b in filter(None, args.budgets_ms.split(",")):
-            configs.append((f"after+budget {b} ms", REPO, ["--encoder-budget-while-decoding-ms", b]))
-        servers = [start_server(label, src, flags, args) for label, src, flags in configs]
-        # Every server stays up; one is driven at a time, in an order that rotates each round, so
-        # that the load of a shared machine drifting during the run falls on every configuration.
-        for r in range(args.rounds):
-            for i in range(len(servers)):
-                run_round(servers[(i + r) % len(servers)], r, args, manifest)
-    finally:
-        for server in servers:
-            stop_server(server)
-        shutil.rmtree(tmp, ignore_errors=True)
+    with checkout(ref) as before_src:
+        try:
+            configs: list[tuple[str, Path | None, list[str]]] = [
+                (f"before ({ref[:7]})", before_src, []),
+                ("after", None, []),
+            ]
+            for b in filter(None, args.budgets_ms.split(",")):
+                configs.append((f"after+budget {b} ms", None, ["--encoder-budget-while-decoding-ms", b]))
+            servers = [start_server(label, src, flags, args) for label, src, flags in configs]
+            for server in servers:
+                server.process.wait_serving(300)
+            # Every server stays up; one is driven at a time, in an order that rotates each round, so
+            # that the load of a shared machine drifting during the run falls on every configuration.
+            for r in range(args.rounds):
+                for i in range(len(servers)):
+                    run_round(servers[(i + r) % len(servers)], r, args, manifest)
+        finally:
+            for server in servers:
+                server.process.stop(grace_s=60)
     rows = [summary(server) for server in servers]
     md = table(rows, args.concurrency)
     note = (

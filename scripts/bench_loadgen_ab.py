@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -34,51 +33,30 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # runnable as a plain script from a checkout
 
 from clients import loadgen  # noqa: E402
+from clients.loadgen.cli import concurrency_list  # noqa: E402
+from clients.loadgen.plot import plot  # noqa: E402
+from clients.loadgen.report import compare_table  # noqa: E402
+from clients.loadgen.run import DEFAULT_CONCURRENCY  # noqa: E402
 from clients.manifest import build_manifest  # noqa: E402
-from service.ports import free_port  # noqa: E402
-
-HOST = "127.0.0.1"  # benchmarks never leave the machine
-
-
-def server_command() -> list[str]:
-    exe = Path(sys.executable).with_name("asr-server")
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "service.supervisor"]
+from harness.server import ServerProcess, split_server_args  # noqa: E402
 
 
 def run_mode(mode: str, label: str, args: argparse.Namespace, manifest: Path, server_args: list[str]) -> Path:
-    port, metrics_port = free_port(), free_port()
     log_path = args.out / f"server-{mode}.log"
-    cmd = [
-        *server_command(),
-        *("--host", HOST, "--port", str(port), "--metrics-port", str(metrics_port)),
-        *("--encoder-batching", mode, "--threads", str(args.threads), "--log-format", "text"),
-        *server_args,
-    ]
-    print(f"== {label}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            lg = [
-                "run", "--server", f"{HOST}:{port}", "--manifest", str(manifest),
-                "--concurrency", ",".join(map(str, args.concurrency)),
-                "--metrics", f"http://{HOST}:{metrics_port}/metrics",
-                "--out", str(args.out), "--label", label, "--wait-ready", str(args.wait_ready),
-                "--chunk-ms", str(args.chunk_ms),
-            ]  # fmt: skip
-            if args.utterances_per_level:
-                lg += ["--utterances-per-level", str(args.utterances_per_level)]
-            if args.realtime:
-                lg.append("--realtime")
-            if proc.poll() is not None:
-                raise RuntimeError(f"asr-server exited at once; see {log_path}")
-            loadgen.main(lg)  # non-zero when some utterances failed: they are in the table
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+    flags = ["--encoder-batching", mode, *server_args]
+    with ServerProcess(*flags, threads=args.threads, log_format="text", log_path=log_path) as server:
+        print(f"== {label}: {' '.join(server.argv[1:])}", file=sys.stderr, flush=True)
+        server.wait_serving(args.wait_ready)
+        lg = [
+            "run", "--server", server.target, "--manifest", str(manifest),
+            "--concurrency", ",".join(map(str, args.concurrency)), "--metrics", server.metrics_url,
+            "--out", str(args.out), "--label", label, "--chunk-ms", str(args.chunk_ms),
+        ]  # fmt: skip
+        if args.utterances_per_level:
+            lg += ["--utterances-per-level", str(args.utterances_per_level)]
+        if args.realtime:
+            lg.append("--realtime")
+        loadgen.main(lg)  # non-zero when some utterances failed: they are in the table
     return args.out / f"{label}.json"
 
 
@@ -115,15 +93,11 @@ def targets(batched: dict[str, Any], peers: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    server_args: list[str] = []
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, server_args = argv[:cut], argv[cut + 1 :]
+    argv, server_args = split_server_args(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--manifest", type=Path, default=None, help="default: speak the 8 kHz manifest into OUT")
     p.add_argument("--count", type=int, default=40, help="utterances in the generated manifest")
-    p.add_argument("--concurrency", type=loadgen._concurrency_list, default=list(loadgen.DEFAULT_CONCURRENCY))
+    p.add_argument("--concurrency", type=concurrency_list, default=list(DEFAULT_CONCURRENCY))
     p.add_argument("--utterances-per-level", type=int, default=0)
     p.add_argument("--realtime", action="store_true")
     p.add_argument("--chunk-ms", type=int, default=20, help="audio per message (asr-loadgen --chunk-ms)")
@@ -142,14 +116,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     t0 = time.monotonic()
     base = json.loads(run_mode("off", "baseline", args, manifest, server_args).read_text())
     batched = json.loads(run_mode("on", "batched", args, manifest, server_args).read_text())
-    table = loadgen.compare_table(base, batched)
+    table = compare_table(base, batched)
     head = (
         f"Encoder batching off vs on, {base['date']}, {base['machine']['platform']}, "
         f"{base['manifest_utterances']} utterances from {manifest}, server flags: "
         f"`{' '.join(server_args) or '(defaults)'}`\n\n"
     )
     (args.out / "compare.md").write_text(head + table)
-    loadgen.plot([base, batched], args.out / "compare.png")
+    plot([base, batched], args.out / "compare.png")
     print(f"A/B took {time.monotonic() - t0:.0f} s", file=sys.stderr)
 
     if args.with_peers:

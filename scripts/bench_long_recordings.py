@@ -1,7 +1,8 @@
 """Long recorded calls through Recognize: wall time and the server's peak RSS per recording.
 
-Each case starts its own `asr-server` subprocess (so its peak RSS, VmHWM, belongs to that case alone),
-sends one recording through Recognize and prints a markdown row:
+Each case starts its own `asr-server` (so its peak RSS belongs to that case alone: the sum of each of
+its processes' VmHWM, supervisor, engine and frontends), sends one recording through Recognize and
+prints a markdown row:
 
 - `20min`: jfk.flac repeated to 20 minutes, 16 kHz mono WAV (37 MB);
 - `2h`: the same to 2 hours, as FLAC (the WAV would be 230 MB);
@@ -20,10 +21,6 @@ import argparse
 import io
 import os
 import platform
-import subprocess
-import sys
-import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,9 +30,9 @@ import numpy as np
 import soundfile as sf
 import soxr
 from asr.v1 import asr_pb2, asr_pb2_grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from service.ports import free_port
+from harness.server import ServerProcess
+from harness.usage import Stopwatch, peak_rss_bytes
 
 REPO = Path(__file__).resolve().parents[1]
 JFK_FLAC = REPO.parent / "shared" / "data" / "jfk.flac"
@@ -90,54 +87,25 @@ CASES: dict[str, list[Case]] = {
 }
 
 
-def peak_rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def serve(threads: int, extra: tuple[str, ...], log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    argv = [
-        str(Path(sys.executable).with_name("asr-server")),
-        *("--host", "127.0.0.1", "--port", str(port), "--metrics-port", "0"),
-        *("--threads", str(threads), "--log-level", "warning", "--max-recognize-bytes", str(MAX_BYTES)),
-        *extra,
-    ]
-    proc = subprocess.Popen(argv, cwd=REPO, stdout=log.open("wb"), stderr=subprocess.STDOUT)
-    target = f"127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    with grpc.insecure_channel(target) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"asr-server exited {proc.returncode}: {log.read_text()}")
-            try:
-                reply = stub.Check(health_pb2.HealthCheckRequest(service="asr.v1.Recognizer"), timeout=2)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return proc, target
-            except grpc.RpcError:
-                pass
-            time.sleep(0.5)
-    proc.kill()
-    raise TimeoutError("asr-server never became SERVING")
+def peak_rss_mib(server: ServerProcess) -> float:
+    """The sum of each server process's own peak RSS (supervisor, engine, frontends)."""
+    return peak_rss_bytes(server.proc.pid) / 2**20
 
 
 def run_case(case: Case, threads: int) -> str:
     data = case.make()
-    with tempfile.TemporaryDirectory() as tmp:
-        proc, target = serve(threads, case.server_args, Path(tmp) / "server.log")
-        try:
-            idle = peak_rss_mib(proc.pid)
-            options = [("grpc.max_send_message_length", MAX_BYTES + (1 << 16))]
-            with grpc.insecure_channel(target, options=options) as channel:
-                stub = asr_pb2_grpc.RecognizerStub(channel)
-                request = asr_pb2.RecognizeRequest(
-                    config=asr_pb2.RecognitionConfig(encoding=case.encoding),  # type: ignore[arg-type]
-                    audio_content=data,
-                )
-                start = time.perf_counter()
+    flags = ("--log-level", "warning", "--max-recognize-bytes", str(MAX_BYTES), *case.server_args)
+    with ServerProcess(*flags, threads=threads, log_format="text") as server:
+        server.wait_serving(300)
+        idle = peak_rss_mib(server)
+        options = [("grpc.max_send_message_length", MAX_BYTES + (1 << 16))]
+        with grpc.insecure_channel(server.target, options=options) as channel:
+            stub = asr_pb2_grpc.RecognizerStub(channel)
+            request = asr_pb2.RecognizeRequest(
+                config=asr_pb2.RecognitionConfig(encoding=case.encoding),  # type: ignore[arg-type]
+                audio_content=data,
+            )
+            with Stopwatch(descendants=False) as timed:
                 try:
                     response = stub.Recognize(request, timeout=3 * 3600)
                     outcome = f"OK, {len(response.results)} results"
@@ -145,15 +113,11 @@ def run_case(case: Case, threads: int) -> str:
                 except grpc.RpcError as e:
                     outcome = f"{e.code().name}"  # type: ignore[attr-defined]
                     audio_s = 0.0
-                wall = time.perf_counter() - start
-            peak = peak_rss_mib(proc.pid)
-        finally:
-            proc.kill()
-            proc.wait(30)
+        peak = peak_rss_mib(server)
     mb = len(data) / 1e6
     audio = f"{audio_s / 60:.1f} min" if audio_s else "-"
     return (
-        f"| {case.name} | {mb:.1f} MB | {audio} | {outcome} | {wall:.1f} s | "
+        f"| {case.name} | {mb:.1f} MB | {audio} | {outcome} | {timed.wall_s:.1f} s | "
         f"{idle:.0f} MiB | {peak:.0f} MiB | {peak - idle:+.0f} MiB |"
     )
 

@@ -16,13 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
+
+from harness.usage import Stopwatch
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -48,14 +48,14 @@ def measure(manifest: Path) -> list[dict[str, Any]]:
                 check=True, capture_output=True,
             )  # fmt: skip
             audio, _ = sf.read(wav, dtype="float32")
-            start = time.perf_counter()
-            result = engine.submit(audio).future.result()
+            with Stopwatch(descendants=False) as timed:
+                result = engine.submit(audio).future.result()
             rows.append(
                 {
                     "clip": entry["audio"],
                     "audio_s": round(len(audio) / 16000, 2),
                     "steps": result.stats.decode_steps,
-                    "wall_s": time.perf_counter() - start,
+                    "wall_s": timed.wall_s,
                     "text": result.text,
                 }
             )
@@ -80,7 +80,7 @@ def main() -> None:
         print("RESULT " + json.dumps(measure(Path(sys.argv[2]))))
         return
     sys.path.insert(0, str(REPO))
-    from scripts.bench_latency_policy import checkout
+    from harness.server import checkout, merge_base
     from scripts.real_speech import build_real_manifest
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -92,19 +92,12 @@ def main() -> None:
         "--manifest", type=Path, default=None, help="8 kHz mu-law manifest.jsonl (default: the REAL clips)"
     )
     args = p.parse_args()
-    ref = (
-        args.before
-        or subprocess.run(
-            ["git", "merge-base", "HEAD", "main"], cwd=REPO, check=True, capture_output=True, text=True
-        ).stdout.strip()
-    )
-    manifest = args.manifest.resolve() if args.manifest else build_real_manifest(args.out / "manifest")
-    tmp = Path(tempfile.mkdtemp(prefix="bench-before-"))
+    ref = args.before or merge_base()
+    # absolute: each tree runs with its own folder as the working directory
+    manifest = (args.manifest or build_real_manifest(args.out / "manifest")).resolve()
     load = os.getloadavg()[0]
-    try:
-        before = run_tree(checkout(ref, tmp / "src"), manifest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with checkout(ref) as before_src:
+        before = run_tree(before_src, manifest)
     after = run_tree(REPO, manifest)
     lines = [
         f"| clip | audio s | decode steps before ({ref[:7]}) | after | wall s before | after | same transcript |",

@@ -38,12 +38,9 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
-import resource
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -55,6 +52,7 @@ sys.path.insert(0, str(REPO))  # runnable as a plain script from a checkout
 
 from clients.manifest import ManifestEntry, load_manifest  # noqa: E402
 from clients.scoring import corpus_wer  # noqa: E402
+from harness.usage import Stopwatch, machine, peak_rss_bytes  # noqa: E402
 
 STREAMS = 16  # issue 13's throughput target: 16 streams sent as fast as possible
 SYSTEMS = (
@@ -146,20 +144,14 @@ def _fw_worker_init(compute_type: str, warm: np.ndarray, ready: Any) -> None:
     ready.put(os.getpid())
 
 
-def _fw_worker_task(audio: np.ndarray) -> tuple[str, float, int, int]:
-    cpu0 = time.process_time()  # this worker process, all its threads
-    text = _fw_text(_worker_model, audio)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
-    return text, time.process_time() - cpu0, os.getpid(), peak
+def _fw_worker_task(audio: np.ndarray) -> str:
+    return _fw_text(_worker_model, audio)
 
 
-def _fw_workers(
-    compute_type: str, warm: np.ndarray
-) -> tuple[Transcriber, Callable[[], float], dict[int, int]]:
+def _fw_workers(compute_type: str, warm: np.ndarray) -> Transcriber:
     """faster-whisper as a throughput-minded user runs it on a CPU: one single-threaded model per
-    core in its own process, each taking the next file when it finishes one. Returns the
-    transcriber, a reader of the workers' CPU seconds spent in tasks so far, and each worker's
-    peak RSS by pid (filled as they work)."""
+    core in its own process (children of this one, so their CPU and memory count as this system's),
+    each taking the next file when it finishes one."""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -168,17 +160,11 @@ def _fw_workers(
     pool = ctx.Pool(workers, initializer=_fw_worker_init, initargs=(compute_type, warm, ready))
     for _ in range(workers):  # every worker loaded and warmed before anything is timed
         ready.get(timeout=600)
-    cpu = [0.0]
-    peaks: dict[int, int] = {}
 
     def run(audios: list[np.ndarray]) -> list[str]:
-        out = pool.map(_fw_worker_task, audios, chunksize=1)
-        cpu[0] += sum(c for _, c, _, _ in out)
-        for _, _, pid, peak in out:
-            peaks[pid] = max(peaks.get(pid, 0), peak)
-        return [t for t, _, _, _ in out]
+        return list(pool.map(_fw_worker_task, audios, chunksize=1))
 
-    return run, lambda: cpu[0], peaks
+    return run
 
 
 def _faster_whisper(system: str, threads: int, batch_size: int) -> Transcriber:
@@ -307,12 +293,6 @@ def _engine(system: str, threads: int, options: Sequence[str]) -> Transcriber:
     return run
 
 
-def _cpu_s() -> float:
-    """CPU seconds used by this process so far, every thread included."""
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
 def run_one(
     system: str,
     manifest: Path,
@@ -326,23 +306,20 @@ def run_one(
     torch.set_num_threads(threads)  # faster-whisper's own pool is sized by cpu_threads
     entries = load_manifest(manifest) * repeat
     audios = [load_audio(e) for e in entries]
-    t0 = time.perf_counter()
-    worker_cpu: Callable[[], float] | None = None
-    worker_peaks: dict[int, int] = {}
+    loading = Stopwatch().start()
     if system == "fw-int8-workers":
-        transcribe, worker_cpu, worker_peaks = _fw_workers("int8", audios[0])
+        transcribe = _fw_workers("int8", audios[0])
     elif system.startswith("fw-"):
         transcribe = _faster_whisper(system, threads, batch_size)
     elif system.startswith("hf-"):
         transcribe = _transformers(system, threads, batch_size)
     else:
         transcribe = _engine(system, threads, engine_options)
-    load_s = time.perf_counter() - t0
+    load_s = loading.stop().wall_s
     transcribe(audios[:1])  # warm-up: first-call allocations and kernel selection stay untimed
-    cpu0, t0 = _cpu_s() + (worker_cpu() if worker_cpu else 0.0), time.perf_counter()
-    hyps = transcribe(audios)
-    wall = time.perf_counter() - t0
-    cpu = _cpu_s() + (worker_cpu() if worker_cpu else 0.0) - cpu0
+    with Stopwatch() as timed:  # this process and its worker processes, every thread
+        hyps = transcribe(audios)
+    wall, cpu = timed.wall_s, timed.cpu_s
     audio_s = sum(len(a) for a in audios) / SAMPLE_RATE
     n = len(audios)
     quantize = ""
@@ -369,9 +346,8 @@ def run_one(
         "rtfx": audio_s / wall,
         "cpu_s_per_utt": cpu / n,  # all threads: robust to other load on a shared machine
         "wer": corpus_wer([e.text for e in entries], hyps),
-        # Linux: KiB; with worker processes, the parent's peak plus each worker's
-        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        + sum(worker_peaks.values()),
+        # with worker processes, the parent's peak plus each worker's
+        "peak_rss_bytes": peak_rss_bytes(),
         "load_s": round(load_s, 2),
         "threads": threads,
         "hypotheses": hyps,
@@ -424,8 +400,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     if args.manifest is None:
-        sys.path.insert(0, str(REPO / "scripts"))
-        from real_speech import build_real_manifest
+        from scripts.real_speech import build_real_manifest
 
         args.manifest = build_real_manifest(args.out / "real")
         args.repeat = 4 if args.repeat is None else args.repeat  # 44 utterances: work for 16 streams
@@ -476,13 +451,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "manifest": str(args.manifest),
         "manifest_utterances": len(entries),
         "encodings": sorted({e.encoding for e in entries}),
-        "machine": {
-            "platform": platform.platform(),
-            "machine": platform.machine(),
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "loadavg_1m_start_end": [round(load_start, 2), round(os.getloadavg()[0], 2)],
-        },
+        "machine": machine(load_start),
         "threads": args.threads,
         "omp_wait_policy": env["OMP_WAIT_POLICY"],
         "engine_options": args.engine_option,
@@ -494,8 +463,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     (args.out / f"{args.label}.md").write_text(table)
     print(table, end="")
     if args.write:
-        sys.path.insert(0, str(REPO / "scripts"))
-        from docs_section import write_section
+        from scripts.docs_section import write_section
 
         load = result["machine"]["loadavg_1m_start_end"]
         intro = (

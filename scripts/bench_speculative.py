@@ -19,32 +19,25 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
-import numpy as np
 import soundfile as sf
 from asr.v1 import asr_pb2, asr_pb2_grpc
 from grpc import aio
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from harness.server import ServerProcess  # noqa: E402
+from harness.stats import percentile  # noqa: E402
 from scripts.docs_section import write_section  # noqa: E402
-from service.ports import LOOPBACK as HOST  # noqa: E402
-from service.ports import free_port  # noqa: E402
+from scripts.real_speech import real_clips  # noqa: E402
 
-DATA = Path("/usr/share/pocketsphinx/test/data")
-JFK = REPO.parent / "shared" / "data" / "jfk.flac"
 FRAME_S = 0.02
 RATE = 8000
 LEAD_S, TAIL_S = 0.5, 1.5
@@ -78,75 +71,25 @@ def to_mulaw(path: Path, work: Path) -> bytes:
 
 
 def clips(work: Path) -> list[Clip]:
-    paths = sorted((DATA / "librivox").glob("*.wav")) + sorted((DATA / "cards").glob("*.wav")) + [JFK]
-    missing = [p for p in paths if not p.exists()]
-    if missing or len(paths) < 11:
-        raise SystemExit(
-            f"real speech missing (apt install pocketsphinx-testdata; ../shared/data): {missing}"
-        )
-    return [Clip(p.stem, to_mulaw(p, work)) for p in paths]
+    return [Clip(path.stem, to_mulaw(path, work)) for path, _ in real_clips()]
 
 
-class Server:
-    def __init__(self, speculative: str, out: Path) -> None:
-        self.mode = speculative
-        self.port, self.metrics_port = free_port(), free_port()
-        exe = Path(sys.executable).with_name("asr-server")
-        cmd = [
-            str(exe),
-            *("--host", HOST, "--port", str(self.port), "--metrics-port", str(self.metrics_port)),
-            *("--http-port", "0", "--log-format", "text", "--speculative-endpointing", speculative),
-        ]
-        self._log = (out / f"server-{speculative}.log").open("w")
-        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT)
-
-    @property
-    def target(self) -> str:
-        return f"{HOST}:{self.port}"
-
-    def wait_serving(self, timeout: float = 300) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"asr-server ({self.mode}) exited; see its log")
-            try:
-                with grpc.insecure_channel(self.target) as ch:
-                    reply = health_pb2_grpc.HealthStub(ch).Check(
-                        health_pb2.HealthCheckRequest(service="asr.v1.Recognizer"), timeout=2
-                    )
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.RpcError:
-                pass
-            time.sleep(0.5)
-        raise SystemExit(f"asr-server ({self.mode}) not serving after {timeout} s")
-
-    def metrics(self) -> dict[str, float]:
-        with urllib.request.urlopen(f"http://{HOST}:{self.metrics_port}/metrics", timeout=10) as r:
-            text = r.read().decode()
-        out: dict[str, float] = {}
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                if s.name == "asr_speculative_endpoints_total":
-                    out[f"spec_{s.labels['outcome']}"] = s.value
-                elif s.name in (
-                    "asr_speculative_wasted_audio_seconds_total",
-                    "asr_utterance_latency_seconds_sum",
-                    "asr_utterance_latency_seconds_count",
-                ):
-                    out[s.name] = s.value
-        return out
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self._log.close()
+def metrics(server: ServerProcess) -> dict[str, float]:
+    """What the table reads from a server's /metrics."""
+    m = server.metrics()
+    out = {
+        f"spec_{o}": m.sum("asr_speculative_endpoints_total", outcome=o) for o in ("hit", "miss", "refused")
+    }
+    for name in (
+        "asr_speculative_wasted_audio_seconds_total",
+        "asr_utterance_latency_seconds_sum",
+        "asr_utterance_latency_seconds_count",
+    ):
+        out[name] = m.sum(name)
+    return out
 
 
-async def call(server: Server, clip: Clip) -> list[Final]:
+async def call(server: ServerProcess, clip: Clip) -> list[Final]:
     """One paced stream; returns its finals with their latencies."""
     data = MULAW_SILENCE * round(LEAD_S * RATE) + clip.mulaw + MULAW_SILENCE * round(TAIL_S * RATE)
     frame = round(FRAME_S * RATE)
@@ -185,7 +128,7 @@ async def call(server: Server, clip: Clip) -> list[Final]:
 
 
 def pct(values: list[float], q: float) -> float:
-    return float(np.percentile(values, q)) if values else float("nan")
+    return percentile(values, q) or float("nan")
 
 
 def load() -> str:
@@ -204,11 +147,17 @@ def main(argv: list[str] | None = None) -> None:
     audio_s = sum(len(c.mulaw) for c in speech) / RATE
     print(f"{len(speech)} clips, {audio_s:.1f} s of speech; load average at start {load()}", flush=True)
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    servers = {mode: Server(mode, args.out) for mode in ("off", "on")}
+    servers = {
+        mode: ServerProcess(
+            "--speculative-endpointing", mode, threads=None, log_format="text",
+            log_path=args.out / f"server-{mode}.log",
+        )
+        for mode in ("off", "on")
+    }  # fmt: skip
     try:
         for s in servers.values():
-            s.wait_serving()
-        before = {m: s.metrics() for m, s in servers.items()}
+            s.wait_serving(300)
+        before = {m: metrics(s) for m, s in servers.items()}
         load_start = load()
         finals: dict[str, list[Final]] = {"off": [], "on": []}
         for rnd in range(args.rounds):
@@ -217,11 +166,11 @@ def main(argv: list[str] | None = None) -> None:
                 for mode in order:
                     finals[mode] += asyncio.run(call(servers[mode], clip))
             print(f"round {rnd + 1}/{args.rounds} done; load average {load()}", flush=True)
-        after = {m: s.metrics() for m, s in servers.items()}
+        after = {m: metrics(s) for m, s in servers.items()}
         load_end = load()
     finally:
         for s in servers.values():
-            s.stop()
+            s.stop(grace_s=60)
 
     def delta(mode: str, key: str) -> float:
         return after[mode].get(key, 0.0) - before[mode].get(key, 0.0)

@@ -16,7 +16,7 @@ batch is every call; in a server it is whatever arrived in one event-loop iterat
 
 With --server N, it then runs N real-time calls of 8 kHz mu-law line noise (no speech: the engine
 idles, the frontend works) against `asr-server --frontends 1` of this checkout, and of another checkout
-given with --before (e.g. the main branch's), one after the other, and prints the frontend process's CPU
+at the git ref given with --before (e.g. main), one after the other, and prints the frontend process's CPU
 per call (process_cpu_seconds_total) and the mean channels per VAD pass.
 
 Prints CPU per stream as % of one core (process CPU time over the audio's duration, per call), the
@@ -29,27 +29,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
-import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import numpy as np
 from asr.v1 import asr_pb2
-from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # runnable as a plain script from a checkout
 
 from clients.client import RecognizerClient  # noqa: E402
+from harness.server import ServerProcess, checkout  # noqa: E402
+from harness.usage import Stopwatch  # noqa: E402
 from service.audio import StreamDecoder  # noqa: E402
 from service.endpointing import RATE, Endpointer, Utterance, load_vad  # noqa: E402
 from tests.support.audio import make_conversation, to_mulaw_8k_bytes, white_noise  # noqa: E402
-from tests.support.server import free_port  # noqa: E402
 from tests.test_vad_batch import CALL, cut, jfk_16k, pocketsphinx_16k, telephone  # noqa: E402
 
 MODES = ("per-stream 16k", "per-stream 8k", "batched 16k", "batched 8k")
@@ -67,7 +65,7 @@ def run(mode: str, calls: list[bytes], chunk_ms: int) -> tuple[float, float, int
     eps = [Endpointer(vad_rate=8000 if native else RATE) for _ in calls]
     step = 8 * chunk_ms  # bytes: one per sample at 8 kHz
     vad_s, found = 0.0, 0
-    cpu0 = time.process_time()
+    loop = Stopwatch(descendants=False).start()
     for i in range(0, len(calls[0]), step):
         for data, decoder, ep in zip(calls, decoders, eps, strict=True):
             if native:
@@ -75,15 +73,15 @@ def run(mode: str, calls: list[bytes], chunk_ms: int) -> tuple[float, float, int
                 ep.push(x16[0], x8[0])
             else:
                 ep.push(decoder.feed(data[i : i + step])[0])
-        t0 = time.process_time()
-        if mode.startswith("batched"):
-            probs = vad.score([ep.vad_state for ep in eps], [ep.windows() for ep in eps])
-        else:
-            probs = [vad(ep.vad_state, ep.windows()) for ep in eps]
-        vad_s += time.process_time() - t0
+        with Stopwatch(descendants=False) as scoring:
+            if mode.startswith("batched"):
+                probs = vad.score([ep.vad_state for ep in eps], [ep.windows() for ep in eps])
+            else:
+                probs = [vad(ep.vad_state, ep.windows()) for ep in eps]
+        vad_s += scoring.cpu_s
         for ep, p in zip(eps, probs, strict=True):
             found += sum(isinstance(e, Utterance) for e in ep.advance(p))
-    return time.process_time() - cpu0, vad_s, found
+    return loop.stop().cpu_s, vad_s, found
 
 
 def main() -> None:
@@ -93,7 +91,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=4.0, help="audio per call")
     ap.add_argument("--server", type=int, default=0, help="calls for the server run (0: none)")
     ap.add_argument("--server-seconds", type=float, default=10.0)
-    ap.add_argument("--before", type=Path, help="another checkout (with its .venv) to run the server of too")
+    ap.add_argument("--before", default="", help="a git ref (e.g. main) whose server to run too")
     ap.add_argument("--skip-table", action="store_true", help="only the server run")
     args = ap.parse_args()
     if args.skip_table:
@@ -154,77 +152,44 @@ def server_section(args: argparse.Namespace) -> None:
     print(f"20 ms chunks, against asr-server --frontends 1 (load average now {os.getloadavg()[0]:.2f}):\n")
     print("| server | frontend CPU per call (% of a core) | VAD passes | mean channels per pass |")
     print("|---|---:|---:|---:|")
-    checkouts = [("this checkout", REPO)] + (
-        [("before: " + str(args.before), args.before)] if args.before else []
-    )
-    for name, checkout in checkouts:
-        cpu, passes, channels = server_run(checkout, args.server, args.server_seconds)
-        mean = f"{channels / passes:.1f}" if passes else "(no VAD metric)"
-        print(
-            f"| {name} | {100 * cpu / (args.server * args.server_seconds):.3f}% | {passes:.0f} | {mean} |",
-            flush=True,
-        )
+    with contextlib.ExitStack() as stack:
+        sources: list[tuple[str, Path | None]] = [("this checkout", None)]
+        if args.before:
+            sources.append((f"before: {args.before}", stack.enter_context(checkout(args.before))))
+        for name, source in sources:
+            cpu, passes, channels = server_run(source, args.server, args.server_seconds)
+            mean = f"{channels / passes:.1f}" if passes else "(no VAD metric)"
+            print(
+                f"| {name} | {100 * cpu / (args.server * args.server_seconds):.3f}% | {passes:.0f} | {mean} |",
+                flush=True,
+            )
 
 
-def scrape(port: int) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "process_cpu_seconds_total" and sample.labels.get("process") != "frontend-0":
-                continue
-            out[sample.name] = out.get(sample.name, 0.0) + sample.value
-    return out
-
-
-def server_run(checkout: Path, calls: int, seconds: float) -> tuple[float, float, float]:
-    """(frontend CPU seconds, VAD passes, channels scored) over the calls."""
-    port, metrics_port = free_port(), free_port()
-    argv = [
-        str(checkout / ".venv" / "bin" / "asr-server"),
-        *(
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--metrics-port",
-            str(metrics_port),
-            "--http-port",
-            "0",
-        ),
-        *("--frontends", "1", "--max-streams", str(calls + 8), "--log-format", "json"),
-    ]
-    with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(argv, cwd=checkout, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            before, after = asyncio.run(paced_calls(port, metrics_port, calls, seconds))
-        finally:
-            proc.terminate()
-            proc.wait(60)
-
-    def delta(name: str) -> float:
-        return after.get(name, 0.0) - before.get(name, 0.0)
-
+def server_run(source: Path | None, calls: int, seconds: float) -> tuple[float, float, float]:
+    """(frontend CPU seconds, VAD passes, channels scored) over the calls, against a server of `source`'s
+    code (None: this checkout's)."""
+    flags = ("--frontends", "1", "--max-streams", str(calls + 8))
+    with ServerProcess(*flags, threads=None, source=source) as server:
+        server.wait_serving(180)
+        before = server.metrics()
+        asyncio.run(paced_calls(server.target, calls, seconds))
+        gained = server.metrics().since(before)
     return (
-        delta("process_cpu_seconds_total"),
-        delta("asr_vad_batch_channels_count"),
-        delta("asr_vad_batch_channels_sum"),
+        gained.sum("process_cpu_seconds_total", process="frontend-0"),
+        gained.sum("asr_vad_batch_channels_count"),
+        gained.sum("asr_vad_batch_channels_sum"),
     )
 
 
-async def paced_calls(
-    port: int, metrics_port: int, calls: int, seconds: float
-) -> tuple[dict[str, float], dict[str, float]]:
-    """Metrics before and after `calls` calls of line noise, each paced in real time in 20 ms chunks."""
-    async with RecognizerClient(f"127.0.0.1:{port}") as client:
+async def paced_calls(target: str, calls: int, seconds: float) -> None:
+    """`calls` calls of line noise, each paced in real time in 20 ms chunks."""
+    async with RecognizerClient(target) as client:
         await client.wait_until_serving(180)
         noise = to_mulaw_8k_bytes(white_noise(seconds, dbfs=-45.0))
         chunks = [noise[i : i + 160] for i in range(0, len(noise), 160)]
         config = asr_pb2.StreamingRecognitionConfig(
             config=asr_pb2.RecognitionConfig(encoding=asr_pb2.MULAW, sample_rate_hertz=8000)
         )
-        before = scrape(metrics_port)
 
         async def paced(offset: float) -> AsyncIterator[bytes]:
             await asyncio.sleep(offset)
@@ -238,7 +203,6 @@ async def paced_calls(
                 pass
 
         await asyncio.gather(*(call(k) for k in range(calls)))
-        return before, scrape(metrics_port)
 
 
 def bound_sets() -> list[tuple[str, int, np.ndarray]]:

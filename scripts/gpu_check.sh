@@ -82,10 +82,10 @@ if compgen -G "$wheels/*.whl" >/dev/null; then
         "$wheels"/*.whl || { failed+=(wheels); echo "== carried wheels did not install"; }
 fi
 export PYTHONPATH=$site:$PWD:$PWD/proto
-modules=(torch transformers numpy prometheus_client engine)
+modules=(torch transformers numpy prometheus_client engine harness.stats harness.usage)
 ((part == 2)) && modules+=(onnxruntime google.protobuf grpc grpc_health.v1 grpc_reflection.v1alpha
     soundfile soxr jiwer rapidfuzz silero_vad zmq aiohttp stdnum asr.v1.asr_pb2 service.server service.supervisor
-    clients.loadgen clients.scoring)
+    clients.loadgen clients.scoring harness.server)
 step preflight 60 python3 - "${modules[@]}" <<'EOF'
 import importlib, importlib.util, platform, subprocess, sys
 bad = []

@@ -142,8 +142,15 @@ def test_capacity_reports_cpu_lag_and_ipc(tmp_path: Path) -> None:
     telephone = build_manifest(tmp_path / "speech", count=2, encodings=("MULAW",))
     server = ServerProcess("--frontends", "1").wait_serving()
     try:
-        metrics = f"http://127.0.0.1:{server.metrics_port}/metrics"
-        common = ["capacity", "--server", server.target, "--metrics", metrics, "--connections", "2"]
+        common = [
+            "capacity",
+            "--server",
+            server.target,
+            "--metrics",
+            server.metrics_url,
+            "--connections",
+            "2",
+        ]
         assert (
             loadgen.main([*common, "--calls", "4", "--seconds", "2", "--json-out", str(tmp_path / "n.json")])
             == 0

@@ -23,7 +23,6 @@ import grpc
 import pytest
 from grpc import aio
 
-from clients.loadgen import scrape
 from clients.scoring import corpus_wer
 from tests.support.audio import make_conversation, to_linear16_bytes
 from tests.support.calls import OpenStream, Request, Response, audio_requests, config_request, run_stream
@@ -146,9 +145,8 @@ async def _first_final(stream: OpenStream) -> None:
 
 
 def _rss_mib(server: ServerProcess) -> float:
-    samples = scrape(f"http://127.0.0.1:{server.metrics_port}/metrics")
     # one series per server process (supervisor, engine, frontend-N): the server's memory is their sum
-    return sum(v for k, v in samples.items() if k.split("{", 1)[0] == "process_resident_memory_bytes") / 2**20
+    return server.metrics().sum("process_resident_memory_bytes") / 2**20
 
 
 def test_soak() -> None:
@@ -179,13 +177,11 @@ def test_soak() -> None:
             "asr_stream_buffer_seconds": 0.0,
         }
         while True:
-            metrics = scrape(f"http://127.0.0.1:{server.metrics_port}/metrics")
-            # one series per class (live, best_effort, recorded): nothing of any class waits
-            metrics["asr_utterances_waiting"] = sum(
-                v for k, v in metrics.items() if k.startswith("asr_utterances_waiting{")
-            )
-            # the buffer gauge moves by differences of floats: zero up to rounding
-            now = {k: round(metrics[k], 6) for k in idle}
+            metrics = server.metrics()
+            assert all(metrics.has(k) for k in idle), [k for k in idle if not metrics.has(k)]
+            # summed over label sets (a gauge may have one per class: nothing of any class waits); the
+            # buffer gauge moves by differences of floats: zero up to rounding
+            now = {k: round(metrics.sum(k), 6) for k in idle}
             if now == idle or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
@@ -195,9 +191,9 @@ def test_soak() -> None:
         baseline = statistics.median(r for t, r in rss if 0.25 <= t / SOAK_SECONDS < 0.5)
         end_rss = statistics.median(r for t, r in rss if t / SOAK_SECONDS >= 0.75)
         codes = {
-            k.split("grpc_code=")[1].split(",")[0]: v
-            for k, v in metrics.items()
-            if k.startswith("grpc_server_handled_total{") and "StreamingRecognize" in k and v
+            labels["grpc_code"]: v
+            for labels, v in metrics.series("grpc_server_handled_total", grpc_method="StreamingRecognize")
+            if v
         }
         print(
             f"\nsoak {SOAK_SECONDS:.0f} s, {STREAMS} clients: streams {dict(tally.streams)}; "

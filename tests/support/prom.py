@@ -19,9 +19,9 @@ from typing import Any
 
 import yaml
 
+from harness.server import REPO, end_process
 from service.ports import free_port
 
-REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 DASHBOARD_JSON = DEPLOY / "grafana" / "asr-dashboard.json"
 RULES_FILE = DEPLOY / "prometheus" / "asr-rules.yaml"
@@ -155,11 +155,6 @@ def run_prometheus(metrics_port: int, scrape_interval: str = "1s") -> Iterator[P
             time.sleep(0.1)
         yield prom
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        end_process(proc, grace_s=10)
         log.close()
         shutil.rmtree(workdir, ignore_errors=True)
