@@ -163,7 +163,7 @@ ENGINE_CASES: dict[str, tuple[str, str, int, str | None, str | None]] = {
     ),
     "phone-en": (
         "Call me on two one two, five five five, zero one nine eight.", "en", 150,
-        "two one two five five five zero one", "21255501",
+        "two one two five five five zero one five eight", "2125550158",
     ),
     "phone-with-commas-en-gb-x-rp": (
         "Call me on two one two, five five five, zero one nine eight.", "en-gb-x-rp", 140,
