@@ -75,7 +75,7 @@ class EngineRouter:
         self.failed = threading.Event()
         self.stopping = threading.Event()
         self.heartbeat = heartbeat
-        # utterances accepted and not yet answered: the I/O thread adds, the scheduler thread's replies take
+        # utterances accepted and not yet answered: the I/O thread adds, the loop thread's replies take
         self._in_flight = 0
         self._in_flight_lock = threading.Lock()
         # owned by the I/O thread
@@ -102,7 +102,7 @@ class EngineRouter:
         self.heartbeat[HEARTBEAT_PUBLISHED] = time.monotonic()  # last: the others are current
 
     def on_scheduler_failure(self, exc: BaseException) -> None:
-        # scheduler thread: the service's supervisor and tests look for this line
+        # the engine's loop thread: the service's supervisor and tests look for this line
         log.critical("engine scheduler died; exiting", extra={"fields": {"error": repr(exc)}})
         self.failed.set()
         self.outbox.put(None)  # wake the I/O loop
@@ -310,7 +310,7 @@ class EngineRouter:
                     self._handle(frames)
             self._flush()
             self._probe()
-        # Stop the scheduler (it fails whatever is still queued with EngineStopped), then send those
+        # Stop the engine (it fails whatever is still queued with EngineStopped), then send those
         # last replies before the socket closes.
         self.engine.stop()
         self._flush()

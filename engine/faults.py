@@ -3,11 +3,11 @@
 never set in a deployment. Applied where the engine runs (with asr-server's engine process, there),
 through the engine's own test seams (engine/hooks.py), which `install` fills from the config.
 
---debug-crash-scheduler-after N: the scheduler thread dies (a BaseException, which its loop does not
+--debug-crash-scheduler-after N: the engine's loop thread dies (a BaseException, which its loop does not
 survive) at the encoder pass of utterance N+1, the warm-up utterance counting as the first. It proves
 that a dead scheduler turns health NOT_SERVING and ends the server non-zero.
 
---debug-hang-scheduler-after N: the scheduler thread blocks for ever at the encoder pass of utterance
+--debug-hang-scheduler-after N: the engine's loop thread blocks for ever at the encoder pass of utterance
 N+1 (a stuck device call, a deadlock): the process lives on and its I/O thread still answers. It
 proves that the supervisor's heartbeat watch (--engine-heartbeat-timeout) ends a hung engine.
 
@@ -35,7 +35,7 @@ T = TypeVar("T")
 
 
 class InjectedSchedulerCrash(BaseException):
-    """Raised on the scheduler thread by --debug-crash-scheduler-after (a BaseException, so that the
+    """Raised on the engine's loop thread by --debug-crash-scheduler-after (a BaseException, so that the
     per-utterance `except Exception` paths do not catch it: it stands for a crash, not a bad input)."""
 
 

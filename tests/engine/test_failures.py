@@ -84,7 +84,7 @@ class Gate:
             self.encoder_calls.append([r.id for r in reqs])
         for req in reqs:
             if self.fail_at == (stage, req.id) or (
-                self.fail_at == ("rules mid-decode", req.id) and stage == "rules" and len(req.generated) >= 3
+                self.fail_at == (f"{stage} mid-decode", req.id) and len(req.generated) >= 3
             ):
                 raise InjectedFault(f"injected into stage {stage} of {req.id}")
 
@@ -162,6 +162,33 @@ def test_an_error_outside_the_model_fails_that_utterance_only(
     assert_only_bad_failed(engine, futures, 1, alone)
     assert failures(counted) - before == 1
     # and the engine keeps serving
+    assert engine.submit(clips[1]).future.result(timeout=120).tokens == alone[1]
+
+
+def test_a_prefill_failure_in_a_window_is_found_alone_and_fails_that_utterance_only(
+    engine: Engine, hooks: EngineHooks, clips: list[np.ndarray], alone: list[tuple[int, ...]]
+) -> None:
+    """The window's prefill fails; run again request by request, only the culprit fails."""
+    before = failures("prefill")
+    futures, _ = run_window(engine, hooks, clips, 3, 1, "prefill", "prefill")
+    assert_only_bad_failed(engine, futures, 1, alone)
+    assert failures("prefill") - before == 1
+
+
+def test_a_failed_decode_step_fails_the_sequences_in_it_and_the_engine_goes_on(
+    engine: Engine, hooks: EngineHooks, clips: list[np.ndarray], alone: list[tuple[int, ...]]
+) -> None:
+    """A decode step runs its rows together, so no sequence can take it alone: every sequence in the
+    failed step fails (here all three of the window, each a few tokens in), nothing else does."""
+    before = failures("decode_step")
+    futures, _ = run_window(engine, hooks, clips, 3, 1, "decode_step mid-decode", "step")
+    for f in futures:
+        with pytest.raises(InjectedFault):
+            f.result()
+    assert failures("decode_step") - before == 3
+    assert engine.alive
+    stats = engine.stats()
+    assert (stats["active"], stats["slots_used"], stats["waiting"]) == (0, 0, 0), stats
     assert engine.submit(clips[1]).future.result(timeout=120).tokens == alone[1]
 
 

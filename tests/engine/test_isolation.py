@@ -141,3 +141,17 @@ def test_the_stage_hook_sees_every_call_and_can_inject_a_fault() -> None:
     assert seen == [("result", ["i0", "i1", "i2", "i3"]), *(("result", [f"i{k}"]) for k in range(4))]
     assert run.calls == [["i0"], ["i1"], ["i3"]]  # the hook's fault comes before the stage's work
     assert [r for _, r in done] == ["i0", "i1", "i3"] and failed == [("i2", "injected into i2")]
+
+
+def test_a_seam_is_set_for_a_block_and_never_taken_from_another_test() -> None:
+    hooks = EngineHooks()
+
+    def fault(req: object) -> None:
+        pass
+
+    with hooks.installed(fault=fault):
+        assert hooks.fault is fault and hooks.stage is None
+        with pytest.raises(RuntimeError, match="already installed: fault"), hooks.installed(fault=fault):
+            pass
+        assert hooks.fault is fault  # the refused block took nothing away
+    assert hooks.fault is None
