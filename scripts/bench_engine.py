@@ -39,6 +39,8 @@ import platform
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from types import ModuleType
@@ -118,27 +120,38 @@ def throughput_json(threads: int, n: int) -> None:
     print(json.dumps(figures))
 
 
+def median_cpu_s(fn: Callable[[], object], repeats: int) -> float:
+    """Median CPU seconds (this process, every thread) of `fn()` over `repeats` calls after one untimed
+    warm-up: on a shared machine, what the call costs, where wall time also counts the others' work."""
+    fn()
+    samples = []
+    for _ in range(repeats):
+        start = time.process_time()
+        fn()
+        samples.append(time.process_time() - start)
+    return float(np.median(samples))
+
+
 def micro_json(args: argparse.Namespace) -> None:
     """In its own process (whichever engine package PYTHONPATH gives): the encoder as a loop of single
     calls and as one batch at the largest batch size (trimmed context, real clips), and the decode step
-    at each batch size; prints median seconds as JSON."""
+    at each batch size; prints median CPU seconds as JSON (CPU only: nothing waits for a device)."""
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     runner = ModelRunner(
         load(args.model), EngineConfig(model=args.model, threads=args.threads, kv_slots=max(sizes))
     )
+    if runner.device.type != "cpu":
+        raise SystemExit("--against measures CPU seconds: run it with --device cpu")
     clips = [c[: 16000 * 5] for c in real_clips(max(sizes))]
-    figures: dict[str, float] = {}
-    t = interleaved_median_wall_s(
-        {"loop": partial(encode_loop, runner, clips), "batch": partial(encode_batch, runner, clips)},
-        args.repeats,
-        runner.sync,
-    )
-    figures["encoder_loop"], figures["encoder_batch"] = t["loop"], t["batch"]
+    figures = {
+        "encoder_loop": median_cpu_s(partial(encode_loop, runner, clips), args.repeats),
+        "encoder_batch": median_cpu_s(partial(encode_batch, runner, clips), args.repeats),
+    }
     v = runner.rules.vocab
     for b in sizes:
         runner.prefill([[v.sot, v.no_timestamps]] * b, [0] * b, slice(0, b))
         step = partial(runner.step, [v.sot] * b, [40] * b)  # a step 40 tokens into each sequence
-        figures[f"step_{b}"] = median_wall_s(step, max(args.repeats, 10), runner.sync)
+        figures[f"step_{b}"] = median_cpu_s(step, max(args.repeats, 10))
     print(json.dumps(figures))
 
 
@@ -174,10 +187,10 @@ def against(args: argparse.Namespace) -> None:
 
     b = max(sizes)
     rows = [
-        (f"encoder, loop of {b} single calls (s)", "encoder_loop", False),
-        (f"encoder, one batch-{b} call (s)", "encoder_batch", False),
-        *((f"decode step, batch {s} (ms)", f"step_{s}", False) for s in sizes),
-        (f"{n} utterances at once: utt/s", "utt_s", True),
+        (f"encoder, loop of {b} single calls (CPU s)", "encoder_loop", False),
+        (f"encoder, one batch-{b} call (CPU s)", "encoder_batch", False),
+        *((f"decode step, batch {s} (CPU ms)", f"step_{s}", False) for s in sizes),
+        (f"{n} utterances at once: utt/s (wall)", "utt_s", True),
         (f"{n} utterances at once: CPU s per utterance", "cpu_per_utt", False),
     ]
     lines = [
@@ -185,7 +198,8 @@ def against(args: argparse.Namespace) -> None:
         "",
         f"`python scripts/bench_engine.py --against {args.against} --batch-sizes {args.batch_sizes} --rounds "
         f"{args.rounds} --threads {args.threads}` on {machine()}, {datetime.date.today()}; load average "
-        f"{load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end (a shared machine: read the ratios). "
+        f"{load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end (a shared machine: CPU seconds, "
+        "and read the ratios). "
         f"Before: {args.against}'s engine; after: this tree's; each figure in its own process, the two "
         f"alternating, median of {args.rounds} rounds. Real speech (pocketsphinx librivox and cards clips, jfk; "
         f"the encoder rows cut to 5 s, trimmed context; the decode step 40 tokens into each sequence), "
