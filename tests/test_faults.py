@@ -2,9 +2,9 @@
 deadlines, a slow reader, an exception inside one utterance, a dead scheduler, overload, a model that
 cannot load. After each, nothing is left behind: engine stats back to zero, no stream open.
 
-Where timing would decide the outcome, the engine's own test seams (`Scheduler.fault_hook`, called per
-request at its encoder pass; `Scheduler.stage_hook`, called as each stage begins, which also records each
-encoder call's requests) hold the scheduler thread still, so each case happens exactly as named:
+Where timing would decide the outcome, the engine's own test seams (engine/hooks.py: `fault`, called per
+request at its encoder pass; `stage`, called as each stage begins, which also records each encoder call's
+requests) hold the engine's loop thread still, so each case happens exactly as named:
 an utterance cancelled while it waits in the window, one cancelled while it holds a KV slot, two
 utterances that share one encoder pass.
 """
@@ -35,6 +35,7 @@ from prometheus_client import REGISTRY
 
 from clients.scoring import corpus_wer
 from engine import Engine
+from engine.hooks import EngineHooks
 from engine.request import Request as EngineRequest
 from engine.weights import ModelLoadError
 from service.config import ServerConfig
@@ -87,7 +88,7 @@ async def assert_all_free(engine: Engine, server: ServerThread, within_s: float 
 
 
 class Hook:
-    """The scheduler's fault_hook for one test: holds the scheduler thread inside the encoder pass of a
+    """The engine's fault and stage hooks for one test: holds the scheduler thread inside the encoder pass of a
     chosen request (`hold_on`), fails chosen requests (`fail_prefix`), and records each encoder call."""
 
     def __init__(self, engine: Engine) -> None:
@@ -124,7 +125,7 @@ class Hook:
 
     def queued(self) -> int:
         """Utterances submitted and not yet in a slot (what --max-queue bounds)."""
-        return sum(self.engine._scheduler._queued)
+        return self.engine.stats()["queued"]
 
     async def close_gate(self) -> None:
         """Hold the scheduler thread in the encoder pass of a silent sentinel utterance: what is
@@ -148,16 +149,13 @@ def no_speculation(asr_server: ServerThread, monkeypatch: pytest.MonkeyPatch) ->
 
 
 @pytest.fixture
-def hook(service_engine: Engine) -> Iterator[Hook]:
-    scheduler = service_engine._scheduler
-    assert scheduler.fault_hook is None and scheduler.stage_hook is None
+def hook(service_engine: Engine, engine_hooks: EngineHooks) -> Iterator[Hook]:
     h = Hook(service_engine)
-    scheduler.fault_hook, scheduler.stage_hook = h, h.stage
     try:
-        yield h
+        with engine_hooks.installed(fault=h, stage=h.stage):
+            yield h
     finally:
         h.release.set()
-        scheduler.fault_hook = scheduler.stage_hook = None
 
 
 # --- cancel and disconnect ---
@@ -209,7 +207,7 @@ async def test_disconnect_while_holding_a_kv_slot_frees_it_at_once(
         assert await asyncio.wait_for(client.stdout.readline(), 30) == b"sent\n"
         # held inside its own encoder pass: the utterance owns a KV slot now
         assert await asyncio.to_thread(hook.held.wait, 20)
-        assert service_engine._scheduler.runner.cache.used >= 1
+        assert service_engine.stats()["slots_used"] >= 1
         client.send_signal(signal.SIGKILL)
         await asyncio.wait_for(client.wait(), 10)
         await wait_for(lambda: not asr_server.server.recognizer.sessions, 10, "the server saw the disconnect")
