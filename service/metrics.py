@@ -11,7 +11,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from engine.metrics import TIME_BUCKETS
 
 # Gauges name their multiprocess_mode: asr-server's frontend processes each keep their own values and
-# /metrics combines those of the live ones (prometheus-client multiprocess mode; see service/supervisor.py).
+# /metrics combines those of the live ones (prometheus-client multiprocess mode; see service/runtime/supervisor.py).
 
 # End of speech -> final sent: tens of milliseconds on a GPU to seconds on a busy CPU.
 LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
@@ -119,12 +119,12 @@ GRPC_HANDLING_SECONDS = Histogram(
 GRPC_MSG_RECEIVED = Counter("grpc_server_msg_received_total", "Messages received from clients", GRPC_LABELS)
 GRPC_MSG_SENT = Counter("grpc_server_msg_sent_total", "Messages sent to clients", GRPC_LABELS)
 
-# The OpenAI-compatible HTTP door (service/http_api.py); its recognitions also count in the asr_* set above.
+# The OpenAI-compatible HTTP door (service/doors/openai_http.py); its recognitions also count in the asr_* set above.
 HTTP_REQUESTS = Counter(
     "asr_http_requests_total", "HTTP requests to the OpenAI-compatible door ended, by HTTP status", ["code"]
 )
 
-# Endpointing cost (service/vad_batch.py): one observation per batched VAD pass of a frontend process.
+# Endpointing cost (service/pipeline/vad_batch.py): one observation per batched VAD pass of a frontend process.
 VAD_SECONDS = Histogram(
     "asr_vad_seconds",
     "Wall time of one batched VAD pass (every channel with new audio in one event-loop tick)",

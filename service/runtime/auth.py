@@ -30,7 +30,7 @@ from typing import Any
 import grpc
 from grpc import aio
 
-log = logging.getLogger("service.auth")
+log = logging.getLogger("service.runtime.auth")
 
 ENV_VAR = "ASR_AUTH_TOKENS"
 # What a token may be: visible ASCII, no spaces (what gRPC metadata and an HTTP header can carry as-is;

@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP door: `POST /v1/audio/transcriptions` (and `GET /v1/models`).
 
 Served by aiohttp in the same event loop as the grpc.aio server, and through the same path as gRPC
-`Recognize`: the same bearer tokens (service/auth.py TokenStore), the same limits (the upload may be
+`Recognize`: the same bearer tokens (service/runtime/auth.py TokenStore), the same limits (the upload may be
 at most --max-recognize-bytes; every Recognize check applies to the audio), the same engine, and the
 same metrics (asr_recognize_seconds, asr_utterances_total, asr_audio_seconds_total) plus
 asr_http_requests_total{code}. Refusals use OpenAI's error body, {"error": {"message", "type",
@@ -43,13 +43,13 @@ from aiohttp import BodyPartReader, web
 from asr.v1 import asr_pb2
 
 from service import metrics
-from service.auth import TokenStore, bearer_token
 from service.config import ServerConfig
-from service.recognizer import RecognizerServicer, whisper_language
-from service.session import StreamError
-from service.subtitles import Cue, srt, vtt
+from service.doors.asr_v1 import RecognizerServicer, whisper_language
+from service.pipeline.session import StreamError
+from service.pipeline.subtitles import Cue, srt, vtt
+from service.runtime.auth import TokenStore, bearer_token
 
-log = logging.getLogger("service.http_api")
+log = logging.getLogger("service.doors.openai_http")
 T = TypeVar("T")
 
 TRANSCRIPTIONS_PATH = "/v1/audio/transcriptions"
@@ -427,7 +427,7 @@ class HttpApi:
             # address would never reach the door; None makes one socket per address family.
             host = None
         # asr-server's frontend processes share the port (SO_REUSEPORT), as they share the gRPC port;
-        # the supervisor checked it was free first (service/supervisor.py reserve_port).
+        # the supervisor checked it was free first (service/runtime/supervisor.py reserve_port).
         site = web.TCPSite(
             self._runner, host, self.config.http_port, ssl_context=self._ssl(), reuse_port=self.reuse_port
         )

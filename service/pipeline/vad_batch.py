@@ -3,7 +3,7 @@
 A stream's reader pushes each chunk's audio into its channels' endpointers and asks for a pass; the first
 request of a tick schedules one VAD_GATHER_S later, so that the chunks of every stream that arrive
 meanwhile share it. The pass scores the new windows of every channel that asked in one
-batched model call per window depth (service/endpointing.py SileroVad.score), and hands each stream its
+batched model call per window depth (service/pipeline/endpointing.py SileroVad.score), and hands each stream its
 probabilities. The stream's endpointers then run their state machines (Endpointer.advance).
 """
 
@@ -18,9 +18,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from service import metrics
-from service.endpointing import Endpointer, SileroVad, load_vad
+from service.pipeline.endpointing import Endpointer, SileroVad, load_vad
 
-log = logging.getLogger("service.vad_batch")
+log = logging.getLogger("service.pipeline.vad_batch")
 
 # How long a pass waits for more streams' chunks. Without it a pass held 1.3-3.9 channels on average
 # with 32 real-time calls in 20 ms chunks (the event loop turns faster than chunks arrive), with 10 ms

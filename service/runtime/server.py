@@ -1,7 +1,7 @@
 """The gRPC server (grpc.aio) with health, reflection, metrics and a graceful drain: `AsrServer`.
 
 `asr-server` runs one engine process and N of these servers in frontend processes, their engine an
-`EngineClient` (service/supervisor.py). In-process (tests, embedding) its engine is an `Engine`:
+`EngineClient` (service/runtime/supervisor.py). In-process (tests, embedding) its engine is an `Engine`:
 gRPC port first (health NOT_SERVING), model load and warm-up, SERVING.
 An engine that dies (its scheduler thread, or its process) turns health NOT_SERVING and ends the
 server non-zero, so Kubernetes replaces the pod.
@@ -28,16 +28,16 @@ from grpc_reflection.v1alpha import reflection
 from engine import Engine, EngineConfig
 from engine.client import EngineClient
 from service import metrics
-from service.auth import ENV_VAR, AuthInterceptor, TokenStore
 from service.config import ServerConfig
-from service.engine_api import RecognitionEngine
-from service.http_api import HttpApi
-from service.interceptors import MetricsInterceptor
-from service.recognizer import RecognizerServicer
-from service.stream_limit import StreamLimit
-from service.tls import server_credentials
+from service.core.engine import RecognitionEngine
+from service.core.stream_limit import StreamLimit
+from service.doors.asr_v1 import RecognizerServicer
+from service.doors.openai_http import HttpApi
+from service.runtime.auth import ENV_VAR, AuthInterceptor, TokenStore
+from service.runtime.interceptors import MetricsInterceptor
+from service.runtime.tls import server_credentials
 
-log = logging.getLogger("service.server")
+log = logging.getLogger("service.runtime.server")
 
 SERVICE_NAME = asr_pb2.DESCRIPTOR.services_by_name["Recognizer"].full_name  # "asr.v1.Recognizer"
 EXIT_OK, EXIT_ENGINE_FAILED, EXIT_LOAD_FAILED = 0, 1, 2
@@ -343,7 +343,7 @@ def preflight_model(config: EngineConfig) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from service import supervisor  # the process model: one engine process, N frontend processes
+    from service.runtime import supervisor  # the process model: one engine process, N frontend processes
 
     supervisor.main(argv)
 

@@ -3,14 +3,14 @@
 Three kinds of asyncio tasks per stream, so that no one of them can stall the others:
 - the reader takes requests off the wire, decodes the audio and pushes it to each channel's endpointer;
   the process's VAD pass scores every stream's new audio in one batched call per event-loop tick
-  (service/vad_batch.py) and hands back the probabilities (_on_scored), whereupon the endpointers' events
+  (service/pipeline/vad_batch.py) and hands back the probabilities (_on_scored), whereupon the endpointers' events
   go out and each utterance is submitted to the engine the moment its end is detected (utterances of
   many calls then meet in one micro-batch);
 - one finalizer per channel awaits that channel's utterances in order and queues their finals;
 - the writer (the RPC handler's generator) sends whatever is queued, at the client's pace.
 Interim hypotheses are extra engine requests whose results are queued unless the final overtook them
-(when to ask: service/interim.py). Responses are built by service/results.py, shared with Recognize; the
-stream's life is one StreamState (service/stream_state.py).
+(when to ask: service/pipeline/interim.py). Responses are built by service/pipeline/results.py, shared with Recognize; the
+stream's life is one StreamState (service/pipeline/stream_state.py).
 """
 
 from __future__ import annotations
@@ -35,9 +35,10 @@ from prometheus_client import Histogram
 from engine import DecodeOptions, EngineOverloaded, Transcript, UtteranceHandle
 from engine.api import EngineStopped
 from service import metrics
-from service.audio import TARGET_RATE, AudioFormatError, StreamDecoder, mixdown
 from service.config import ServerConfig
-from service.endpointing import (
+from service.core.engine import RecognitionEngine
+from service.pipeline.audio import TARGET_RATE, AudioFormatError, StreamDecoder, mixdown
+from service.pipeline.endpointing import (
     Endpointer,
     EndpointingError,
     EndpointSettings,
@@ -49,14 +50,13 @@ from service.endpointing import (
     Utterance,
     vad_rate_for,
 )
-from service.engine_api import RecognitionEngine
-from service.interim import InterimPolicy
-from service.results import ChannelResults, ResultOptions, speech_event
-from service.speculation import Speculations
-from service.stream_state import StreamState
-from service.vad_batch import vad_batcher
+from service.pipeline.interim import InterimPolicy
+from service.pipeline.results import ChannelResults, ResultOptions, speech_event
+from service.pipeline.speculation import Speculations
+from service.pipeline.stream_state import StreamState
+from service.pipeline.vad_batch import vad_batcher
 
-log = logging.getLogger("service.session")
+log = logging.getLogger("service.pipeline.session")
 
 EventType = asr_pb2.StreamingRecognizeResponse.SpeechEventType
 _SCORE_NOW_S = 0.25  # unscored audio a stream may hold while it waits for the VAD pass
@@ -83,7 +83,7 @@ class StreamSettings:
     endpointing: EndpointSettings
     interim_results: bool
     single_utterance: bool
-    # What results carry: words, segments, redaction (service/results.py).
+    # What results carry: words, segments, redaction (service/pipeline/results.py).
     results: ResultOptions = field(default_factory=ResultOptions)
 
 
@@ -187,7 +187,7 @@ class StreamSession:
         self._end_status: StreamError | None = None
         self._finalizers: list[asyncio.Task[Any]] = []
         ep = settings.endpointing
-        self._speculations = Speculations(  # service/speculation.py
+        self._speculations = Speculations(  # service/pipeline/speculation.py
             engine, settings.options, stream_id, confirm_after_s=ep.min_silence_s - ep.speech_pad_s
         )
         self._last_audio = time.monotonic()  # for --idle-audio-timeout (_check_idle)
@@ -594,7 +594,7 @@ class StreamSession:
 
     def _release_held_finals(self) -> None:
         """A redacting stream holds back a final that ends in digits until the next (see
-        service/redaction.py); once enough audio passed with no next utterance, it goes out."""
+        service/pipeline/redaction.py); once enough audio passed with no next utterance, it goes out."""
         for ch in self.channels:
             if ch.results.holding and not ch.unsettled and not ch.endpointer.in_speech:
                 for result, on_sent in ch.results.release(heard_s=self._received_s):

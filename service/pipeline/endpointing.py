@@ -8,7 +8,7 @@ silence is long enough to confirm it).
 
 Who computes the probabilities is separate from what the state machine does with them: `feed()` scores
 one channel on its own (tools, Recognize, tests), while a stream server pushes audio
-(`push()`), lets service/vad_batch.py score the `windows()` of every channel of every stream in one
+(`push()`), lets service/pipeline/vad_batch.py score the `windows()` of every channel of every stream in one
 batched call per event-loop tick, and hands the probabilities back (`advance()`). The VAD runs at the
 stream's own rate where silero has a model for it: 8 kHz telephone audio is scored as it came (256-sample
 windows, the same 32 ms), without being resampled first; utterance audio stays 16 kHz for the engine.

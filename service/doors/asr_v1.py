@@ -1,4 +1,4 @@
-"""The asr.v1.Recognizer servicer: checks requests, runs streams (service/session.py) and whole recordings.
+"""The asr.v1.Recognizer servicer: checks requests, runs streams (service/pipeline/session.py) and whole recordings.
 
 Every refusal is a gRPC status whose message names the field and the limit; nothing one call does can
 fail another.
@@ -25,7 +25,10 @@ from engine.api import EngineStopped, ModelInfo
 from engine.prompt import check_prompt_chars
 from engine.request import Priority
 from service import metrics
-from service.audio import (
+from service.config import ServerConfig
+from service.core.engine import RecognitionEngine
+from service.core.stream_limit import StreamLimit
+from service.pipeline.audio import (
     TARGET_RATE,
     AudioFormatError,
     AudioTooLong,
@@ -36,20 +39,17 @@ from service.audio import (
     probe_recording,
     validate_stream_format,
 )
-from service.config import ServerConfig
-from service.endpointing import Endpointer, EndpointSettings, Utterance
-from service.engine_api import RecognitionEngine
-from service.results import duration, recognize_results, result_options
-from service.session import (
+from service.pipeline.endpointing import Endpointer, EndpointSettings, Utterance
+from service.pipeline.results import duration, recognize_results, result_options
+from service.pipeline.session import (
     StreamError,
     StreamSession,
     StreamSettings,
     await_transcript,
     engine_refusal,
 )
-from service.stream_limit import StreamLimit
 
-log = logging.getLogger("service.recognizer")
+log = logging.getLogger("service.doors.asr_v1")
 
 STREAM_ID_HEADER = "asr-stream-id"  # initial metadata of an accepted stream (see StreamingRecognize)
 FIRST_REQUEST_TIMEOUT_S = 10.0  # a stream that sends no config is not kept waiting for it
@@ -80,7 +80,7 @@ def whisper_language(code: str, info: ModelInfo) -> str | None:
 
 
 def encoding_name(value: int) -> str:
-    """The proto enum as service/audio.py spells it ("" when unset; an unknown number is named as such,
+    """The proto enum as service/pipeline/audio.py spells it ("" when unset; an unknown number is named as such,
     so that the refusal says what the client sent)."""
     if value == asr_pb2.ENCODING_UNSPECIFIED:
         return ""
@@ -165,7 +165,7 @@ def cut_utterances(audio: np.ndarray, settings: EndpointSettings) -> list[Uttera
 
 class RecordingCutter:
     """A recording for Recognize, a block at a time: decoded, resampled and endpointed per channel (or
-    the mixdown), so that memory follows the block, not the file (service/audio.py decode_blocks)."""
+    the mixdown), so that memory follows the block, not the file (service/pipeline/audio.py decode_blocks)."""
 
     def __init__(
         self,
@@ -211,7 +211,7 @@ class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
     ) -> None:
         self.config = config
         self.engine = engine  # None while the model loads: calls are refused UNAVAILABLE
-        # --max-streams, shared by every frontend process of asr-server (service/stream_limit.py)
+        # --max-streams, shared by every frontend process of asr-server (service/core/stream_limit.py)
         self.stream_limit = stream_limit or StreamLimit(config.max_streams)
         self.draining = False
         self.sessions: set[StreamSession] = set()

@@ -1,7 +1,7 @@
 """Engine transcripts -> protobuf results, for StreamingRecognize and Recognize alike.
 
 Everything a result carries (and every other response a stream sends: speech events, interims) (transcript, segments, words with offsets and confidence) is built here,
-with redaction (service/redaction.py) applied before anything leaves the server: finals, interims and
+with redaction (service/pipeline/redaction.py) applied before anything leaves the server: finals, interims and
 the transcript text in logs. Offsets count from the stream's start; the engine's times count from the
 utterance audio's first sample.
 """
@@ -15,8 +15,8 @@ from asr.v1 import asr_pb2
 from google.protobuf.duration_pb2 import Duration
 
 from engine import Transcript
-from service.endpointing import Utterance
-from service.redaction import Kind, StreamRedactor, Word, join, redact_utterances, words_of_text
+from service.pipeline.endpointing import Utterance
+from service.pipeline.redaction import Kind, StreamRedactor, Word, join, redact_utterances, words_of_text
 
 
 def duration(seconds: float) -> Duration:
@@ -167,7 +167,7 @@ class _Final:
 
 class ChannelResults:
     """One channel's results as they leave the stream: finals in order (a redacting stream may hold one
-    back until the next, see service/redaction.py), interims and log text redacted in context."""
+    back until the next, see service/pipeline/redaction.py), interims and log text redacted in context."""
 
     def __init__(self, opts: ResultOptions, tag: int) -> None:
         self.opts = opts
