@@ -304,7 +304,7 @@ _PEAK_RSS_SCRIPT = textwrap.dedent(
     import json, resource, sys
     from service.pipeline.audio import probe_recording
     from service.pipeline.endpointing import EndpointSettings
-    from service.doors.asr_v1 import RecordingCutter
+    from service.pipeline.recording import RecordingCutter
 
     data = open(sys.argv[1], "rb").read()
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux

@@ -1,87 +1,56 @@
-"""The asr.v1.Recognizer servicer: checks requests, runs streams (service/pipeline/session.py) and whole recordings.
+"""The asr.v1 door: the project's own gRPC protocol (asr.v1.Recognizer: StreamingRecognize, Recognize).
 
-Every refusal is a gRPC status whose message names the field and the limit; nothing one call does can
-fail another.
+A translation layer and nothing more: requests -> the core's settings and calls (service/core/), the
+core's events, results and errors -> asr.v1 messages and gRPC statuses. Every refusal is a gRPC status
+whose message names the field and the limit; nothing one call does can fail another.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
-import dataclasses
-import itertools
 import logging
-import os
-import time
 from collections.abc import AsyncIterator
 
 import grpc
-import numpy as np
 from asr.v1 import asr_pb2, asr_pb2_grpc
+from google.protobuf.duration_pb2 import Duration
 from grpc import aio
 
-from engine import DecodeOptions, EngineOverloaded, Transcript, UtteranceHandle
-from engine.api import EngineStopped, ModelInfo
-from engine.prompt import check_prompt_chars
-from engine.request import Priority
-from service import metrics
-from service.config import ServerConfig
-from service.core.engine import RecognitionEngine
-from service.core.stream_limit import StreamLimit
-from service.pipeline.audio import (
-    TARGET_RATE,
-    AudioFormatError,
-    AudioTooLong,
-    EncodedAudio,
-    RecordingInfo,
-    decode_blocks,
-    mixdown,
-    probe_recording,
-    validate_stream_format,
-)
-from service.pipeline.endpointing import Endpointer, EndpointSettings, Utterance
-from service.pipeline.results import duration, recognize_results, result_options
-from service.pipeline.session import (
-    StreamError,
-    StreamSession,
+from service.core.errors import Code, RecognitionError
+from service.core.recognizer import Recognizer, Stream
+from service.core.types import (
+    AudioFormat,
+    CallEvent,
+    EndOfSingleUtterance,
+    EndpointSettings,
+    Identity,
+    RecognitionSettings,
+    RecognizeResult,
+    Reconnect,
+    Redaction,
+    Result,
+    SpeechEnded,
+    SpeechStarted,
     StreamSettings,
-    await_transcript,
-    engine_refusal,
 )
+from service.doors.grpc_status import core_code, grpc_code
+from service.runtime.auth import bearer_token, identity
 
 log = logging.getLogger("service.doors.asr_v1")
 
+DOOR = "asr.v1"
 STREAM_ID_HEADER = "asr-stream-id"  # initial metadata of an accepted stream (see StreamingRecognize)
 FIRST_REQUEST_TIMEOUT_S = 10.0  # a stream that sends no config is not kept waiting for it
-# Bounds on what a RecognitionConfig may make the server work through (the prompt's: engine/prompt.py).
-# BCP-47 tags: RFC 5646 asks for at least 35 characters; only the primary subtag is read.
-MAX_LANGUAGE_CODE_CHARS = 64
 MAX_REDACT_VALUES = 8  # three kinds exist; a repeat is harmless, a million of them is not
-
-# BCP-47 primary subtags that Whisper spells differently.
-_BCP47_TO_WHISPER = {"iw": "he", "jv": "jw", "nb": "no", "fil": "tl"}
+EventType = asr_pb2.StreamingRecognizeResponse.SpeechEventType
 
 
-def whisper_language(code: str, info: ModelInfo) -> str | None:
-    """ "en-US" / "en" / "" -> Whisper's code (None: the model's default or detection)."""
-    if len(code) > MAX_LANGUAGE_CODE_CHARS:
-        raise ValueError(
-            f"language_code has {len(code)} characters, over the limit of {MAX_LANGUAGE_CODE_CHARS} "
-            "(a BCP-47 tag such as en-US, or Whisper's code)"
-        )
-    if not code.strip():
-        return None
-    primary = code.strip().replace("_", "-").split("-")[0].lower()
-    lang = _BCP47_TO_WHISPER.get(primary, primary)
-    if lang not in info.languages:
-        hint = "only en" if info.languages == {"en"} else f"{len(info.languages)} Whisper languages"
-        raise ValueError(f"language_code {code!r} is not supported by model {info.name} ({hint})")
-    return lang
+# --- requests -> the core's settings ---
 
 
 def encoding_name(value: int) -> str:
-    """The proto enum as service/pipeline/audio.py spells it ("" when unset; an unknown number is named as such,
-    so that the refusal says what the client sent)."""
+    """The proto enum as the core spells it ("" when unset; an unknown number is named as such, so that
+    the refusal says what the client sent)."""
     if value == asr_pb2.ENCODING_UNSPECIFIED:
         return ""
     if value not in asr_pb2.AudioEncoding.values():
@@ -89,37 +58,48 @@ def encoding_name(value: int) -> str:
     return asr_pb2.AudioEncoding.Name(value)
 
 
-def _seconds(d: object) -> float:
-    return d.seconds + d.nanos / 1e9  # type: ignore[attr-defined]
+def _seconds(d: Duration) -> float:
+    return d.seconds + d.nanos / 1e9
 
 
-def check_bounds(config: asr_pb2.RecognitionConfig) -> None:
-    """Refuse (ValueError naming the field and the limit) a field that would make the server work through
-    an unbounded amount of it, before anything else reads it."""
-    check_prompt_chars(config.prompt)
+def redaction(config: asr_pb2.RecognitionConfig) -> frozenset[Redaction]:
     if len(config.redact) > MAX_REDACT_VALUES:
-        raise ValueError(
-            f"redact has {len(config.redact)} values, over the limit of {MAX_REDACT_VALUES} (PCI, SSN, NUMBERS)"
+        raise RecognitionError(
+            Code.INVALID_ARGUMENT,
+            f"redact has {len(config.redact)} values, over the limit of {MAX_REDACT_VALUES} (PCI, SSN, NUMBERS)",
+            "redact",
         )
+    kinds = set()
+    for value in config.redact:
+        if value == asr_pb2.REDACTION_UNSPECIFIED:
+            continue
+        if value not in asr_pb2.Redaction.values():
+            raise RecognitionError(
+                Code.INVALID_ARGUMENT,
+                f"config.redact: unknown value {value} (known: PCI, SSN, NUMBERS)",
+                "redact",
+            )
+        kinds.add(Redaction[asr_pb2.Redaction.Name(value)])
+    return frozenset(kinds)
 
 
-def decode_options(config: asr_pb2.RecognitionConfig, engine: RecognitionEngine) -> DecodeOptions:
-    """The engine's options for this config, every bound checked here, in the frontend: the prompt in
-    characters, then in tokens with the engine's own tokenizer (ModelInfo.prompts)."""
-    check_bounds(config)
-    if engine.info.prompts is not None:
-        engine.info.prompts.encode(config.prompt)  # remembered: an in-process engine finds it tokenized
-    options = DecodeOptions(
-        language=whisper_language(config.language_code, engine.info),
-        prompt=config.prompt or None,
-        timestamps=config.enable_segment_time_offsets,
-        word_timestamps=config.enable_word_time_offsets or config.enable_word_confidence,
+def recognition_settings(config: asr_pb2.RecognitionConfig) -> RecognitionSettings:
+    return RecognitionSettings(
+        format=AudioFormat(
+            encoding_name(config.encoding), config.sample_rate_hertz, config.audio_channel_count
+        ),
+        separate_channels=config.enable_separate_recognition_per_channel,
+        language=config.language_code,
+        prompt=config.prompt,
+        segments=config.enable_segment_time_offsets,
+        word_times=config.enable_word_time_offsets,
+        word_confidence=config.enable_word_confidence,
+        redact=redaction(config),
     )
-    engine.validate(options)
-    return options
 
 
 def endpoint_settings(ep: asr_pb2.EndpointingConfig) -> EndpointSettings:
+    """Zero fields mean the defaults (raises EndpointingError naming the field)."""
     return EndpointSettings.from_overrides(
         speech_start_threshold=ep.speech_start_threshold,
         speech_end_threshold=ep.speech_end_threshold,
@@ -129,124 +109,122 @@ def endpoint_settings(ep: asr_pb2.EndpointingConfig) -> EndpointSettings:
     )
 
 
-def stream_settings(sc: asr_pb2.StreamingRecognitionConfig, engine: RecognitionEngine) -> StreamSettings:
-    """Validate a StreamingRecognitionConfig (raises AudioFormatError/EndpointingError/ValueError)."""
-    if not sc.HasField("config"):
-        raise AudioFormatError(
-            "streaming_config.config", "streaming_config.config is required (encoding, rate)"
+def first_settings(first: asr_pb2.StreamingRecognizeRequest | None) -> StreamSettings:
+    """The stream's settings from its first request, which must carry the config."""
+    if first is None or first.WhichOneof("streaming_request") != "streaming_config":
+        raise RecognitionError(
+            Code.INVALID_ARGUMENT,
+            "first request must carry streaming_config (then audio_content in later requests)",
         )
-    c = sc.config
-    encoding = encoding_name(c.encoding)
-    rate, channels = validate_stream_format(encoding, c.sample_rate_hertz, c.audio_channel_count)
+    return stream_settings(first.streaming_config)
+
+
+def stream_settings(sc: asr_pb2.StreamingRecognitionConfig) -> StreamSettings:
+    if not sc.HasField("config"):
+        raise RecognitionError(
+            Code.INVALID_ARGUMENT,
+            "streaming_config.config: streaming_config.config is required (encoding, rate)",
+        )
+    try:
+        endpointing = endpoint_settings(sc.endpointing)
+    except ValueError as e:
+        raise RecognitionError.invalid(e) from e
     return StreamSettings(
-        encoding=encoding,
-        sample_rate_hertz=rate,
-        channels=channels,
-        separate_channels=c.enable_separate_recognition_per_channel and channels > 1,
-        options=decode_options(c, engine),
-        endpointing=endpoint_settings(sc.endpointing),
+        recognition=recognition_settings(sc.config),
+        endpointing=endpointing,
         interim_results=sc.interim_results,
         single_utterance=sc.single_utterance,
-        results=result_options(c),
     )
 
 
-def _invalid(e: ValueError) -> str:
-    field = getattr(e, "field", None)
-    return f"{field}: {e}" if field and field not in str(e) else str(e)
+# --- the core's events and results -> responses ---
 
 
-def cut_utterances(audio: np.ndarray, settings: EndpointSettings) -> list[Utterance]:
-    """A whole channel through the endpointer, as if streamed (tools and tests)."""
-    endpointer = Endpointer(settings)
-    events = endpointer.feed(audio) + endpointer.flush()
-    return [e for e in events if isinstance(e, Utterance)]
+def duration(seconds: float) -> Duration:
+    d = Duration()
+    d.FromNanoseconds(round(seconds * 1e9))
+    return d
 
 
-class RecordingCutter:
-    """A recording for Recognize, a block at a time: decoded, resampled and endpointed per channel (or
-    the mixdown), so that memory follows the block, not the file (service/pipeline/audio.py decode_blocks)."""
+def alternative(r: Result) -> asr_pb2.SpeechRecognitionAlternative:
+    words = []
+    for w in r.words:
+        info = asr_pb2.WordInfo(word=w.text)
+        if w.start_s is not None and w.end_s is not None:
+            info.start_offset.CopyFrom(duration(w.start_s))
+            info.end_offset.CopyFrom(duration(w.end_s))
+        if w.confidence is not None:
+            info.confidence = w.confidence
+        words.append(info)
+    return asr_pb2.SpeechRecognitionAlternative(
+        transcript=r.transcript,
+        confidence=r.confidence,
+        segments=[
+            asr_pb2.WordOrSegment(text=s.text, start_offset=duration(s.start_s), end_offset=duration(s.end_s))
+            for s in r.segments
+        ],
+        words=words,
+    )
 
-    def __init__(
-        self,
-        data: EncodedAudio,
-        info: RecordingInfo,
-        separate: bool,
-        settings: EndpointSettings,
-        max_seconds: float | None = None,
-    ) -> None:
-        self.separate = separate
-        self.samples = 0  # decoded so far, per channel, at 16 kHz
-        self._blocks = decode_blocks(data, info, max_seconds=max_seconds)
-        self._endpointers = [Endpointer(settings) for _ in range(info.channels if separate else 1)]
-        self._done = False
 
-    def _tag(self, i: int) -> int:
-        return i + 1 if self.separate else 0
+def _speech_event(kind: int, offset_s: float, channel: int) -> asr_pb2.StreamingRecognizeResponse:
+    return asr_pb2.StreamingRecognizeResponse(
+        speech_event_type=kind,  # type: ignore[arg-type]
+        speech_event_offset=duration(offset_s),
+        speech_event_channel_tag=channel,
+    )
 
-    def step(self) -> list[tuple[int, Utterance]] | None:
-        """The utterances (channel tag, utterance) that end in the next block; None once all is done."""
-        if self._done:
-            return None
-        block = next(self._blocks, None)
-        found: list[tuple[int, Utterance]] = []
-        if block is None:
-            self._done = True
-            for i, endpointer in enumerate(self._endpointers):
-                found += [(self._tag(i), e) for e in endpointer.flush() if isinstance(e, Utterance)]
-            return found
-        self.samples += block.shape[1]
-        per_channel = block if self.separate else mixdown(block)[None]
-        for i, (endpointer, x) in enumerate(zip(self._endpointers, per_channel, strict=True)):
-            found += [(self._tag(i), e) for e in endpointer.feed(x) if isinstance(e, Utterance)]
-        return found
+
+def response(event: CallEvent) -> asr_pb2.StreamingRecognizeResponse:
+    if isinstance(event, Result):
+        result = asr_pb2.StreamingRecognitionResult(
+            alternatives=[alternative(event)],
+            is_final=event.is_final,
+            stability=event.stability,
+            start_offset=duration(event.start_s),
+            end_offset=duration(event.end_s),
+            channel_tag=event.channel,
+            language_code=event.language,
+            utterance_index=event.utterance_index,
+        )
+        return asr_pb2.StreamingRecognizeResponse(results=[result])
+    if isinstance(event, SpeechStarted):
+        return _speech_event(EventType.SPEECH_ACTIVITY_BEGIN, event.offset_s, event.channel)
+    if isinstance(event, SpeechEnded):
+        return _speech_event(EventType.SPEECH_ACTIVITY_END, event.offset_s, event.channel)
+    if isinstance(event, EndOfSingleUtterance):
+        return _speech_event(EventType.END_OF_SINGLE_UTTERANCE, event.offset_s, event.channel)
+    if isinstance(event, Reconnect):
+        return _speech_event(EventType.RECONNECT, event.offset_s, 0)
+    raise TypeError(f"no asr.v1 response for {event!r}")
+
+
+def recognize_response(result: RecognizeResult) -> asr_pb2.RecognizeResponse:
+    return asr_pb2.RecognizeResponse(
+        results=[
+            asr_pb2.SpeechRecognitionResult(
+                alternatives=[alternative(r)],
+                channel_tag=r.channel,
+                start_offset=duration(r.start_s),
+                end_offset=duration(r.end_s),
+                language_code=r.language,
+            )
+            for r in result.results
+        ],
+        total_audio_duration=duration(result.duration_s),
+    )
+
+
+def _caller(context: aio.ServicerContext) -> Identity:
+    return identity(bearer_token(context.invocation_metadata()), context.peer())
+
+
+# --- the servicer ---
 
 
 class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
-    def __init__(
-        self,
-        config: ServerConfig,
-        engine: RecognitionEngine | None = None,
-        stream_limit: StreamLimit | None = None,
-    ) -> None:
-        self.config = config
-        self.engine = engine  # None while the model loads: calls are refused UNAVAILABLE
-        # --max-streams, shared by every frontend process of asr-server (service/core/stream_limit.py)
-        self.stream_limit = stream_limit or StreamLimit(config.max_streams)
-        self.draining = False
-        self.sessions: set[StreamSession] = set()
-        self._reserved = 0  # streams of this process admitted (and holding a place under the limit)
-        self._recognizing = 0  # Recognize calls (and HTTP transcriptions) under way
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self._ids = itertools.count()
-        self._prefix = f"{os.getpid():x}"
-
-    # --- lifecycle (server.py) ---
-
-    def drain(self) -> None:
-        """Refuse new calls; every open stream sends RECONNECT, finishes what it heard and ends OK."""
-        self.draining = True
-        for session in list(self.sessions):
-            session.drain()
-
-    async def wait_idle(self, seconds: float) -> bool:
-        """Wait until no stream is open, at most `seconds`; True if none is."""
-        try:
-            async with asyncio.timeout(seconds):
-                await self._idle.wait()
-            return True
-        except TimeoutError:
-            return False
-
-    def _check_available(self) -> RecognitionEngine:
-        if self.draining:
-            raise StreamError(grpc.StatusCode.UNAVAILABLE, "server is draining; retry on another replica")
-        if self.engine is None:
-            raise StreamError(grpc.StatusCode.UNAVAILABLE, "model is still loading; retry shortly")
-        return self.engine
-
-    # --- StreamingRecognize ---
+    def __init__(self, recognizer: Recognizer) -> None:
+        self.recognizer = recognizer
 
     async def StreamingRecognize(
         self,
@@ -254,26 +232,8 @@ class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
         context: aio.ServicerContext,
     ) -> AsyncIterator[asr_pb2.StreamingRecognizeResponse]:
         code = grpc.StatusCode.OK
-        session: StreamSession | None = None
-        admitted = released = False
-
-        def release(code_name: str) -> None:
-            """Give back what the stream holds (its place under max_streams, its engine slots): once,
-            from whichever comes first of the handler's end and the RPC's end."""
-            nonlocal released
-            if released:
-                return
-            released = True
-            if session is not None:
-                self.sessions.discard(session)
-                session.abandon()
-            if admitted:
-                self.stream_limit.release()
-                self._reserved -= 1
-                metrics.ACTIVE_STREAMS.dec()
-                if self._reserved == 0:
-                    self._idle.set()
-            metrics.STREAMS.labels(code_name).inc()
+        stream: Stream | None = None
+        reader: asyncio.Task[None] | None = None
 
         def rpc_done(ctx: aio.ServicerContext) -> None:
             # A cancel or deadline that lands while the generator is parked at `yield` (gRPC sending a
@@ -281,52 +241,28 @@ class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
             # it is garbage-collected, and until then the stream would hold its place and its slots.
             remaining = ctx.time_remaining()
             expired = remaining is not None and remaining <= 0
-            release((grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED).name)
+            if reader is not None:
+                reader.cancel()
+            if stream is not None:
+                stream.cancel(Code.DEADLINE_EXCEEDED if expired else Code.CANCELLED)
 
         try:
-            # Refusals come after the first request is read, never before: a grpc.aio client whose first
-            # write races a status reports INTERNAL instead of it (grpc/grpc#36066). The config is the
-            # first thing any client sends, so this is still at once.
-            try:
-                async with asyncio.timeout(FIRST_REQUEST_TIMEOUT_S):
-                    first = await anext(aiter(request_iterator), None)
-            except TimeoutError:
-                raise StreamError(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"first request must carry streaming_config; none came within {FIRST_REQUEST_TIMEOUT_S:g} s",
-                ) from None
-            engine = self._check_available()
-            if not self.stream_limit.try_acquire():
-                raise StreamError(
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    f"server is at its limit of {self.stream_limit.limit} concurrent streams (max_streams)",
-                )
-            self._reserved += 1
-            self._idle.clear()
-            admitted = True
-            metrics.ACTIVE_STREAMS.inc()
+            first = await self._first_request(request_iterator)
+            # translated once admitted: a loading, draining or full server says so first
+            stream = self.recognizer.open_stream(
+                lambda: first_settings(first), door=DOOR, identity=_caller(context)
+            )
             context.add_done_callback(rpc_done)  # type: ignore[arg-type]
-            if first is None or first.WhichOneof("streaming_request") != "streaming_config":
-                raise StreamError(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    "first request must carry streaming_config (then audio_content in later requests)",
-                )
-            try:
-                settings = stream_settings(first.streaming_config, engine)
-            except ValueError as e:  # AudioFormatError and EndpointingError are ValueErrors naming the field
-                raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, _invalid(e)) from e
-            session = StreamSession(f"s{self._prefix}-{next(self._ids)}", settings, engine, self.config)
-            self.sessions.add(session)
             # Headers now, not with the first result: they tell the client its stream was accepted, so it
             # starts sending audio only then. A client still writing when a refusal arrives gets INTERNAL
             # instead of the refusal from grpc.aio (grpc/grpc#36066); RecognizerClient waits for this.
-            await context.send_initial_metadata(((STREAM_ID_HEADER, session.id),))
-            log.debug("stream started", extra={"fields": {"stream_id": session.id, "peer": context.peer()}})
-            async for response in session.responses(request_iterator):
-                yield response
-        except StreamError as e:
-            code = e.code
-            await context.abort(e.code, e.message)
+            await context.send_initial_metadata(((STREAM_ID_HEADER, stream.id),))
+            reader = asyncio.create_task(self._read(request_iterator, stream))
+            async for event in stream.events():
+                yield response(event)
+        except RecognitionError as e:
+            code = grpc_code(e.code)
+            await context.abort(code, e.message)
         except asyncio.CancelledError:
             code = grpc.StatusCode.CANCELLED
             raise
@@ -334,144 +270,61 @@ class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
             code = grpc.StatusCode.UNKNOWN
             raise
         finally:
-            release(code.name)
-            if session is not None:
-                await session.close()  # wait for its tasks to stop
+            if reader is not None:
+                reader.cancel()
+            if stream is not None:
+                await stream.close(core_code(code))
 
-    # --- Recognize ---
+    async def _first_request(
+        self, requests: AsyncIterator[asr_pb2.StreamingRecognizeRequest]
+    ) -> asr_pb2.StreamingRecognizeRequest | None:
+        """The stream's first request (None: the client half-closed at once). Refusals come after it is
+        read, never before: a grpc.aio client whose first write races a status reports INTERNAL instead
+        of it (grpc/grpc#36066). The config is the first thing any client sends, so this is still at once."""
+        try:
+            async with asyncio.timeout(FIRST_REQUEST_TIMEOUT_S):
+                return await anext(aiter(requests), None)
+        except TimeoutError:
+            error = RecognitionError(
+                Code.INVALID_ARGUMENT,
+                f"first request must carry streaming_config; none came within {FIRST_REQUEST_TIMEOUT_S:g} s",
+            )
+            self.recognizer.refused(DOOR, error)
+            raise error from None
+
+    async def _read(self, requests: AsyncIterator[asr_pb2.StreamingRecognizeRequest], stream: Stream) -> None:
+        """The requests after the config: their audio into the stream, the half-close as its end."""
+        try:
+            async for request in requests:
+                kind = request.WhichOneof("streaming_request")
+                if kind == "streaming_config":
+                    stream.fail(
+                        RecognitionError(
+                            Code.INVALID_ARGUMENT,
+                            "streaming_config may only be sent in the first request; later requests carry "
+                            "audio_content",
+                        )
+                    )
+                    return
+                if kind == "audio_content":
+                    stream.audio(request.audio_content)
+            stream.finish()  # the client half-closed
+        except Exception as e:  # a bug of ours: fail this stream only, loudly
+            log.exception("stream reader failed", extra={"fields": {"stream_id": stream.id}})
+            stream.fail(RecognitionError(Code.INTERNAL, f"internal error: {type(e).__name__}: {e}"))
 
     async def Recognize(
         self, request: asr_pb2.RecognizeRequest, context: aio.ServicerContext
     ) -> asr_pb2.RecognizeResponse:
-        started = time.perf_counter()
         try:
-            return await self._recognize(request.config, request.audio_content)
-        except StreamError as e:
-            await context.abort(e.code, e.message)
+            # audio_content read once: each read of a bytes field is a fresh copy (upb)
+            result = await self.recognizer.recognize(
+                request.audio_content,
+                lambda: recognition_settings(request.config),
+                door=DOOR,
+                identity=_caller(context),
+            )
+        except RecognitionError as e:
+            await context.abort(grpc_code(e.code), e.message)
             raise  # unreachable: abort raises
-        finally:
-            metrics.RECOGNIZE_SECONDS.observe(time.perf_counter() - started)
-
-    async def _recognize(self, c: asr_pb2.RecognitionConfig, data: EncodedAudio) -> asr_pb2.RecognizeResponse:
-        """One recording, for gRPC Recognize and the HTTP door alike: at most --max-recognize-calls at once.
-        `data` is read in place, never copied: gRPC passes `request.audio_content` read once (each read of
-        a bytes field is a fresh copy, upb), the HTTP door the buffer it read the upload into."""
-        engine = self._check_available()
-        if self._recognizing >= self.config.max_recognize_calls:
-            raise StreamError(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"server is at its limit of {self.config.max_recognize_calls} concurrent Recognize calls "
-                "(max_recognize_calls); recorded work waits for live calls, retry with backoff",
-            )
-        self._recognizing += 1
-        try:
-            return await self._recognize_recording(engine, c, data)
-        finally:
-            self._recognizing -= 1
-
-    async def _recognize_recording(
-        self, engine: RecognitionEngine, c: asr_pb2.RecognitionConfig, data: EncodedAudio
-    ) -> asr_pb2.RecognizeResponse:
-        if not data:
-            raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, "audio_content is empty")
-        if len(data) > self.config.max_recognize_bytes:
-            raise StreamError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"audio_content of {len(data)} bytes is over the limit of "
-                f"{self.config.max_recognize_bytes} bytes (max_recognize_bytes); use StreamingRecognize",
-            )
-        limit_s = self.config.max_recognize_seconds
-        try:
-            encoding = encoding_name(c.encoding)
-            # Recorded work: served after live calls, in its own share of the engine (engine/policy.py).
-            options = dataclasses.replace(decode_options(c, engine), priority=Priority.RECORDED)
-            result_opts = result_options(c)
-            # The header (or the byte count) says how long the recording is: a small FLAC of silence
-            # can hold hours, so the length is checked before anything is decoded.
-            info = probe_recording(data, encoding, c.sample_rate_hertz, c.audio_channel_count)
-        except ValueError as e:
-            raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, _invalid(e)) from e
-        if info.seconds > limit_s:
-            raise _too_long(f"audio_content holds {info.seconds:.0f} s of audio", limit_s)
-        separate = c.enable_separate_recognition_per_channel and info.channels > 1
-        mode = "mono" if info.channels == 1 else ("separate" if separate else "mixdown")
-        cutter = RecordingCutter(data, info, separate, EndpointSettings(), limit_s)
-        del data  # the cutter holds the one copy it reads from
-        window: collections.deque[tuple[int, Utterance, UtteranceHandle]] = collections.deque()
-        jobs: list[tuple[int, Utterance]] = []
-        transcripts: list[Transcript] = []
-
-        async def settle_oldest() -> None:
-            tag, u, handle = window[0]
-            while True:
-                try:
-                    transcripts.append(await await_transcript(handle))
-                    break
-                except EngineOverloaded:
-                    # An engine in another process refuses on the future, not in submit(): once one of
-                    # our own later utterances is done (a place freed), this one goes in again.
-                    pending = [asyncio.wrap_future(h.future) for _, _, h in window if not h.future.done()]
-                    if not pending:
-                        raise  # nothing of ours to wait for: the server is busy with other calls
-                    await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                    handle = engine.submit(u.audio, options, ready_time=time.monotonic())
-                    window[0] = (tag, u, handle)
-            window.popleft()
-            jobs.append((tag, u))
-
-        async def submit(u: Utterance) -> UtteranceHandle:
-            while True:
-                try:
-                    return engine.submit(u.audio, options, ready_time=time.monotonic())
-                except EngineOverloaded:
-                    if not window:
-                        raise  # nothing of ours to wait for: the server is busy with other calls
-                    await settle_oldest()  # a recording can wait: our oldest frees a place first
-
-        # A bounded window of utterances in flight per call: a recording of any length is fed to the
-        # engine as it is decoded, and one long file cannot fill the engine's queue ahead of live calls.
-        try:
-            while (found := await asyncio.to_thread(cutter.step)) is not None:
-                for tag, u in found:
-                    while len(window) >= self.config.recognize_inflight:
-                        await settle_oldest()
-                    window.append((tag, u, await submit(u)))
-            while window:
-                await settle_oldest()
-        except AudioTooLong as e:  # the header claimed less than the file holds
-            raise _too_long(str(e), limit_s) from e
-        except ValueError as e:
-            if isinstance(e, AudioFormatError):
-                raise StreamError(grpc.StatusCode.INVALID_ARGUMENT, _invalid(e)) from e
-            raise engine_refusal(e) from e
-        except (EngineOverloaded, EngineStopped) as e:
-            raise engine_refusal(e) from e
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:
-            log.exception("recognize failed")
-            raise StreamError(grpc.StatusCode.INTERNAL, f"recognition failed: {type(e).__name__}: {e}") from e
-        finally:
-            for _, _, h in window:  # frees their slots if the call failed or the client went away
-                if not h.future.done():
-                    h.cancel()
-                    metrics.UTTERANCES.labels("cancelled").inc()
-        metrics.AUDIO_SECONDS.labels(mode).inc(cutter.samples / TARGET_RATE)
-        # Each channel's utterances are redacted together (a card number may span two of them).
-        results = []
-        for result in recognize_results(jobs, transcripts, result_opts):
-            metrics.UTTERANCES.labels("empty" if result is None else "final").inc()
-            if result is not None:
-                results.append(result)
-        results.sort(key=lambda r: (r.start_offset.ToNanoseconds(), r.channel_tag))
-        return asr_pb2.RecognizeResponse(
-            results=results, total_audio_duration=duration(cutter.samples / TARGET_RATE)
-        )
-
-
-def _too_long(what: str, limit_s: float) -> StreamError:
-    return StreamError(
-        grpc.StatusCode.OUT_OF_RANGE,
-        f"{what}, over the limit of {limit_s:g} s (max_recognize_seconds); "
-        "split the recording or use StreamingRecognize",
-    )
+        return recognize_response(result)

@@ -445,6 +445,23 @@ class Endpointer:
         self._trim_idle()
         return events
 
+    def clear(self) -> list[Event]:
+        """Drop the utterance in progress and everything scored so far, as if it was never heard; the
+        channel goes on from the next audio. Its index is not reused (an interim of it may be out)."""
+        events: list[Event] = []
+        self._cancel_speculation(events)
+        if self._confirmed:
+            self._index += 1
+        self._speaking = self._confirmed = False
+        self._kept_from = self._scored
+        self._trim_idle()
+        return events
+
+    @property
+    def next_index(self) -> int:
+        """The index the next utterance will get."""
+        return self._index
+
     # --- state machine, one 32 ms window at a time ---
 
     def _step(self, prob: float, rms: float, events: list[Event]) -> None:

@@ -1,33 +1,26 @@
-"""Engine transcripts -> protobuf results, for StreamingRecognize and Recognize alike.
+"""Engine transcripts -> the core's Result events, for streams and recordings alike.
 
-Everything a result carries (and every other response a stream sends: speech events, interims) (transcript, segments, words with offsets and confidence) is built here,
-with redaction (service/pipeline/redaction.py) applied before anything leaves the server: finals, interims and
+Everything a result carries (transcript, segments, words with offsets and confidence) is built here, with
+redaction (service/pipeline/redaction.py) applied before anything leaves the server: finals, interims and
 the transcript text in logs. Offsets count from the stream's start; the engine's times count from the
 utterance audio's first sample.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
-from asr.v1 import asr_pb2
-from google.protobuf.duration_pb2 import Duration
-
 from engine import Transcript
+from service.core.types import EndReason, Result, Segment
+from service.core.types import Word as ResultWord
 from service.pipeline.endpointing import Utterance
 from service.pipeline.redaction import Kind, StreamRedactor, Word, join, redact_utterances, words_of_text
 
 
-def duration(seconds: float) -> Duration:
-    d = Duration()
-    d.FromNanoseconds(round(seconds * 1e9))
-    return d
-
-
 @dataclass(frozen=True)
 class ResultOptions:
-    """What a RecognitionConfig asks results to carry."""
+    """What the recognition settings ask results to carry."""
 
     segments: bool = False
     word_times: bool = False
@@ -37,23 +30,6 @@ class ResultOptions:
     @property
     def words(self) -> bool:
         return self.word_times or self.word_confidence
-
-
-def result_options(config: asr_pb2.RecognitionConfig) -> ResultOptions:
-    """Raises ValueError naming config.redact for a value this server does not know."""
-    kinds = set()
-    for value in config.redact:
-        if value == asr_pb2.REDACTION_UNSPECIFIED:
-            continue
-        if value not in asr_pb2.Redaction.values():
-            raise ValueError(f"config.redact: unknown value {value} (known: PCI, SSN, NUMBERS)")
-        kinds.add(Kind[asr_pb2.Redaction.Name(value)])
-    return ResultOptions(
-        segments=config.enable_segment_time_offsets,
-        word_times=config.enable_word_time_offsets,
-        word_confidence=config.enable_word_confidence,
-        redact=frozenset(kinds),
-    )
 
 
 def transcript_words(t: Transcript, opts: ResultOptions) -> list[Word]:
@@ -73,49 +49,49 @@ def transcript_words(t: Transcript, opts: ResultOptions) -> list[Word]:
     return words_of_text(t.text.strip())
 
 
-def alternative(
-    t: Transcript, words: Sequence[Word], audio_start_s: float, opts: ResultOptions
-) -> asr_pb2.SpeechRecognitionAlternative:
+@dataclass(frozen=True)
+class _Text:
+    transcript: str
+    words: tuple[ResultWord, ...]
+    segments: tuple[Segment, ...]
+
+
+def _text(t: Transcript, words: Sequence[Word], audio_start_s: float, opts: ResultOptions) -> _Text:
     """`words`: transcript_words(t), redacted when the stream redacts."""
     segments = []
     if opts.segments:
         for i, s in enumerate(t.segments):
             text = join([w for w in words if w.part == i]) if opts.redact else s.text.strip()
-            segments.append(
-                asr_pb2.WordOrSegment(
-                    text=text,
-                    start_offset=duration(audio_start_s + s.start_s),
-                    end_offset=duration(audio_start_s + s.end_s),
-                )
-            )
+            segments.append(Segment(text, audio_start_s + s.start_s, audio_start_s + s.end_s))
     infos = []
     if opts.words:
         for w in words:
             if w.start_s is None or w.end_s is None:
                 continue  # words without times: the engine computed none
-            info = asr_pb2.WordInfo(word=w.text.strip())
-            if opts.word_times:
-                info.start_offset.CopyFrom(duration(audio_start_s + w.start_s))
-                info.end_offset.CopyFrom(duration(audio_start_s + w.end_s))
-            if opts.word_confidence and w.probability is not None:
-                info.confidence = w.probability
-            infos.append(info)
-    return asr_pb2.SpeechRecognitionAlternative(
-        transcript=join(words) if opts.redact else t.text.strip(),
-        confidence=t.confidence,
-        segments=segments,
-        words=infos,
-    )
+            timed = opts.word_times
+            infos.append(
+                ResultWord(
+                    w.text.strip(),
+                    audio_start_s + w.start_s if timed else None,
+                    audio_start_s + w.end_s if timed else None,
+                    w.probability if opts.word_confidence else None,
+                )
+            )
+    return _Text(join(words) if opts.redact else t.text.strip(), tuple(infos), tuple(segments))
 
 
 # --- Recognize: a whole recording ----------------------------------------------------------------
 
 
 def recognize_results(
-    jobs: Sequence[tuple[int, Utterance]], transcripts: Sequence[Transcript], opts: ResultOptions
-) -> list[asr_pb2.SpeechRecognitionResult | None]:
+    jobs: Sequence[tuple[int, Utterance]],
+    transcripts: Sequence[Transcript],
+    opts: ResultOptions,
+    at_end: Collection[Utterance] = (),
+) -> list[Result | None]:
     """One result per job (None where the utterance held no speech). Each channel's utterances are
-    redacted together, in order, so that a number split across two of them is still found."""
+    redacted together, in order, so that a number split across two of them is still found. `at_end`:
+    the utterances the end of the recording cut."""
     spoken = [t.is_speech and bool(t.text.strip()) for t in transcripts]
     words: list[list[Word]] = [
         transcript_words(t, opts) if ok else [] for t, ok in zip(transcripts, spoken, strict=True)
@@ -128,31 +104,39 @@ def recognize_results(
                 indexes, redact_utterances([words[i] for i in indexes], opts.redact), strict=True
             ):
                 words[i] = redacted
-    results: list[asr_pb2.SpeechRecognitionResult | None] = []
+    results: list[Result | None] = []
     for (tag, u), t, ok, w in zip(jobs, transcripts, spoken, words, strict=True):
         if not ok:
             results.append(None)
             continue
+        text = _text(t, w, u.audio_start_s, opts)
         results.append(
-            asr_pb2.SpeechRecognitionResult(
-                alternatives=[alternative(t, w, u.audio_start_s, opts)],
-                channel_tag=tag,
-                start_offset=duration(u.start_s),
-                end_offset=duration(u.end_s),
-                language_code=t.language,
+            Result(
+                channel=tag,
+                utterance_index=u.index,
+                is_final=True,
+                transcript=text.transcript,
+                confidence=t.confidence,
+                start_s=u.start_s,
+                end_s=u.end_s,
+                language=t.language,
+                words=text.words,
+                segments=text.segments,
+                ended_by=end_reason(u, at_end=any(u is e for e in at_end)),
             )
         )
     return results
 
 
-# --- StreamingRecognize: one channel of a stream ---------------------------------------------------
+def end_reason(u: Utterance, *, at_end: bool = False, finalized: bool = False) -> EndReason:
+    if finalized:
+        return EndReason.FINALIZE
+    if u.forced_cut:
+        return EndReason.MAX_LENGTH
+    return EndReason.END_OF_AUDIO if at_end else EndReason.SILENCE
 
 
-def speech_event(kind: int, offset_s: float, tag: int) -> asr_pb2.StreamingRecognizeResponse:
-    """A SpeechEventType response (`kind`), `offset_s` from the stream's start, on channel `tag`."""
-    return asr_pb2.StreamingRecognizeResponse(
-        speech_event_type=kind, speech_event_offset=duration(offset_s), speech_event_channel_tag=tag
-    )
+# --- a stream: one channel of it ---------------------------------------------------------------
 
 
 OnSent = Callable[[], None] | None
@@ -162,6 +146,7 @@ OnSent = Callable[[], None] | None
 class _Final:
     transcript: Transcript
     utterance: Utterance
+    ended_by: EndReason
     on_sent: OnSent
 
 
@@ -179,35 +164,36 @@ class ChannelResults:
         return bool(self._redactor.held)
 
     def final(
-        self, t: Transcript, u: Utterance, on_sent: OnSent
-    ) -> list[tuple[asr_pb2.StreamingRecognitionResult, OnSent]]:
+        self, t: Transcript, u: Utterance, ended_by: EndReason, on_sent: OnSent
+    ) -> list[tuple[Result, OnSent]]:
         """The finals ready to send now (none while this one is held back; two when it releases one)."""
         return self._build(
-            self._redactor.final(transcript_words(t, self.opts), _Final(t, u, on_sent), u.end_s)
+            self._redactor.final(transcript_words(t, self.opts), _Final(t, u, ended_by, on_sent), u.end_s)
         )
 
-    def release(
-        self, heard_s: float | None = None
-    ) -> list[tuple[asr_pb2.StreamingRecognitionResult, OnSent]]:
+    def release(self, heard_s: float | None = None) -> list[tuple[Result, OnSent]]:
         """The held final, if any: always (None: no next utterance is coming), or once `heard_s` of the
         channel's audio is far enough past it."""
         ready = self._redactor.release() if heard_s is None else self._redactor.release_if_stale(heard_s)
         return self._build(ready)
 
-    def _build(
-        self, ready: list[tuple[_Final, list[Word]]]
-    ) -> list[tuple[asr_pb2.StreamingRecognitionResult, OnSent]]:
+    def _build(self, ready: list[tuple[_Final, list[Word]]]) -> list[tuple[Result, OnSent]]:
         out = []
         for f, words in ready:
             u, t = f.utterance, f.transcript
-            result = asr_pb2.StreamingRecognitionResult(
-                alternatives=[alternative(t, words, u.audio_start_s, self.opts)],
-                is_final=True,
-                start_offset=duration(u.start_s),
-                end_offset=duration(u.end_s),
-                channel_tag=self.tag,
-                language_code=t.language,
+            text = _text(t, words, u.audio_start_s, self.opts)
+            result = Result(
+                channel=self.tag,
                 utterance_index=u.index,
+                is_final=True,
+                transcript=text.transcript,
+                confidence=t.confidence,
+                start_s=u.start_s,
+                end_s=u.end_s,
+                language=t.language,
+                words=text.words,
+                segments=text.segments,
+                ended_by=f.ended_by,
             )
             out.append((result, f.on_sent))
         return out
@@ -221,21 +207,22 @@ class ChannelResults:
         stability: float,
         *,
         after_unknown: bool = False,
-    ) -> asr_pb2.StreamingRecognitionResult:
+    ) -> Result:
         """An interim hypothesis of utterance `index` (audio from start_s to end_s of the stream);
         `after_unknown`: an earlier utterance's final is not in yet (its text is no context yet)."""
         text = t.text.strip()
         if self.opts.redact:
             text = join(self._redactor.interim(words_of_text(text), after_unknown=after_unknown))
-        return asr_pb2.StreamingRecognitionResult(
-            alternatives=[asr_pb2.SpeechRecognitionAlternative(transcript=text, confidence=t.confidence)],
-            is_final=False,
-            stability=stability,
-            start_offset=duration(start_s),
-            end_offset=duration(end_s),
-            channel_tag=self.tag,
-            language_code=t.language,
+        return Result(
+            channel=self.tag,
             utterance_index=index,
+            is_final=False,
+            transcript=text,
+            confidence=t.confidence,
+            start_s=start_s,
+            end_s=end_s,
+            language=t.language,
+            stability=stability,
         )
 
     def log_text(self, t: Transcript) -> str:
