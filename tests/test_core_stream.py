@@ -165,6 +165,46 @@ async def test_keyterms_change_from_the_next_utterance_and_bad_ones_change_nothi
     assert [k for i, k in enumerate(lists) if i == 0 or lists[i - 1] != k] == [("Kestoria",), ("Moxilar",)]
 
 
+async def test_without_endpointing_the_client_cuts_each_utterance(
+    recognizer: Recognizer, order: np.ndarray, thanks: np.ndarray
+) -> None:
+    manual = StreamSettings(RecognitionSettings(AudioFormat("LINEAR16", 16000)), endpointing=None)
+    stream = recognizer.open_stream(manual, door="test")
+    events: list[CallEvent] = []
+    reading = asyncio.create_task(collect(stream, events))
+    first_turn = np.concatenate([silence(0.5), order, silence(1.0)])  # a pause the endpointer would cut at
+    try:
+        feed(stream, first_turn)
+        stream.finalize()  # the client's commit
+        feed(stream, np.concatenate([silence(0.3), thanks]))
+        stream.finish()
+        await asyncio.wait_for(reading, 120)
+    finally:
+        await stream.close()
+    first, second = finals(events)
+    assert (first.start_s, first.end_s) == (0.0, pytest.approx(len(first_turn) / 16000, abs=0.02))
+    assert first.ended_by is EndReason.FINALIZE and "order" in first.transcript.lower()
+    assert second.ended_by is EndReason.END_OF_AUDIO and "help" in second.transcript.lower()
+    assert second.start_s == pytest.approx(first.end_s, abs=0.02)
+    assert not [e for e in events if not isinstance(e, Result)]  # no speech events without endpointing
+
+
+async def test_a_turn_never_cut_is_bounded_by_the_buffer_limit(service_engine: Engine) -> None:
+    recognizer = Recognizer(ServerConfig(max_buffer_seconds=3.0), service_engine)
+    manual = StreamSettings(RecognitionSettings(AudioFormat("LINEAR16", 16000)), endpointing=None)
+    stream = recognizer.open_stream(manual, door="test")
+    try:
+        feed(stream, silence(5.0))
+        with pytest.raises(RecognitionError) as over:
+            async with asyncio.timeout(60):  # a stream the limit missed would wait for audio for ever
+                async for _ in stream.events():
+                    pass
+    finally:
+        await stream.close()
+    assert over.value.code is Code.RESOURCE_EXHAUSTED
+    assert "over the limit of 3 s (max_buffer_seconds); end turns (commit) sooner" in over.value.message
+
+
 def door_calls(door: str, code: str) -> float:
     labels = {"door": door, "kind": "stream", "code": code}
     return REGISTRY.get_sample_value("asr_door_calls_total", labels) or 0.0

@@ -72,7 +72,9 @@ class StreamSettings:
     """A live stream: its recognition, how it is cut into utterances, and what comes back as it runs."""
 
     recognition: RecognitionSettings = field(default_factory=RecognitionSettings)
-    endpointing: EndpointSettings = field(default_factory=EndpointSettings)
+    # None: no endpointing; the client ends each utterance with Stream.finalize (OpenAI Realtime without
+    # turn detection), the stream's end ends the last one, and no speech events come
+    endpointing: EndpointSettings | None = field(default_factory=EndpointSettings)
     interim_results: bool = False  # re-transcriptions of the utterance in progress, superseded by its final
     single_utterance: bool = False  # the stream stops taking audio after its first utterance
 

@@ -599,3 +599,72 @@ class Endpointer:
         drop_windows = max(0, sample // WINDOW - self._win0)
         del self._win_probs[:drop_windows], self._win_rms[:drop_windows]
         self._win0 += drop_windows
+
+
+class ManualTurns:
+    """A channel the client cuts itself (StreamSettings.endpointing None: OpenAI Realtime without turn
+    detection): everything since the last cut is one utterance, which `flush()` (the client's commit, or
+    the end of the stream) ends; no speech events. It offers the VAD no windows, so it rides a stream's VAD
+    pass at no cost; what it holds is bounded by the stream's --max-buffer-seconds (pipeline/session.py)."""
+
+    vad_rate = RATE
+
+    def __init__(self) -> None:
+        self.vad_state = VadState()  # never advanced: there is nothing to score
+        self._buf = np.zeros(RATE, dtype=np.float32)
+        self._len = 0
+        self._start = 0  # stream sample where the turn in progress began
+        self._index = 0
+
+    @property
+    def in_speech(self) -> bool:
+        return self._len > 0
+
+    @property
+    def unscored_s(self) -> float:
+        return 0.0
+
+    @property
+    def held_from_s(self) -> float:
+        """Where the turn in progress began (seconds from the stream's start)."""
+        return self._start / RATE
+
+    @property
+    def next_index(self) -> int:
+        return self._index
+
+    def partial(self) -> np.ndarray | None:
+        return self._buf[: self._len].copy() if self._len else None
+
+    def push(self, samples: np.ndarray, native: np.ndarray | None = None) -> None:
+        need = self._len + len(samples)
+        if need > len(self._buf):
+            grown = np.zeros(max(need, 2 * len(self._buf)), dtype=np.float32)
+            grown[: self._len] = self._buf[: self._len]
+            self._buf = grown
+        self._buf[self._len : need] = samples
+        self._len = need
+
+    def windows(self) -> np.ndarray:
+        return self._buf[:0].reshape(0, WINDOW)
+
+    def advance(self, probs: np.ndarray) -> list[Event]:
+        return []
+
+    def flush(self) -> list[Event]:
+        """The turn so far as one utterance (none when no audio came since the last cut)."""
+        if not self._len:
+            return []
+        end = self._start + self._len
+        audio = self._buf[: self._len].copy()
+        utterance = Utterance(audio, self._start / RATE, end / RATE, self._index, forced_cut=False)
+        self._index += 1
+        self._start, self._len = end, 0
+        return [utterance]
+
+    def clear(self) -> list[Event]:
+        """Drop the turn so far; its index is not reused."""
+        if self._len:
+            self._index += 1
+        self._start, self._len = self._start + self._len, 0
+        return []

@@ -92,7 +92,7 @@ class StreamPlan:
     channels: int
     separate_channels: bool
     options: DecodeOptions
-    endpointing: EndpointSettings
+    endpointing: EndpointSettings | None  # None: the client cuts utterances (Stream.finalize)
     interim_results: bool
     single_utterance: bool
     results: ResultOptions = field(default_factory=ResultOptions)
@@ -104,7 +104,8 @@ def plan_stream(settings: StreamSettings, engine: RecognitionEngine) -> StreamPl
     r = settings.recognition
     rate, channels = validate_stream_format(r.format.encoding, r.format.sample_rate_hertz, r.format.channels)
     options = decode_options(r, engine)
-    settings.endpointing.validate()
+    if settings.endpointing is not None:
+        settings.endpointing.validate()
     return StreamPlan(
         encoding=r.format.encoding,
         sample_rate_hertz=rate,

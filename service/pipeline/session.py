@@ -45,6 +45,7 @@ from service.pipeline.endpointing import (
     Endpointer,
     EndpointingError,
     Event,
+    ManualTurns,
     SpeculationCancelled,
     SpeculativeEnd,
     SpeechEnded,
@@ -116,7 +117,7 @@ class _Pending:
 @dataclass
 class _Channel:
     tag: int  # channel_tag in results: 1-based when channels are recognized separately, else 0
-    endpointer: Endpointer
+    endpointer: Endpointer | ManualTurns
     finals: asyncio.Queue[_Pending | None] = field(default_factory=asyncio.Queue)
     unsettled: collections.deque[_Pending] = field(default_factory=collections.deque)
     next_index: int = 0  # index the utterance now being spoken will get
@@ -147,15 +148,16 @@ class StreamSession:
         self.config = config
         self.decoder = StreamDecoder(settings.encoding, settings.sample_rate_hertz, settings.channels)
         n = settings.channels if settings.separate_channels else 1
-        vad_rate = vad_rate_for(settings.sample_rate_hertz)
+        ep = settings.endpointing
+        vad_rate = vad_rate_for(settings.sample_rate_hertz) if ep is not None else TARGET_RATE
         self._vad_native = vad_rate != TARGET_RATE  # 8 kHz: scored as it came, not resampled first
         self._vad = vad_batcher()
         self.channels = [
             _Channel(
                 tag=i + 1 if settings.separate_channels else 0,
-                endpointer=Endpointer(
-                    settings.endpointing, vad_rate=vad_rate, speculative=config.speculative_endpointing
-                ),
+                endpointer=ManualTurns()
+                if ep is None
+                else Endpointer(ep, vad_rate=vad_rate, speculative=config.speculative_endpointing),
             )
             for i in range(n)
         ]
@@ -179,9 +181,8 @@ class StreamSession:
         self._buffer_s = 0.0  # this stream's share of asr_stream_buffer_seconds
         self._end_status: RecognitionError | None = None
         self._finalizers: list[asyncio.Task[Any]] = []
-        ep = settings.endpointing
         self._speculations = Speculations(  # service/pipeline/speculation.py
-            engine, stream_id, confirm_after_s=ep.min_silence_s - ep.speech_pad_s
+            engine, stream_id, confirm_after_s=ep.min_silence_s - ep.speech_pad_s if ep is not None else 0.0
         )
         self._last_audio = time.monotonic()  # for --idle-audio-timeout (_check_idle)
         self._idle_timer: asyncio.TimerHandle | None = None
@@ -257,6 +258,7 @@ class StreamSession:
             for ch in self.channels:
                 for event in ch.endpointer.flush() if self.state.takes_audio else []:
                     self._on_event(ch, event, ended_by=EndReason.FINALIZE)
+                self._next_manual_turn(ch)
         except Exception as e:
             self._fail_with(e, "stream finalize failed")
 
@@ -275,8 +277,16 @@ class StreamSession:
                 ch.interim.cancel()
                 ch.next_index = ch.endpointer.next_index
                 ch.cleared = ch.next_index
+                self._next_manual_turn(ch)
         except Exception as e:
             self._fail_with(e, "stream clear failed")
+
+    def _next_manual_turn(self, ch: _Channel) -> None:
+        """A channel the client cuts: its next utterance begins here (no SpeechStarted says so)."""
+        if isinstance(ch.endpointer, ManualTurns):
+            ch.options = self.settings.options
+            ch.speech_start_s = ch.endpointer.held_from_s
+            ch.speech_start_wall = time.monotonic()
 
     def update_options(self, options: DecodeOptions) -> None:
         """Decode with `options` (checked by the caller) the utterances whose speech starts from now on;
@@ -558,11 +568,16 @@ class StreamSession:
 
     def _update_buffer(self) -> float:
         """How far the audio received runs ahead of transcription: from the end of the oldest utterance
-        still being transcribed to the newest sample (about latency + min silence in a live call)."""
+        still being transcribed to the newest sample (about latency + min silence in a live call). A turn
+        the client has not cut yet counts from its start (the endpointer bounds its own by
+        max_utterance_duration)."""
         oldest = min(
             (ch.unsettled[0].utterance.end_s for ch in self.channels if ch.unsettled),
             default=self._received_s,
         )
+        for ch in self.channels:
+            if isinstance(ch.endpointer, ManualTurns) and ch.endpointer.in_speech:
+                oldest = min(oldest, ch.endpointer.held_from_s)
         buffered = self._received_s - oldest
         self._set_buffer(buffered)
         return buffered
@@ -573,8 +588,12 @@ class StreamSession:
             raise RecognitionError(
                 Code.RESOURCE_EXHAUSTED,
                 f"{buffered:.0f} s of audio is waiting to be transcribed, over the limit of "
-                f"{self.config.max_buffer_seconds:g} s (max_buffer_seconds); send audio no faster than "
-                "the server transcribes it",
+                f"{self.config.max_buffer_seconds:g} s (max_buffer_seconds); "
+                + (
+                    "end turns (commit) sooner"
+                    if self.settings.endpointing is None
+                    else "send audio no faster than the server transcribes it"
+                ),
             )
 
     def _set_buffer(self, seconds: float) -> None:
