@@ -53,7 +53,7 @@ def vad_rate_for(sample_rate_hertz: int) -> int:
 
 
 class EndpointingError(ValueError):
-    """Bad endpointing settings; `field` is the proto field to blame (as AudioFormatError)."""
+    """Bad endpointing settings; `field` is the setting to blame (as AudioFormatError)."""
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)

@@ -315,7 +315,7 @@ class StreamSession:
 
     def abandon(self) -> None:
         """The call is over: free every engine slot it held and stop its tasks, at once (sync, so that
-        it can run from the RPC's done callback whatever state the handler's generator is in)."""
+        it can run from a door's callback when its client is gone, whatever the door's handler is doing)."""
         if not self._become(StreamState.CLOSED):
             return
         self._speculations.cancel_all()
@@ -375,7 +375,7 @@ class StreamSession:
             "they come",
         )
         self.abandon()
-        self._out.put_nowait(None)  # the writer ends the call with the status once gRPC takes it
+        self._out.put_nowait(None)  # the writer ends the call with the error once the door takes it
 
     def _drop_queued(self) -> None:
         while not self._out.empty():
