@@ -13,7 +13,7 @@ the model cannot load.
 Heartbeat: a process can hang without dying (a stuck device call, a deadlock in the engine's loop thread).
 The I/O thread publishes, at least every HEARTBEAT_INTERVAL_S, into shared memory the supervisor
 reads: when it published, the engine loop's iteration count (`Engine.progress`) and how many
-utterances are in the engine with no reply yet. The supervisor (service/supervisor.py) ends an engine
+utterances are in the engine with no reply yet. The supervisor (service/runtime/supervisor.py) ends an engine
 whose loop makes no progress with work pending, or that stops publishing at all.
 
 Sessions (engine/ipc.py): every utterance belongs to the session of the frontend that sent it; a session
@@ -331,7 +331,7 @@ def serve(
     stop_signal: int = signal.SIGTERM,
 ) -> int:
     """The engine process's life: load and warm the model, report ready (or failed) on `ready`, then
-    serve `address` until `stop_signal` (asr-server's supervisor sends its own: service/supervisor.py)
+    serve `address` until `stop_signal` (asr-server's supervisor sends its own: service/runtime/supervisor.py)
     or a scheduler failure, publishing into `heartbeat` (see the module docstring). Returns the
     process's exit code."""
     router: EngineRouter | None = None

@@ -33,7 +33,7 @@ from engine.api import EngineStopped, ModelInfo
 from engine.client import EngineClient
 from engine.request import Transcript, UtteranceStats
 from service.config import ServerConfig
-from service.supervisor import engine_main, start_child, tell_to_stop
+from service.runtime.supervisor import engine_main, start_child, tell_to_stop
 from tests.support.audio import make_conversation, to_linear16_bytes
 from tests.support.calls import config_request
 from tests.support.engine import jfk_16k

@@ -39,7 +39,7 @@ from engine.hooks import EngineHooks
 from engine.request import Request as EngineRequest
 from engine.weights import ModelLoadError
 from service.config import ServerConfig
-from service.server import AsrServer
+from service.runtime.server import AsrServer
 from tests.support.audio import JFK_FLAC, make_conversation, to_linear16_bytes
 from tests.support.calls import OpenStream, config_request, run_stream
 from tests.support.server import HOST, REPO, ServerProcess, ServerThread, free_port, watch_health

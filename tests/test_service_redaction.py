@@ -23,7 +23,7 @@ from grpc import aio
 
 from engine import Engine
 from service.config import ServerConfig
-from service.logging import JsonFormatter
+from service.runtime.logging import JsonFormatter
 from tests.support.audio import (
     RATE,
     make_conversation,
