@@ -179,12 +179,13 @@ def test_modes_resolve_per_device_and_refuse_int8_where_it_cannot_run() -> None:
     assert resolve_plan("auto", every, CPU, torch.bfloat16) == {}
     assert resolve_plan("auto", every, CUDA, torch.float16) == {}  # these kernels are CPU only
     assert resolve_plan("int8", ("decoder",), CPU, torch.float32) == {"decoder": "int8"}
-    assert resolve_mode("on", CPU, torch.float32) == "int8-per-tensor"  # the old spelling keeps its meaning
+    with pytest.raises(ValueError, match="got 'on'"):  # the old spelling is gone, refused by name
+        resolve_mode("on", CPU, torch.float32)
     assert resolve_plan("off", every, CUDA, torch.float16) == {}
     with pytest.raises(ValueError, match="--quantize int8 needs --device cpu and float32"):
         resolve_mode("int8", CUDA, torch.float16)
     with pytest.raises(ValueError, match="--quantize int8-per-tensor needs --device cpu and float32"):
-        resolve_plan("on", every, CPU, torch.bfloat16)
+        resolve_plan("int8-per-tensor", every, CPU, torch.bfloat16)
 
 
 def test_auto_leaves_the_encoder_float_on_a_cpu_without_int8_dot_products(
