@@ -32,6 +32,8 @@ from prometheus_client import REGISTRY
 from clients.scoring import corpus_wer, normalize
 from engine import Engine
 from service.config import ServerConfig
+from service.core.errors import RecognitionError
+from service.doors import google_speech
 from tests.support.audio import (
     JFK_FLAC,
     JFK_TEXT,
@@ -486,6 +488,40 @@ def test_long_running_recognize_result_through_the_operation(google_server: Serv
                 timeout=CALL_TIMEOUT_S,
                 metadata=AUTH,
             )
+
+
+# --- the translation itself -----------------------------------------------------------------------------------
+
+
+def test_phrase_hints_become_keyterms_once_each_without_negative_boosts_or_classes() -> None:
+    config = speech_v1.RecognitionConfig(
+        encoding=Encoding.MULAW,
+        sample_rate_hertz=8000,
+        speech_contexts=[
+            speech_v1.SpeechContext(phrases=["Kestoria", "order  number"], boost=15.0),
+            speech_v1.SpeechContext(phrases=["never this"], boost=-5.0),
+            speech_v1.SpeechContext(phrases=["$OOV_CLASS_DIGIT_SEQUENCE", "Kestoria"]),
+        ],
+        adaptation=speech_v1.SpeechAdaptation(
+            phrase_sets=[speech_v1.PhraseSet(phrases=[{"value": "Moxilar"}, {"value": "nope", "boost": -1}])]
+        ),
+    )
+    c = google_speech.call(speech_v1.RecognitionConfig.pb(config), streaming=True)
+    assert c.settings.keyterms == ("Kestoria", "order number", "Moxilar")
+
+
+def test_without_separate_recognition_the_first_channel_of_raw_audio_is_taken() -> None:
+    left, right = np.array([1, 2, 3], dtype=np.int16), np.array([-7, -8, -9], dtype=np.int16)
+    interleaved = np.stack([left, right], axis=1).tobytes()
+    assert google_speech.first_channel(interleaved, "LINEAR16", 2) == left.tobytes()
+    with pytest.raises(RecognitionError, match="audio_content has 11 bytes"):
+        google_speech.first_channel(interleaved[:11], "LINEAR16", 2)
+    config = speech_v1.RecognitionConfig(
+        encoding=Encoding.LINEAR16, sample_rate_hertz=16000, audio_channel_count=2, language_code="en-US"
+    )
+    c = google_speech.call(speech_v1.RecognitionConfig.pb(config), streaming=True)
+    assert (c.pick_first_of, c.settings.format.channels, c.settings.separate_channels) == (2, 1, False)
+    assert c.language_tag("en") == "en-us"
 
 
 # --- refusals in Google's terms -----------------------------------------------------------------------------
