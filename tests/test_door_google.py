@@ -462,6 +462,28 @@ def test_recognize_a_two_channel_wav_per_channel(
     assert corpus_wer([CUSTOMER], [by_channel[2]]) <= 0.2, by_channel
 
 
+def test_recognize_raw_two_channels_without_separate_recognition_reads_the_first(
+    google_server: ServerThread, two_party_audio: np.ndarray
+) -> None:
+    with speech_client(google_server.target) as client:
+        response = client.recognize(
+            config=speech_v1.RecognitionConfig(
+                encoding=Encoding.LINEAR16,
+                sample_rate_hertz=RATE,
+                audio_channel_count=2,
+                language_code="en-US",
+            ),
+            audio=speech_v1.RecognitionAudio(content=to_linear16_bytes(two_party_audio)),
+            retry=None,
+            timeout=CALL_TIMEOUT_S,
+            metadata=AUTH,
+        )
+    text = " ".join(r.alternatives[0].transcript for r in response.results)
+    assert {r.channel_tag for r in response.results} == {0}
+    assert corpus_wer([AGENT], [text]) <= 0.2, text
+    assert "order" not in normalize(text)
+
+
 def test_long_running_recognize_result_through_the_operation(google_server: ServerThread) -> None:
     audio = np.concatenate([silence(0.3), speak(CUSTOMER), silence(0.5)])
     with speech_client(google_server.target) as client:

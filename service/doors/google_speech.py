@@ -246,6 +246,16 @@ def file_encoding(declared: str, content: bytes) -> str:
     return declared
 
 
+def picked_channels(config: Any, encoding: str) -> int:
+    """The channel count of raw audio of which the door passes on the first channel only (several
+    channels, not recognized separately), else 1. A FLAC or WAV file's channels are the core's to read;
+    those are mixed down (docs/operations.md). Over 8 channels the core refuses the count."""
+    channels = config.audio_channel_count or 1
+    if encoding in SAMPLE_BYTES and 1 < channels <= 8 and not config.enable_separate_recognition_per_channel:
+        return int(channels)
+    return 1
+
+
 def call(config: Any, *, streaming: bool, content: bytes = b"") -> Call:
     """Read a RecognitionConfig (`content`: a recording's bytes, whose header may give its encoding).
     Raises RecognitionError for what the door refuses; ranges the core bounds (rate, channels, language,
@@ -255,13 +265,10 @@ def call(config: Any, *, streaming: bool, content: bytes = b"") -> Call:
     if not streaming:
         encoding = file_encoding(encoding, content)
     channels = config.audio_channel_count or 1
-    separate = config.enable_separate_recognition_per_channel and channels > 1
-    # Raw audio of several channels, not recognized separately: the first channel is picked here. A FLAC
-    # or WAV file's channels are the core's to read; those are mixed down (docs/operations.md).
-    pick = channels if encoding in SAMPLE_BYTES and channels > 1 and not separate and channels <= 8 else 1
+    pick = picked_channels(config, encoding)
     settings = RecognitionSettings(
         format=AudioFormat(encoding, config.sample_rate_hertz, 1 if pick > 1 else channels),
-        separate_channels=separate,
+        separate_channels=config.enable_separate_recognition_per_channel and channels > 1,
         language=config.language_code,
         keyterms=_keyterms(config),
         word_times=config.enable_word_time_offsets,
@@ -570,14 +577,10 @@ class GoogleSpeechDoor:
         try:
             content = audio_content(request.audio)
             config = request.config
-            channels = config.audio_channel_count or 1
-            if (
-                config.encoding in STREAM_ENCODINGS
-                and 1 < channels <= 8
-                and not config.enable_separate_recognition_per_channel
-                and content[:4] not in FILE_MAGIC
-            ):
-                content = first_channel(content, STREAM_ENCODINGS[config.encoding], channels)
+            raw = "" if content[:4] in FILE_MAGIC else STREAM_ENCODINGS.get(config.encoding, "")
+            pick = picked_channels(config, raw)
+            if pick > 1:
+                content = first_channel(content, raw, pick)
         except RecognitionError as e:
             self.recognizer.refused(DOOR, e, RECOGNIZE)
             raise
