@@ -28,7 +28,7 @@ rm -rf "$dir/part1" "$dir/part2" "$dir/stash" "$dir/out1" "$dir/out2"
 # cache serves them; torch first and pinned, as scripts/setup.sh does. Installing torch and the
 # rest takes minutes on 2 busy cores, so the venv is kept, keyed by exactly what went into it;
 # GPU_REHEARSE_FRESH=1 builds it again.
-packages="transformers grpcio protobuf onnxruntime numpy scipy prometheus-client pytest matplotlib"
+packages="transformers grpcio protobuf onnxruntime numpy scipy prometheus-client pytest matplotlib requests"
 torch_pin="torch==${ASR_TORCH_VERSION:-2.13.0}"
 pins=$(if [[ -x .venv/bin/pip ]]; then .venv/bin/pip freeze 2>/dev/null | grep '==' | grep -iv '^callcenter' || true; fi)
 key=$(printf '%s\n' "$("$py" --version)" "$torch_pin" "$packages" "$pins" | sha256sum | cut -c1-16)

@@ -27,6 +27,10 @@ REQUIRED_PANELS = {
     "KV-cache slots": "asr_kv_slots_free",
     "Active streams": "asr_active_streams",
     "Recognizer RPCs by method and gRPC code": "grpc_server_handled_total",
+    "Calls by door": "asr_door_calls_total",
+    "Open calls by door": "asr_door_active_calls",
+    "Calls by door and status code": "asr_door_calls_total",
+    "Server-side error ratio by door": "asr_door_calls_total",
     "GPU utilization": "DCGM_FI_DEV_GPU_UTIL",
     "GPU memory": "DCGM_FI_DEV_FB_USED",
     "GPU graphics/compute engine active": "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
@@ -41,7 +45,7 @@ EXTERNAL = re.compile(r"^(DCGM_FI_\w+|process_\w+)$")
 PROMQL_WORDS = {
     "sum", "by", "rate", "increase", "histogram_quantile", "or", "and", "le", "avg", "max", "min", "count",
     "namespace", "pod", "grpc_method", "grpc_code", "grpc_service", "outcome", "exported_namespace", "exported_pod",
-    "process", "class",
+    "process", "class", "door", "kind", "code",
 }  # fmt: skip
 
 

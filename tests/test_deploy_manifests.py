@@ -183,7 +183,7 @@ def test_schema_checks_can_fail() -> None:
     bad["spec"]["template"]["spec"]["containers"][0]["startupProbe"]["grpc"]["port"] = "grpc"
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(bad, K8S_VERSION, strict=True)
-    route = json.loads(json.dumps(one(rendered("gke-gb300"), "HTTPRoute")))
+    route = json.loads(json.dumps(one(rendered("gke-gb300"), "HTTPRoute", "asr")))
     route["spec"]["rules"][0]["backendRefs"][0]["port"] = "grpc"
     (result,) = validate_with_npm_models([route])
     assert result["ok"] is False
@@ -396,11 +396,23 @@ def test_cpu_dev_needs_no_gpu_and_no_custom_resources() -> None:
     assert not any(is_custom(d) for d in docs)
 
 
+# gRPC services reachable through the load balancer: every door on the gRPC port, and health.
+GRPC_ROUTED = {
+    SERVICE_NAME,
+    "google.cloud.speech.v1.Speech",
+    "google.longrunning.Operations",
+    "nvidia.riva.asr.RivaSpeechRecognition",
+    "grpc.health.v1.Health",
+}
+# The HTTP port's doors: Deepgram's and OpenAI Realtime's WebSockets, OpenAI's file upload.
+HTTP_ROUTED = {"/v1/listen", "/v1/realtime", "/v1/audio/transcriptions", "/v1/models"}
+
+
 def test_gateway_routes_grpc_over_an_httproute_with_grpc_health_checks() -> None:
     docs = rendered("gke-gb300")
     config = server_config(docs)
     gateway = one(docs, "Gateway")
-    route = one(docs, "HTTPRoute")
+    route = one(docs, "HTTPRoute", "asr")
     (listener,) = gateway["spec"]["listeners"]
     assert listener["protocol"] == "HTTPS" and listener["allowedRoutes"]["kinds"] == [{"kind": "HTTPRoute"}]
     (parent,) = route["spec"]["parentRefs"]
@@ -408,7 +420,7 @@ def test_gateway_routes_grpc_over_an_httproute_with_grpc_health_checks() -> None
     (rule,) = route["spec"]["rules"]
     # A gRPC call is a POST to /<service>/<method>: one prefix per service reachable from outside.
     prefixes = {m["path"]["value"] for m in rule["matches"] if m["path"]["type"] == "PathPrefix"}
-    assert prefixes == {f"/{SERVICE_NAME}/", "/grpc.health.v1.Health/"}
+    assert prefixes == {f"/{name}/" for name in GRPC_ROUTED}
     assert not any("reflection" in p.lower() for p in prefixes), "reflection stays inside the cluster"
     (backend_ref,) = rule["backendRefs"]
     service = one(docs, "Service", backend_ref["name"])
@@ -426,6 +438,37 @@ def test_gateway_routes_grpc_over_an_httproute_with_grpc_health_checks() -> None
     backend = one(docs, "GCPBackendPolicy")["spec"]
     assert backend["targetRef"]["name"] == service["metadata"]["name"]
     assert backend["default"]["timeoutSec"] >= 3600, "a stream lasts as long as the call"
+
+
+def test_gateway_routes_the_http_doors_websockets_included() -> None:
+    """The HTTP port's doors go through the same listener on a second HTTPRoute, to the HTTP/1.1 port.
+    GKE's Gateway claims no HTTPRoute timeouts (its conformance run exempts HTTPRouteRequestTimeout and
+    HTTPRouteBackendTimeout), so a WebSocket call's length is the backend service timeout that the
+    GCPBackendPolicy on the Service sets, which covers this port's backend service too, as the gRPC
+    health check does."""
+    docs = rendered("gke-gb300")
+    config = server_config(docs)
+    gateway = one(docs, "Gateway")
+    (listener,) = gateway["spec"]["listeners"]
+    route = one(docs, "HTTPRoute", "asr-http")
+    (parent,) = route["spec"]["parentRefs"]
+    assert parent["name"] == gateway["metadata"]["name"] and parent["sectionName"] == listener["name"]
+    (rule,) = route["spec"]["rules"]
+    assert {m["path"]["value"] for m in rule["matches"] if m["path"]["type"] == "PathPrefix"} == HTTP_ROUTED
+    assert "timeouts" not in rule
+    (backend_ref,) = rule["backendRefs"]
+    service = one(docs, "Service", backend_ref["name"])
+    (port,) = [p for p in service["spec"]["ports"] if p["port"] == backend_ref["port"]]
+    assert port["targetPort"] == "http" and backend_ref["port"] == config.http_port
+    # HTTP/1.1 to the pods: Google's load balancers carry a WebSocket upgrade over an HTTP backend.
+    assert port["appProtocol"] == "http"
+    backend = one(docs, "GCPBackendPolicy")["spec"]
+    assert backend["targetRef"] == {"group": "", "kind": "Service", "name": service["metadata"]["name"]}
+    assert backend["default"]["timeoutSec"] >= 3600, "a WebSocket is cut at the backend service timeout"
+    assert one(docs, "HealthCheckPolicy")["spec"]["targetRef"]["name"] == service["metadata"]["name"]
+    # Nothing else routes these paths: one prefix, one backend.
+    grpc_rule = one(docs, "HTTPRoute", "asr")["spec"]["rules"][0]
+    assert not HTTP_ROUTED & {m["path"]["value"] for m in grpc_rule["matches"]}
 
 
 def readme_gpu_pool() -> tuple[int, int]:

@@ -227,6 +227,56 @@ ROWS: list[tuple[str, list[Panel]]] = [
         ],
     ),
     (
+        "Doors: traffic and errors by protocol",
+        [
+            Panel(
+                "Calls by door",
+                [
+                    (
+                        f"sum by (door, kind) (rate(asr_door_calls_total{{{SEL}}}[{RATE}]))",
+                        "{{door}} {{kind}}",
+                    )
+                ],
+                unit="reqps",
+                description="Streams and recordings ended per second, by the protocol they came through "
+                "(asr.v1, google, riva, deepgram, openai-realtime, openai-http), refusals included.",
+            ),
+            Panel(
+                "Open calls by door",
+                [(f"sum by (door, kind) (asr_door_active_calls{{{SEL}}})", "{{door}} {{kind}}")],
+                description="Streams and recordings in progress, by door.",
+            ),
+            Panel(
+                "Calls by door and status code",
+                [
+                    (
+                        f"sum by (door, code) (rate(asr_door_calls_total{{{SEL}}}[{RATE}]))",
+                        "{{door}} {{code}}",
+                    )
+                ],
+                unit="reqps",
+                description="How each door's calls ended (google.rpc code names, whatever the door's own "
+                "terms): a door whose refusals (INVALID_ARGUMENT, UNAUTHENTICATED) climb has clients "
+                "speaking its protocol wrong.",
+            ),
+            Panel(
+                "Server-side error ratio by door",
+                [
+                    (
+                        f'(sum by (door) (rate(asr_door_calls_total{{{SEL}, code=~"{SERVER_ERROR_CODES}"}}[{RATE}]))'
+                        f" or 0 * sum by (door) (rate(asr_door_calls_total{{{SEL}}}[{RATE}])))"
+                        f" / sum by (door) (rate(asr_door_calls_total{{{SEL}}}[{RATE}]))",
+                        "{{door}}",
+                    )
+                ],
+                unit="percentunit",
+                description=f"Calls of each door that ended {SERVER_ERROR_CODES.replace('|', ', ')}, over "
+                "its calls.",
+                width=24,
+            ),
+        ],
+    ),
+    (
         "GPU (DCGM exporter)",
         [
             Panel(

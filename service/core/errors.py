@@ -51,6 +51,8 @@ FIELDS = (
     "keyterms",
     "redact",
     "endpointing",
+    "speech_start_timeout",
+    "speech_end_timeout",
     "audio_content",
 )
 _LEADING_NAME = re.compile(r"[a-z_]+(?:\.[a-z_]+)?")

@@ -186,10 +186,10 @@ class Recognizer:
             raise RecognitionError(Code.UNAVAILABLE, "model is still loading; retry shortly")
         return self.engine
 
-    def refused(self, door: str, error: RecognitionError) -> None:
-        """Count a stream the door refused itself, before it could open one (a request its protocol does
-        not allow), as the streams the core refuses are counted."""
-        self._count(door, STREAM, error.code)
+    def refused(self, door: str, error: RecognitionError, kind: str = STREAM) -> None:
+        """Count a call (`kind`: STREAM or RECOGNIZE) the door refused itself, before it reached the core
+        (a request its protocol does not allow), as the calls the core refuses are counted."""
+        self._count(door, kind, error.code)
 
     @staticmethod
     def _count(door: str, kind: str, code: Code) -> None:

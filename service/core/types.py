@@ -28,6 +28,7 @@ __all__ = [
     "Segment",
     "SpeechEnded",
     "SpeechStarted",
+    "SpeechTimeout",
     "StreamSettings",
     "Word",
 ]
@@ -77,6 +78,11 @@ class StreamSettings:
     endpointing: EndpointSettings | None = field(default_factory=EndpointSettings)
     interim_results: bool = False  # re-transcriptions of the utterance in progress, superseded by its final
     single_utterance: bool = False  # the stream stops taking audio after its first utterance
+    # Voice activity timeouts, in seconds of audio (endpointing only): no speech within the first
+    # speech_start_timeout_s, or none again within speech_end_timeout_s of the last speech's end, and the
+    # stream emits SpeechTimeout and takes no more audio (the finals of what ended still follow)
+    speech_start_timeout_s: float | None = None
+    speech_end_timeout_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -159,6 +165,14 @@ class EndOfSingleUtterance:
 
 
 @dataclass(frozen=True)
+class SpeechTimeout:
+    """A voice activity timeout (StreamSettings.speech_*_timeout_s) ran out at `offset_s`: the stream
+    takes no more audio; finals of the utterances that ended follow, then `events()` ends."""
+
+    offset_s: float
+
+
+@dataclass(frozen=True)
 class Reconnect:
     """The server is draining: finals for what was heard still follow, then the stream ends normally.
     `offset_s` is how much audio was heard (all of it is transcribed): continue the call on a new stream
@@ -167,7 +181,7 @@ class Reconnect:
     offset_s: float
 
 
-CallEvent = Result | SpeechStarted | SpeechEnded | EndOfSingleUtterance | Reconnect
+CallEvent = Result | SpeechStarted | SpeechEnded | EndOfSingleUtterance | SpeechTimeout | Reconnect
 
 
 @dataclass(frozen=True)

@@ -357,6 +357,11 @@ class Endpointer:
         return self._slice(self._audio_start, self._buf_start + self._buf_len)
 
     @property
+    def scored_s(self) -> float:
+        """Seconds of audio the VAD has scored (from the stream's start)."""
+        return self._scored / RATE
+
+    @property
     def unscored_s(self) -> float:
         """Seconds of audio pushed and not yet scored."""
         return (self._buf_start + self._buf_len - self._scored) / RATE

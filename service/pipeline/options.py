@@ -96,6 +96,8 @@ class StreamPlan:
     interim_results: bool
     single_utterance: bool
     results: ResultOptions = field(default_factory=ResultOptions)
+    speech_start_timeout_s: float | None = None  # StreamSettings' voice activity timeouts
+    speech_end_timeout_s: float | None = None
 
 
 def plan_stream(settings: StreamSettings, engine: RecognitionEngine) -> StreamPlan:
@@ -106,6 +108,14 @@ def plan_stream(settings: StreamSettings, engine: RecognitionEngine) -> StreamPl
     options = decode_options(r, engine)
     if settings.endpointing is not None:
         settings.endpointing.validate()
+    for name in ("speech_start_timeout", "speech_end_timeout"):
+        value = getattr(settings, f"{name}_s")
+        if value is None:
+            continue
+        if settings.endpointing is None:
+            raise ValueError(f"{name} needs endpointing: without it no speech is detected")
+        if not value > 0:
+            raise ValueError(f"{name} must be more than 0 s, got {value:g}")
     return StreamPlan(
         encoding=r.format.encoding,
         sample_rate_hertz=rate,
@@ -116,4 +126,6 @@ def plan_stream(settings: StreamSettings, engine: RecognitionEngine) -> StreamPl
         interim_results=settings.interim_results,
         single_utterance=settings.single_utterance,
         results=result_options(r),
+        speech_start_timeout_s=settings.speech_start_timeout_s,
+        speech_end_timeout_s=settings.speech_end_timeout_s,
     )

@@ -37,7 +37,7 @@ from service import metrics
 from service.config import ServerConfig
 from service.core.engine import RecognitionEngine
 from service.core.errors import Code, RecognitionError
-from service.core.types import CallEvent, EndOfSingleUtterance, EndReason, Reconnect, Result
+from service.core.types import CallEvent, EndOfSingleUtterance, EndReason, Reconnect, Result, SpeechTimeout
 from service.core.types import SpeechEnded as SpeechEndedEvent
 from service.core.types import SpeechStarted as SpeechStartedEvent
 from service.pipeline.audio import TARGET_RATE, AudioFormatError, StreamDecoder, mixdown
@@ -186,6 +186,9 @@ class StreamSession:
         )
         self._last_audio = time.monotonic()  # for --idle-audio-timeout (_check_idle)
         self._idle_timer: asyncio.TimerHandle | None = None
+        # the voice activity timeouts' clock (_check_voice_timeouts): None until speech first starts, then
+        # the offset of the last speech event
+        self._last_speech_end_s: float | None = None
 
     def _become(self, new: StreamState) -> bool:
         """Move forward to `new`; False (and no move) when the stream is already past it."""
@@ -479,6 +482,30 @@ class StreamSession:
                     return
             if self.settings.interim_results:
                 self._maybe_interim(ch)
+        self._check_voice_timeouts()
+
+    def _check_voice_timeouts(self) -> None:
+        """SpeechTimeout once the VAD has scored past a voice activity timeout with no channel in speech:
+        the stream takes no more audio (utterances that ended keep their finals)."""
+        s = self.settings
+        if (
+            s.speech_start_timeout_s is None and s.speech_end_timeout_s is None
+        ) or not self.state.takes_audio:
+            return
+        endpointers = [ch.endpointer for ch in self.channels]
+        if any(ep.in_speech for ep in endpointers if isinstance(ep, Endpointer)):
+            return
+        scored = min(ep.scored_s for ep in endpointers if isinstance(ep, Endpointer))
+        if self._last_speech_end_s is None:
+            if s.speech_start_timeout_s is None or scored < s.speech_start_timeout_s:
+                return
+            at = s.speech_start_timeout_s
+        else:
+            if s.speech_end_timeout_s is None or scored < self._last_speech_end_s + s.speech_end_timeout_s:
+                return
+            at = self._last_speech_end_s + s.speech_end_timeout_s
+        self._put(SpeechTimeout(at))
+        self._finish_input(flush=False)
 
     def _on_event(self, ch: _Channel, event: Event, ended_by: EndReason | None = None) -> None:
         """`ended_by`: what ends an utterance this event completes, when not the endpointer's silence or
@@ -494,8 +521,10 @@ class StreamSession:
             ch.options = self.settings.options  # keyterms changed mid-stream apply from this utterance on
             ch.speech_start_s = event.offset_s
             ch.speech_start_wall = time.monotonic()
+            self._last_speech_end_s = max(self._last_speech_end_s or 0.0, event.offset_s)
             self._put(SpeechStartedEvent(ch.tag, event.offset_s))
         elif isinstance(event, SpeechEnded):
+            self._last_speech_end_s = max(self._last_speech_end_s or 0.0, event.offset_s)
             self._put(SpeechEndedEvent(ch.tag, event.offset_s))
         else:
             self._submit(ch, event, ended_by or end_reason(event))

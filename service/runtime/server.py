@@ -1,4 +1,4 @@
-"""One frontend's servers: the gRPC port (grpc.aio: the asr.v1 door, health, reflection, interceptors)
+"""One frontend's servers: the gRPC port (grpc.aio: the asr.v1 and Google Speech doors, health, reflection, interceptors)
 and the HTTP port (service/runtime/http_server.py: the HTTP doors), both on one recognition core
 (service/core/recognizer.py), with the engine's lifecycle and a graceful drain: `AsrServer`.
 
@@ -32,6 +32,7 @@ from service.config import ServerConfig
 from service.core.engine import RecognitionEngine
 from service.core.recognizer import Recognizer
 from service.core.stream_limit import StreamLimit
+from service.doors import google_speech
 from service.doors.asr_v1 import RecognizerServicer
 from service.doors.openai_http import OpenAIHttpDoor
 from service.runtime.auth import ENV_VAR, AuthInterceptor, TokenStore
@@ -114,10 +115,12 @@ class AsrServer:
             maximum_concurrent_rpcs=max_concurrent_rpcs(c),
         )
         asr_pb2_grpc.add_RecognizerServicer_to_server(RecognizerServicer(self.recognizer), server)
+        server.add_generic_rpc_handlers(google_speech.GoogleSpeechDoor(self.recognizer).handlers())
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
             (
                 SERVICE_NAME,
+                google_speech.SERVICE,
                 health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
                 reflection.SERVICE_NAME,
             ),

@@ -1,0 +1,641 @@
+"""The Google Cloud Speech-to-Text v1 door: `google.cloud.speech.v1.Speech` (StreamingRecognize, Recognize,
+LongRunningRecognize) and `google.longrunning.Operations` GetOperation, on the gRPC port beside asr.v1.
+
+The messages are google-cloud-speech's own (its proto-plus types' raw protobuf classes, `Type.pb()`),
+served with grpc.method_handlers_generic_handler. A translation layer: RecognitionConfig and
+StreamingRecognitionConfig -> the core's settings (service/core/), the core's events and errors -> Google's
+responses and gRPC statuses (google.rpc codes, messages naming Google's field). What Google's v1 does and
+this server does not, where silently doing without it would change what a result means, is refused
+INVALID_ARGUMENT naming the field; hint-only options are accepted (docs/operations.md, "The Google
+Speech door").
+
+LongRunningRecognize answers with its operation already done (the recording is transcribed inside the
+call, as Recognize is): the client's `operation.result()` reads it without polling, and the server keeps
+no operation to look up later (GetOperation: NOT_FOUND, saying so).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import numpy as np
+from google.cloud.speech_v1.types import cloud_speech
+from google.longrunning import operations_pb2
+from google.protobuf import any_pb2, duration_pb2, timestamp_pb2
+from grpc import aio
+
+from service.core.errors import Code, RecognitionError
+from service.core.recognizer import RECOGNIZE, Recognizer, Stream
+from service.core.types import (
+    AudioFormat,
+    CallEvent,
+    EndOfSingleUtterance,
+    EndpointSettings,
+    Identity,
+    RecognitionSettings,
+    RecognizeResult,
+    Reconnect,
+    Result,
+    SpeechEnded,
+    SpeechStarted,
+    SpeechTimeout,
+    StreamSettings,
+)
+from service.doors.grpc_status import core_code, grpc_code
+from service.runtime.auth import bearer_token, identity
+
+log = logging.getLogger("service.doors.google_speech")
+
+SERVICE = "google.cloud.speech.v1.Speech"
+OPERATIONS_SERVICE = "google.longrunning.Operations"
+DOOR = "google"
+FIRST_REQUEST_TIMEOUT_S = 10.0  # a stream that sends no config is not kept waiting for it
+
+# The raw protobuf classes the door serves (google-cloud-speech's proto-plus types wrap these).
+StreamingRecognizeRequest: Any = cloud_speech.StreamingRecognizeRequest.pb()
+StreamingRecognizeResponse: Any = cloud_speech.StreamingRecognizeResponse.pb()
+StreamingRecognitionResult: Any = cloud_speech.StreamingRecognitionResult.pb()
+RecognizeRequest: Any = cloud_speech.RecognizeRequest.pb()
+RecognizeResponse: Any = cloud_speech.RecognizeResponse.pb()
+LongRunningRecognizeRequest: Any = cloud_speech.LongRunningRecognizeRequest.pb()
+LongRunningRecognizeResponse: Any = cloud_speech.LongRunningRecognizeResponse.pb()
+LongRunningRecognizeMetadata: Any = cloud_speech.LongRunningRecognizeMetadata.pb()
+SpeechRecognitionResult: Any = cloud_speech.SpeechRecognitionResult.pb()
+SpeechRecognitionAlternative: Any = cloud_speech.SpeechRecognitionAlternative.pb()
+
+Encoding = cloud_speech.RecognitionConfig.AudioEncoding
+SpeechEvent = cloud_speech.StreamingRecognizeResponse.SpeechEventType
+
+# Google's v1 encodings this server decodes, with their bytes per sample. FLAC (and WAV, which v1 names no
+# encoding for: its header says) are whole files, so Recognize and LongRunningRecognize only.
+STREAM_ENCODINGS = {Encoding.LINEAR16: "LINEAR16", Encoding.MULAW: "MULAW"}
+SAMPLE_BYTES = {"LINEAR16": 2, "MULAW": 1}
+FILE_MAGIC = {b"fLaC": "FLAC", b"RIFF": "WAV"}
+# Google's own bounds (RecognitionConfig's documentation): at most 3 alternative languages, and
+# max_alternatives 0-30 (we return one alternative: the server "may return fewer").
+MAX_ALTERNATIVE_LANGUAGES = 3
+MAX_ALTERNATIVES = 30
+# Voice activity timeouts: "greater than 500ms and less than 60s" (Google, "Voice activity events and
+# timeouts").
+VOICE_TIMEOUT_RANGE_S = (0.5, 60.0)
+
+# The core's setting names (RecognitionError.field) as Google's v1 names them.
+STREAM_FIELDS = {
+    "encoding": "config.encoding",
+    "sample_rate_hertz": "config.sample_rate_hertz",
+    "audio_channel_count": "config.audio_channel_count",
+    "language_code": "config.language_code",
+    "keyterms": "config.speech_contexts phrases",
+    "speech_start_timeout": "streaming_config.voice_activity_timeout.speech_start_timeout",
+    "speech_end_timeout": "streaming_config.voice_activity_timeout.speech_end_timeout",
+    "audio_content": "audio_content",
+}
+RECOGNIZE_FIELDS = {**STREAM_FIELDS, "audio_content": "audio.content"}
+
+
+def _invalid(message: str) -> RecognitionError:
+    return RecognitionError(Code.INVALID_ARGUMENT, message)
+
+
+def _seconds(d: duration_pb2.Duration) -> float:
+    return d.seconds + d.nanos / 1e9
+
+
+def duration(seconds: float) -> duration_pb2.Duration:
+    d = duration_pb2.Duration()
+    d.FromNanoseconds(round(max(seconds, 0.0) * 1e9))
+    return d
+
+
+def _encoding_name(value: int) -> str:
+    try:
+        return Encoding(value).name
+    except ValueError:
+        return f"unknown value {value}"
+
+
+# --- requests -> the core's settings ---
+
+
+def _keyterms(config: Any) -> tuple[str, ...]:
+    """speech_contexts' phrases and adaptation's inline phrase sets, in order, once each.
+
+    Boost has no per-term strength here (the keyterm bias is the server's); a negative boost asks for
+    anti-biasing, which Google does not apply either ("negative boost will simply be ignored"), so those
+    phrases are left out. Class tokens ($MONTH, ${my-class}) name Google's classes, not words: left out.
+    """
+    phrases: list[str] = []
+    for context in config.speech_contexts:
+        if context.boost >= 0:
+            phrases.extend(context.phrases)
+    adaptation = config.adaptation
+    if adaptation.phrase_set_references:
+        raise _invalid(
+            "config.adaptation.phrase_set_references is not supported: this server keeps no PhraseSet "
+            "resources; put the phrases in config.speech_contexts or inline in config.adaptation.phrase_sets"
+        )
+    if adaptation.HasField("abnf_grammar") and adaptation.abnf_grammar.abnf_strings:
+        raise _invalid(
+            "config.adaptation.abnf_grammar is not supported: recognition is not restricted to a grammar"
+        )
+    for phrase_set in adaptation.phrase_sets:
+        for phrase in phrase_set.phrases:
+            if (phrase.boost or phrase_set.boost) >= 0:
+                phrases.append(phrase.value)
+    seen: dict[str, None] = {}
+    for phrase in phrases:
+        text = " ".join(phrase.split())
+        if text and not text.startswith("$"):
+            seen.setdefault(text, None)
+    return tuple(seen)
+
+
+def _refuse_unsupported(config: Any) -> None:
+    """What Google v1 does and this server does not, where doing without it changes what a result means."""
+    if config.HasField("diarization_config") and config.diarization_config.enable_speaker_diarization:
+        raise _invalid(
+            "config.diarization_config.enable_speaker_diarization is not supported: this server does not "
+            "diarize; send each party on its own channel (audio_channel_count with "
+            "enable_separate_recognition_per_channel) for results tagged by channel"
+        )
+    if config.HasField("transcript_normalization") and config.transcript_normalization.entries:
+        raise _invalid(
+            "config.transcript_normalization is not supported: transcripts are returned as recognized"
+        )
+    if config.profanity_filter:
+        raise _invalid("config.profanity_filter is not supported: transcripts are returned unfiltered")
+    if len(config.alternative_language_codes) > MAX_ALTERNATIVE_LANGUAGES:
+        raise _invalid(
+            f"config.alternative_language_codes has {len(config.alternative_language_codes)} values, over the "
+            f"limit of {MAX_ALTERNATIVE_LANGUAGES}"
+        )
+    if not 0 <= config.max_alternatives <= MAX_ALTERNATIVES:
+        raise _invalid(
+            f"config.max_alternatives must be between 0 and {MAX_ALTERNATIVES}, got {config.max_alternatives}"
+        )
+
+
+@dataclass(frozen=True)
+class Call:
+    """What the door itself keeps of a RecognitionConfig: the core's settings, the caller's language tags
+    (results are tagged in the caller's spelling), and the channel count of audio of which only the first
+    channel is recognized (Google: without enable_separate_recognition_per_channel "we will only
+    recognize the first channel"), 1 when the audio goes to the core as it came."""
+
+    settings: RecognitionSettings
+    language_tags: tuple[str, ...]
+    pick_first_of: int = 1
+
+    def language_tag(self, language: str) -> str:
+        """A result's BCP-47 tag: the caller's own (lowercase, as Google writes it) when the language is
+        the caller's, else Whisper's code."""
+        for tag in self.language_tags:
+            if tag and tag.replace("_", "-").split("-")[0].lower() == language:
+                return tag.lower()
+        return language
+
+
+def _encoding(config: Any, *, streaming: bool) -> str:
+    if streaming:
+        if config.encoding not in STREAM_ENCODINGS:
+            raise RecognitionError(
+                Code.INVALID_ARGUMENT,
+                f"config.encoding must be one of {', '.join(STREAM_ENCODINGS.values())} in StreamingRecognize, "
+                f"got {_encoding_name(config.encoding)}"
+                + (" (a whole file: send it with Recognize)" if config.encoding == Encoding.FLAC else ""),
+                "encoding",
+            )
+        return STREAM_ENCODINGS[config.encoding]
+    if config.encoding in STREAM_ENCODINGS:
+        return STREAM_ENCODINGS[config.encoding]
+    if config.encoding == Encoding.FLAC:
+        return "FLAC"
+    if config.encoding == Encoding.ENCODING_UNSPECIFIED:
+        return ""
+    raise RecognitionError(
+        Code.INVALID_ARGUMENT,
+        "config.encoding must be one of LINEAR16, MULAW, FLAC, or unset for a FLAC or WAV file, "
+        f"got {_encoding_name(config.encoding)}",
+        "encoding",
+    )
+
+
+def file_encoding(declared: str, content: bytes) -> str:
+    """What a recorded file is: v1 lets the header say for FLAC and WAV (a WAV of LINEAR16 or MULAW may
+    also come with that encoding set); raw LINEAR16/MULAW otherwise."""
+    kind = FILE_MAGIC.get(content[:4])
+    if kind is not None and declared in ("", kind, "LINEAR16", "MULAW"):
+        return kind
+    if declared == "FLAC":
+        raise RecognitionError(
+            Code.INVALID_ARGUMENT, "config.encoding is FLAC but audio.content is not a FLAC file", "encoding"
+        )
+    if not declared:
+        raise RecognitionError(
+            Code.INVALID_ARGUMENT,
+            "config.encoding is unset and audio.content is neither a FLAC nor a WAV file; set config.encoding",
+            "encoding",
+        )
+    return declared
+
+
+def picked_channels(config: Any, encoding: str) -> int:
+    """The channel count of raw audio of which the door passes on the first channel only (several
+    channels, not recognized separately), else 1. A FLAC or WAV file's channels are the core's to read;
+    those are mixed down (docs/operations.md). Over 8 channels the core refuses the count."""
+    channels = config.audio_channel_count or 1
+    if encoding in SAMPLE_BYTES and 1 < channels <= 8 and not config.enable_separate_recognition_per_channel:
+        return int(channels)
+    return 1
+
+
+def call(config: Any, *, streaming: bool, content: bytes = b"") -> Call:
+    """Read a RecognitionConfig (`content`: a recording's bytes, whose header may give its encoding).
+    Raises RecognitionError for what the door refuses; ranges the core bounds (rate, channels, language,
+    keyterms) are checked there, and their messages say Google's field names (STREAM_FIELDS)."""
+    _refuse_unsupported(config)
+    encoding = _encoding(config, streaming=streaming)
+    if not streaming:
+        encoding = file_encoding(encoding, content)
+    channels = config.audio_channel_count or 1
+    pick = picked_channels(config, encoding)
+    settings = RecognitionSettings(
+        format=AudioFormat(encoding, config.sample_rate_hertz, 1 if pick > 1 else channels),
+        separate_channels=config.enable_separate_recognition_per_channel and channels > 1,
+        language=config.language_code,
+        keyterms=_keyterms(config),
+        word_times=config.enable_word_time_offsets,
+        word_confidence=config.enable_word_confidence,
+    )
+    return Call(settings, (config.language_code, *config.alternative_language_codes), pick)
+
+
+@dataclass(frozen=True)
+class StreamingCall:
+    call: Call
+    settings: StreamSettings
+    voice_activity_events: bool
+
+
+def streaming_call(config: Any) -> StreamingCall:
+    """Read a StreamingRecognitionConfig."""
+    if not config.HasField("config"):
+        raise _invalid("streaming_config.config is required (encoding, sample_rate_hertz, language_code)")
+    c = call(config.config, streaming=True)
+    timeouts: dict[str, float | None] = {"speech_start_timeout": None, "speech_end_timeout": None}
+    # Google applies voice_activity_timeout only with enable_voice_activity_events ("The field
+    # voice_activity_events must also be set to true"), so without them it is ignored here too.
+    if config.enable_voice_activity_events and config.HasField("voice_activity_timeout"):
+        vat = config.voice_activity_timeout
+        low, high = VOICE_TIMEOUT_RANGE_S
+        for name in timeouts:
+            if vat.HasField(name):
+                value = _seconds(getattr(vat, name))
+                if not low < value < high:
+                    raise _invalid(
+                        f"streaming_config.voice_activity_timeout.{name} must be more than {low:g} s and less "
+                        f"than {high:g} s, got {value:g}"
+                    )
+                timeouts[name] = value
+    settings = StreamSettings(
+        recognition=c.settings,
+        endpointing=EndpointSettings(),
+        interim_results=config.interim_results,
+        single_utterance=config.single_utterance,
+        speech_start_timeout_s=timeouts["speech_start_timeout"],
+        speech_end_timeout_s=timeouts["speech_end_timeout"],
+    )
+    return StreamingCall(c, settings, config.enable_voice_activity_events)
+
+
+def first_channel(chunk: bytes, encoding: str, channels: int) -> bytes:
+    """The first channel of interleaved raw audio (whole frames, else INVALID_ARGUMENT naming
+    audio_content)."""
+    width = SAMPLE_BYTES[encoding]
+    frame = width * channels
+    if len(chunk) % frame:
+        raise RecognitionError(
+            Code.INVALID_ARGUMENT,
+            f"audio_content has {len(chunk)} bytes, not a multiple of the {frame}-byte frame ({encoding}, "
+            f"{channels} channels); send whole frames in every chunk",
+            "audio_content",
+        )
+    samples = np.frombuffer(chunk, dtype=np.int16 if width == 2 else np.uint8).reshape(-1, channels)
+    return samples[:, 0].tobytes()
+
+
+def audio_content(audio: Any) -> bytes:
+    """RecognitionAudio's bytes: Cloud Storage URIs are not fetched."""
+    if audio.WhichOneof("audio_source") == "uri":
+        raise _invalid("audio.uri is not supported: this server reads no Cloud Storage; send audio.content")
+    if not audio.content:
+        raise RecognitionError(Code.INVALID_ARGUMENT, "audio.content is empty", "audio_content")
+    content: bytes = audio.content
+    return content
+
+
+# --- the core's results and events -> responses ---
+
+
+def alternative(r: Result) -> Any:
+    """One SpeechRecognitionAlternative. Confidence is set on finals only ("set only for the top
+    alternative of a non-streaming result or, of a streaming result where is_final=true"); words come
+    with finals when asked for (the core gives them then)."""
+    message = SpeechRecognitionAlternative(transcript=r.transcript)
+    if r.is_final:
+        message.confidence = r.confidence
+    for w in r.words:
+        info = message.words.add(word=w.text)
+        if w.start_s is not None and w.end_s is not None:
+            info.start_time.CopyFrom(duration(w.start_s))
+            info.end_time.CopyFrom(duration(w.end_s))
+        if w.confidence is not None:
+            info.confidence = w.confidence
+    return message
+
+
+def streaming_response(event: CallEvent, c: StreamingCall) -> Any | None:
+    """The response for a core event; None for one the caller did not ask for (voice activity events)."""
+    if isinstance(event, Result):
+        return StreamingRecognizeResponse(
+            results=[
+                StreamingRecognitionResult(
+                    alternatives=[alternative(event)],
+                    is_final=event.is_final,
+                    stability=0.0 if event.is_final else event.stability,
+                    result_end_time=duration(event.end_s),
+                    channel_tag=event.channel,
+                    language_code=c.call.language_tag(event.language),
+                )
+            ]
+        )
+    if isinstance(event, EndOfSingleUtterance):
+        return speech_event(SpeechEvent.END_OF_SINGLE_UTTERANCE, event.offset_s)
+    if not c.voice_activity_events:
+        return None
+    if isinstance(event, SpeechStarted):
+        return speech_event(SpeechEvent.SPEECH_ACTIVITY_BEGIN, event.offset_s)
+    if isinstance(event, SpeechEnded):
+        return speech_event(SpeechEvent.SPEECH_ACTIVITY_END, event.offset_s)
+    if isinstance(event, SpeechTimeout):
+        return speech_event(SpeechEvent.SPEECH_ACTIVITY_TIMEOUT, event.offset_s)
+    return None
+
+
+def speech_event(kind: int, at_s: float) -> Any:
+    return StreamingRecognizeResponse(speech_event_type=kind, speech_event_time=duration(at_s))
+
+
+def recognition_results(result: RecognizeResult, c: Call) -> list[Any]:
+    return [
+        SpeechRecognitionResult(
+            alternatives=[alternative(r)],
+            channel_tag=r.channel,
+            result_end_time=duration(r.end_s),
+            language_code=c.language_tag(r.language),
+        )
+        for r in result.results
+    ]
+
+
+def _caller(context: aio.ServicerContext) -> Identity:
+    return identity(bearer_token(context.invocation_metadata()), context.peer())
+
+
+def _now() -> timestamp_pb2.Timestamp:
+    t = timestamp_pb2.Timestamp()
+    t.GetCurrentTime()
+    return t
+
+
+async def _abort(context: aio.ServicerContext, e: RecognitionError, names: Mapping[str, str]) -> None:
+    await context.abort(grpc_code(e.code), e.message_for(names))
+
+
+# --- the servicer ---
+
+
+class GoogleSpeechDoor:
+    """google.cloud.speech.v1.Speech and google.longrunning.Operations on the core."""
+
+    def __init__(self, recognizer: Recognizer) -> None:
+        self.recognizer = recognizer
+        self._operations = itertools.count()
+        self._prefix = f"{os.getpid():x}"
+
+    def handlers(self) -> list[grpc.GenericRpcHandler]:
+        speech = grpc.method_handlers_generic_handler(
+            SERVICE,
+            {
+                "StreamingRecognize": grpc.stream_stream_rpc_method_handler(
+                    self.StreamingRecognize,
+                    request_deserializer=StreamingRecognizeRequest.FromString,
+                    response_serializer=StreamingRecognizeResponse.SerializeToString,
+                ),
+                "Recognize": grpc.unary_unary_rpc_method_handler(
+                    self.Recognize,
+                    request_deserializer=RecognizeRequest.FromString,
+                    response_serializer=RecognizeResponse.SerializeToString,
+                ),
+                "LongRunningRecognize": grpc.unary_unary_rpc_method_handler(
+                    self.LongRunningRecognize,
+                    request_deserializer=LongRunningRecognizeRequest.FromString,
+                    response_serializer=operations_pb2.Operation.SerializeToString,
+                ),
+            },
+        )
+        operations = grpc.method_handlers_generic_handler(
+            OPERATIONS_SERVICE,
+            {
+                "GetOperation": grpc.unary_unary_rpc_method_handler(
+                    self.GetOperation,
+                    request_deserializer=operations_pb2.GetOperationRequest.FromString,
+                    response_serializer=operations_pb2.Operation.SerializeToString,
+                )
+            },
+        )
+        return [speech, operations]
+
+    async def StreamingRecognize(
+        self, request_iterator: AsyncIterator[Any], context: aio.ServicerContext
+    ) -> AsyncIterator[Any]:
+        code = grpc.StatusCode.OK
+        stream: Stream | None = None
+        reader: asyncio.Task[None] | None = None
+        translated: list[StreamingCall] = []
+
+        def rpc_done(ctx: aio.ServicerContext) -> None:
+            # A cancel or deadline while the generator is parked at `yield` ends the RPC without resuming
+            # it: free the stream's place and engine work now (as the asr.v1 door does).
+            remaining = ctx.time_remaining()
+            expired = remaining is not None and remaining <= 0
+            if reader is not None:
+                reader.cancel()
+            if stream is not None:
+                stream.cancel(Code.DEADLINE_EXCEEDED if expired else Code.CANCELLED)
+
+        def settings() -> StreamSettings:
+            c = streaming_call(_first_config(first))
+            translated.append(c)
+            return c.settings
+
+        try:
+            first = await self._first_request(request_iterator)
+            # translated once admitted: a loading, draining or full server says so first
+            stream = self.recognizer.open_stream(settings, door=DOOR, identity=_caller(context))
+            context.add_done_callback(rpc_done)  # type: ignore[arg-type]
+            (c,) = translated
+            reader = asyncio.create_task(self._read(request_iterator, stream, c))
+            drained: Reconnect | None = None
+            async for event in stream.events():
+                if isinstance(event, Reconnect):
+                    drained = event
+                    continue
+                out = streaming_response(event, c)
+                if out is not None:
+                    yield out
+            # "total_billed_time: When available, billed audio seconds for the stream. Set only if this
+            # is the last response in the stream."
+            yield StreamingRecognizeResponse(total_billed_time=duration(stream.heard_s))
+            if drained is not None:
+                # Google has no reconnect message: the finals of what was heard came; UNAVAILABLE is what
+                # Google's clients retry, on another replica
+                raise RecognitionError(
+                    Code.UNAVAILABLE,
+                    f"server is draining: every final of the {drained.offset_s:.2f} s heard was sent; "
+                    "continue the call on a new stream (another replica)",
+                )
+        except RecognitionError as e:
+            code = grpc_code(e.code)
+            await _abort(context, e, STREAM_FIELDS)
+        except asyncio.CancelledError:
+            code = grpc.StatusCode.CANCELLED
+            raise
+        except Exception:
+            code = grpc.StatusCode.UNKNOWN
+            raise
+        finally:
+            if reader is not None:
+                reader.cancel()
+            if stream is not None:
+                await stream.close(core_code(code))
+
+    async def _first_request(self, requests: AsyncIterator[Any]) -> Any | None:
+        """The stream's first request (None: the client half-closed at once). Refusals come after it is
+        read (grpc/grpc#36066: a client whose first write races a status may see INTERNAL instead)."""
+        try:
+            async with asyncio.timeout(FIRST_REQUEST_TIMEOUT_S):
+                return await anext(aiter(requests), None)
+        except TimeoutError:
+            error = _invalid(
+                f"the first request must carry streaming_config; none came within {FIRST_REQUEST_TIMEOUT_S:g} s"
+            )
+            self.recognizer.refused(DOOR, error)
+            raise error from None
+
+    async def _read(self, requests: AsyncIterator[Any], stream: Stream, c: StreamingCall) -> None:
+        """The requests after the config: their audio into the stream, the half-close as its end."""
+        encoding, pick = c.settings.recognition.format.encoding, c.call.pick_first_of
+        try:
+            async for request in requests:
+                kind = request.WhichOneof("streaming_request")
+                if kind == "streaming_config":
+                    stream.fail(
+                        _invalid(
+                            "streaming_config may only be sent in the first request; later requests carry "
+                            "audio_content"
+                        )
+                    )
+                    return
+                if kind == "audio_content":
+                    chunk = request.audio_content
+                    if pick > 1 and len(chunk) <= self.recognizer.config.max_chunk_bytes:
+                        chunk = first_channel(chunk, encoding, pick)
+                    stream.audio(chunk)
+            stream.finish()  # the client half-closed
+        except RecognitionError as e:
+            stream.fail(e)
+        except Exception as e:  # a bug of ours: fail this stream only, loudly
+            log.exception("stream reader failed", extra={"fields": {"stream_id": stream.id}})
+            stream.fail(RecognitionError(Code.INTERNAL, f"internal error: {type(e).__name__}: {e}"))
+
+    async def _recognize(self, request: Any, context: aio.ServicerContext) -> tuple[RecognizeResult, Call]:
+        translated: list[Call] = []
+
+        def settings() -> RecognitionSettings:
+            c = call(request.config, streaming=False, content=content)
+            translated.append(c)
+            return c.settings
+
+        try:
+            content = audio_content(request.audio)
+            config = request.config
+            raw = "" if content[:4] in FILE_MAGIC else STREAM_ENCODINGS.get(config.encoding, "")
+            pick = picked_channels(config, raw)
+            if pick > 1:
+                content = first_channel(content, raw, pick)
+        except RecognitionError as e:
+            self.recognizer.refused(DOOR, e, RECOGNIZE)
+            raise
+        result = await self.recognizer.recognize(content, settings, door=DOOR, identity=_caller(context))
+        return result, translated[0]
+
+    async def Recognize(self, request: Any, context: aio.ServicerContext) -> Any:
+        try:
+            result, c = await self._recognize(request, context)
+        except RecognitionError as e:
+            await _abort(context, e, RECOGNIZE_FIELDS)
+            raise  # unreachable: abort raises
+        return RecognizeResponse(
+            results=recognition_results(result, c), total_billed_time=duration(result.duration_s)
+        )
+
+    async def LongRunningRecognize(self, request: Any, context: aio.ServicerContext) -> Any:
+        started = _now()
+        try:
+            if request.HasField("output_config") and request.output_config.gcs_uri:
+                error = _invalid(
+                    "output_config.gcs_uri is not supported: this server writes no Cloud Storage; the "
+                    "results come back in the operation"
+                )
+                self.recognizer.refused(DOOR, error, RECOGNIZE)
+                raise error
+            result, c = await self._recognize(request, context)
+        except RecognitionError as e:
+            await _abort(context, e, RECOGNIZE_FIELDS)
+            raise  # unreachable: abort raises
+        metadata, response = any_pb2.Any(), any_pb2.Any()
+        metadata.Pack(
+            LongRunningRecognizeMetadata(progress_percent=100, start_time=started, last_update_time=_now())
+        )
+        response.Pack(
+            LongRunningRecognizeResponse(
+                results=recognition_results(result, c), total_billed_time=duration(result.duration_s)
+            )
+        )
+        return operations_pb2.Operation(
+            name=f"lrr-{self._prefix}-{next(self._operations)}",
+            done=True,
+            metadata=metadata,
+            response=response,
+        )
+
+    async def GetOperation(self, request: Any, context: aio.ServicerContext) -> Any:
+        await context.abort(
+            grpc.StatusCode.NOT_FOUND,
+            f"operation {request.name!r} is not kept: LongRunningRecognize returns its operation done, "
+            "with the results in it",
+        )
+
+
+def _first_config(first: Any | None) -> Any:
+    if first is None or first.WhichOneof("streaming_request") != "streaming_config":
+        raise _invalid("the first request must carry streaming_config (then audio_content in later requests)")
+    return first.streaming_config
