@@ -29,6 +29,8 @@ wheels=(
     # the server's process model (ZeroMQ), HTTP door (aiohttp and its parts) and redaction (stdnum)
     pyzmq==27.3.0 aiohttp==3.14.5 aiohappyeyeballs==2.7.1 aiosignal==1.4.0 attrs==26.1.0
     frozenlist==1.8.0 multidict==7.2.1 propcache==0.5.4 yarl==1.25.1 idna==3.20 python-stdnum==2.2
+    # the Riva door's generated messages (pure Python)
+    nvidia-riva-client==2.28.0
 )
 download() {  # $1: python version (3.12), $2: folder
     local missing=()
