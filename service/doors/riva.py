@@ -10,16 +10,49 @@ shape formatting are accepted (docs/operations.md, "Riva door").
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
+import re
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+import grpc
+import numpy as np
+from grpc import aio
 from riva.client.proto import riva_asr_pb2 as rasr
+from riva.client.proto import riva_asr_pb2_grpc as rasr_grpc
 from riva.client.proto import riva_audio_pb2 as raudio
+from riva.client.proto import riva_common_pb2
+
+from service.core.errors import Code, RecognitionError
+from service.core.recognizer import Recognizer, Stream
+from service.core.types import (
+    AudioFormat,
+    EndpointSettings,
+    Identity,
+    RecognitionSettings,
+    Reconnect,
+    Result,
+    StreamSettings,
+    Word,
+)
+from service.doors.grpc_status import core_code, grpc_code
+from service.pipeline.audio import validate_stream_format
+from service.pipeline.endpointing import EndpointingError
+from service.runtime.auth import bearer_token, identity
+
+log = logging.getLogger("service.doors.riva")
 
 SERVICE_NAME = rasr.DESCRIPTOR.services_by_name["RivaSpeechRecognition"].full_name
 DOOR = "riva"  # the core's `door` metrics label
+FIRST_REQUEST_TIMEOUT_S = 10.0  # a stream that sends no config is not kept waiting for it
+# Initial metadata of every answered call: the model that answers whatever `model` a request names, the
+# options accepted as hints (comma-separated), and a stream's id (as in the server's logs).
+MODEL_HEADER = "asr-model"
+HINTS_HEADER = "asr-hints"
+STREAM_ID_HEADER = "asr-stream-id"
 
 # Riva's defaults where the client leaves a field unset (the proto3 zero): 16-bit PCM at 16 kHz, mono.
 DEFAULT_ENCODING = "LINEAR16"
@@ -87,8 +120,9 @@ class RivaRequest:
     separate_channels: bool
     language_code: str  # as sent ("" : the model's default); the core checks the model serves it
     keyterms: tuple[str, ...]
+    # where each keyterm came from ("speech_contexts[0].phrases[2]"), for refusals in Riva's terms
+    keyterm_fields: tuple[str, ...]
     words: bool  # enable_word_time_offsets: words with start and end (ms) and confidence
-    smart_formatting: bool  # verbatim_transcripts=false (Riva's default): inverse text normalization
     endpointing: Endpointing
     interim_results: bool = False
     # Accepted options that change nothing here (logged, documented): "profanity_filter", ...
@@ -107,13 +141,13 @@ def _check_map(name: str, entries: Mapping[str, str]) -> None:
             )
 
 
-def _keyterms(contexts: Sequence[rasr.SpeechContext]) -> tuple[str, ...]:
+def _keyterms(contexts: Sequence[rasr.SpeechContext]) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """speech_contexts (riva.client's add_word_boosting_to_config) -> keyterms, in order, once each.
 
     A positive boost is a hint of how strongly (the server's keyterm bias has one strength); a
     negative one asks to suppress a phrase, which this server cannot do: refused, as dropping it would
     turn a suppression into nothing."""
-    terms: dict[str, None] = {}
+    terms: dict[str, str] = {}
     for i, context in enumerate(contexts):
         if math.isnan(context.boost) or context.boost < 0:
             raise RivaFieldError(
@@ -121,9 +155,9 @@ def _keyterms(contexts: Sequence[rasr.SpeechContext]) -> tuple[str, ...]:
                 f"speech_contexts[{i}].boost is {context.boost:g}: negative boosts (suppressing a phrase) "
                 "are not supported; send positive boosts or leave the phrase out",
             )
-        for phrase in context.phrases:
-            terms.setdefault(" ".join(phrase.split()), None)
-    return tuple(terms)
+        for j, phrase in enumerate(context.phrases):
+            terms.setdefault(" ".join(phrase.split()), f"speech_contexts[{i}].phrases[{j}]")
+    return tuple(terms), tuple(terms.values())
 
 
 def _fraction(ep: rasr.EndpointingConfig, name: str) -> float | None:
@@ -212,6 +246,7 @@ def recognition_request(
         )
     _check_map("custom_configuration", config.custom_configuration)
     channels = config.audio_channel_count or 1
+    keyterms, keyterm_fields = _keyterms(config.speech_contexts)
     hints = [
         name
         for name, on in (
@@ -219,6 +254,7 @@ def recognition_request(
             ("profanity_filter", config.profanity_filter),
             ("enable_automatic_punctuation", not config.enable_automatic_punctuation),  # Whisper punctuates
             ("model", bool(config.model)),
+            ("verbatim_transcripts", not config.verbatim_transcripts),  # Whisper writes numbers its own way
             ("custom_configuration", bool(config.custom_configuration)),
             ("endpointing_config.stop_history_eou", config.endpointing_config.HasField("stop_history_eou")),
         )
@@ -230,9 +266,9 @@ def recognition_request(
         channels=channels,
         separate_channels=config.enable_separate_recognition_per_channel and channels > 1,
         language_code=config.language_code.strip(),
-        keyterms=_keyterms(config.speech_contexts),
+        keyterms=keyterms,
+        keyterm_fields=keyterm_fields,
         words=config.enable_word_time_offsets,
-        smart_formatting=not config.verbatim_transcripts,
         endpointing=endpointing(config, default_silence_s, default_speech_s),
         interim_results=interim_results,
         hints=tuple(hints),
@@ -436,3 +472,416 @@ def config_response(model_name: str, languages: Iterable[str]) -> rasr.RivaSpeec
             for kind in ("online", "offline")
         ]
     )
+
+
+# --- the door: Riva requests -> the core, the core's results and errors -> Riva ---------------------
+
+# The core's names for the settings it blames -> Riva's (the same unless listed here)
+_STREAM_NAMES = {"keyterms": "speech_contexts"}
+_RECOGNIZE_NAMES = {**_STREAM_NAMES, "audio_content": "audio"}
+_KEYTERM_INDEX = re.compile(r"\bkeyterms\[(\d+)\]")
+_ENDPOINTING_FIELDS = {
+    "endpointing.min_silence_duration": (
+        "endpointing_config.stop_history",
+        "x stop_threshold (the silence that ends an utterance)",
+    ),
+    "endpointing.min_speech_duration": (
+        "endpointing_config.start_history",
+        "x start_threshold (the speech that starts an utterance)",
+    ),
+}
+
+
+def riva_error(e: RecognitionError, names: Mapping[str, str], keyterm_fields: Sequence[str] = ()) -> str:
+    """The core's message with the field as Riva names it (a keyterm by its speech_contexts place)."""
+
+    def place(m: re.Match[str]) -> str:
+        i = int(m.group(1))
+        return keyterm_fields[i] if i < len(keyterm_fields) else m.group()
+
+    if (e.field or "").startswith("keyterms"):
+        return _KEYTERM_INDEX.sub(place, e.message).replace("keyterms", "speech_contexts")
+    return e.message_for(names)
+
+
+def endpoint_settings(ep: Endpointing) -> EndpointSettings | None:
+    """Riva's endpointing durations on the server's endpointer (None: its defaults), checked against
+    its bounds with the message in Riva's fields and units."""
+    if ep == Endpointing():
+        return EndpointSettings()
+    try:
+        return EndpointSettings.from_overrides(
+            min_silence_s=ep.min_silence_s or 0.0, min_speech_s=ep.min_speech_s or 0.0
+        )
+    except EndpointingError as e:
+        riva, what = _ENDPOINTING_FIELDS.get(e.field, ("endpointing_config", e.field))
+        bound = str(e)[str(e).find("must be") :]
+        raise RivaFieldError(riva, f"{riva}: {what} {bound} s") from e
+
+
+def _check_frames(data: bytes, frame_bytes: int, encoding: str, channels: int) -> None:
+    if len(data) % frame_bytes:
+        raise RecognitionError(
+            Code.INVALID_ARGUMENT,
+            f"audio_content has {len(data)} bytes, not a multiple of the {frame_bytes}-byte frame "
+            f"({encoding}, {channels} channel(s)); send whole frames in every chunk",
+            "audio_content",
+        )
+
+
+class _AudioIn:
+    """Riva's audio as the core's stream takes it: a streamed WAV file's samples after its header,
+    re-framed (a file's bytes are cut anywhere, so a chunk may end inside a frame); and only the first
+    channel when several come without enable_separate_recognition_per_channel (Riva: "we only recognize
+    the first channel")."""
+
+    def __init__(self, encoding: str, channels: int, *, first_only: bool, reframe: bool) -> None:
+        self.encoding = encoding
+        self.width = 2 if encoding == "LINEAR16" else 1
+        self.channels = channels
+        self.frame_bytes = self.width * channels
+        self.first_only = first_only and channels > 1
+        self.reframe = reframe
+        self._rest = b""
+
+    def frames(self, data: bytes) -> bytes:
+        """The core's bytes for one chunk (b"": none yet); raises RecognitionError for partial frames."""
+        if self.reframe:
+            data = self._rest + data
+            cut = len(data) - len(data) % self.frame_bytes
+            data, self._rest = data[:cut], data[cut:]
+        if not self.first_only:
+            return data
+        _check_frames(data, self.frame_bytes, self.encoding, self.channels)
+        dtype = "<i2" if self.width == 2 else "u1"
+        return np.frombuffer(data, dtype=dtype).reshape(-1, self.channels)[:, 0].tobytes()
+
+
+@dataclass
+class _Opening:
+    """What the door read of a stream before opening it: the config, and the first audio when it may
+    be a WAV file's header (riva.client's AudioChunkFileIterator streams a file's bytes as they are)."""
+
+    config: rasr.StreamingRecognitionConfig
+    request_id: str | None
+    head: bytes = b""
+    ended: bool = False  # the client half-closed before any more
+
+
+def _word(w: Word) -> RivaWord:
+    return RivaWord(w.text, w.start_s or 0.0, w.end_s or 0.0, w.confidence)
+
+
+def _channel_tag(channel: int) -> int:
+    """The core tags one mixed-down or mono channel 0; Riva's first channel is 1."""
+    return channel or 1
+
+
+def _caller(context: aio.ServicerContext) -> Identity:
+    return identity(bearer_token(context.invocation_metadata()), context.peer())
+
+
+class RivaServicer(rasr_grpc.RivaSpeechRecognitionServicer):
+    """nvidia.riva.asr.RivaSpeechRecognition on the core (see the module docstring)."""
+
+    def __init__(self, recognizer: Recognizer) -> None:
+        self.recognizer = recognizer
+        self._defaults = EndpointSettings()
+
+    # --- settings ---
+
+    def _request(self, config: rasr.RecognitionConfig, interim: bool = False) -> RivaRequest:
+        return recognition_request(
+            config,
+            default_silence_s=self._defaults.min_silence_s,
+            default_speech_s=self._defaults.min_speech_s,
+            interim_results=interim,
+        )
+
+    def _stream_settings(self, opening: _Opening) -> tuple[StreamSettings, RivaRequest, _AudioIn, int]:
+        """The stream's settings, what feeds it, and where the samples begin in `opening.head`; raises
+        RivaFieldError (a ValueError naming the field: the core refuses it INVALID_ARGUMENT)."""
+        sc = opening.config
+        request = self._request(sc.config, sc.interim_results)
+        encoding, rate, channels, offset = request.encoding, request.sample_rate_hertz, request.channels, 0
+        wav = wav_header(opening.head) if sniff_container(opening.head) == "WAV" else None
+        if wav is not None:  # a WAV file's header says what its samples are, whatever the config says
+            encoding, rate, channels, offset = (
+                wav.encoding,
+                wav.sample_rate_hertz,
+                wav.channels,
+                wav.data_offset,
+            )
+        elif request.encoding not in _STREAM_ENCODINGS.values():
+            raise RivaFieldError(
+                "encoding",
+                f"encoding {encoding_name(sc.config.encoding)} is accepted by Recognize only (a whole file); "
+                "StreamingRecognize takes LINEAR_PCM, MULAW, ALAW (or a WAV file's bytes)",
+            )
+        validate_stream_format(encoding, rate, channels)  # before the channels are narrowed to the first
+        separate = request.separate_channels and channels > 1
+        feed = _AudioIn(encoding, channels, first_only=not separate, reframe=wav is not None)
+        settings = StreamSettings(
+            recognition=RecognitionSettings(
+                format=AudioFormat(encoding, rate, channels if separate else 1),
+                separate_channels=separate,
+                language=request.language_code,
+                keyterms=request.keyterms,
+                word_times=request.words,
+                word_confidence=request.words,
+            ),
+            endpointing=endpoint_settings(request.endpointing),
+            interim_results=request.interim_results,
+        )
+        return settings, request, feed, offset
+
+    # --- GetRivaSpeechRecognitionConfig ---
+
+    async def GetRivaSpeechRecognitionConfig(
+        self, request: rasr.RivaSpeechRecognitionConfigRequest, context: aio.ServicerContext
+    ) -> rasr.RivaSpeechRecognitionConfigResponse:
+        model = self.recognizer.model
+        if model is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "model is still loading; retry shortly")
+            raise AssertionError("unreachable: abort raises")
+        return config_response(model.name, model.languages)
+
+    # --- StreamingRecognize ---
+
+    async def StreamingRecognize(
+        self,
+        request_iterator: AsyncIterator[rasr.StreamingRecognizeRequest],
+        context: aio.ServicerContext,
+    ) -> AsyncIterator[rasr.StreamingRecognizeResponse]:
+        code = grpc.StatusCode.OK  # how the stream ended for the core's metrics (a drain's is OK)
+        stream: Stream | None = None
+        reader: asyncio.Task[None] | None = None
+
+        def rpc_done(ctx: aio.ServicerContext) -> None:
+            # a cancel or deadline while the generator is parked at `yield` does not resume it (asr_v1.py)
+            remaining = ctx.time_remaining()
+            expired = remaining is not None and remaining <= 0
+            if reader is not None:
+                reader.cancel()
+            if stream is not None:
+                stream.cancel(Code.DEADLINE_EXCEEDED if expired else Code.CANCELLED)
+
+        try:
+            requests = aiter(request_iterator)
+            opening = await self._opening(requests)
+            built: list[tuple[StreamSettings, RivaRequest, _AudioIn, int]] = []
+
+            def settings() -> StreamSettings:
+                built.append(self._stream_settings(opening))
+                return built[0][0]
+
+            try:  # translated once admitted: a loading, draining or full server says so first
+                stream = self.recognizer.open_stream(settings, door=DOOR, identity=_caller(context))
+            except RecognitionError as e:
+                raise RecognitionError(e.code, riva_error(e, _STREAM_NAMES, _fields(built)), e.field) from e
+            context.add_done_callback(rpc_done)  # type: ignore[arg-type]
+            _, request, feed, offset = built[0]
+            await context.send_initial_metadata(_metadata(stream.id, self.recognizer, request))
+            reader = asyncio.create_task(self._read(requests, opening, offset, feed, stream))
+            reconnect: Reconnect | None = None
+            async for event in stream.events():
+                if isinstance(event, Reconnect):
+                    reconnect = event
+                    continue
+                if not isinstance(event, Result) or not (event.is_final or event.transcript.strip()):
+                    continue  # Riva has no speech events; an empty interim says nothing
+                yield _streaming_response(event, stream.heard_s, opening.request_id)
+            if reconnect is not None:  # Riva's clients know no in-band reconnect: gRPC's "go elsewhere"
+                await context.abort(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"server is draining: the finals of all {reconnect.offset_s:.2f} s of audio heard were "
+                    "sent; continue the call on another replica from there",
+                )
+        except RecognitionError as e:
+            code = grpc_code(e.code)
+            await context.abort(code, e.message)  # in Riva's names already (open_stream's refusals)
+        except asyncio.CancelledError:
+            code = grpc.StatusCode.CANCELLED
+            raise
+        except aio.AbortError:
+            raise
+        except Exception:
+            code = grpc.StatusCode.UNKNOWN
+            raise
+        finally:
+            if reader is not None:
+                reader.cancel()
+            if stream is not None:
+                await stream.close(core_code(code))
+
+    async def _opening(self, requests: AsyncIterator[rasr.StreamingRecognizeRequest]) -> _Opening:
+        """The config (the first request), and for LINEAR_PCM or no encoding the first audio up to a
+        WAV header's end. Refusals come only after the first request is read (asr_v1.py's reason)."""
+        try:
+            async with asyncio.timeout(FIRST_REQUEST_TIMEOUT_S):
+                first = await anext(requests, None)
+        except TimeoutError:
+            error = RecognitionError(
+                Code.INVALID_ARGUMENT,
+                f"first request must carry streaming_config; none came within {FIRST_REQUEST_TIMEOUT_S:g} s",
+            )
+            self.recognizer.refused(DOOR, error)
+            raise error from None
+        if first is None or first.WhichOneof("streaming_request") != "streaming_config":
+            error = RecognitionError(
+                Code.INVALID_ARGUMENT,
+                "first request must carry streaming_config (then audio_content in later requests)",
+            )
+            self.recognizer.refused(DOOR, error)
+            raise error
+        opening = _Opening(first.streaming_config, first.id.value if first.HasField("id") else None)
+        if first.streaming_config.config.encoding not in (raudio.ENCODING_UNSPECIFIED, raudio.LINEAR_PCM):
+            return opening
+        head = bytearray()
+        while True:  # enough of the audio to tell a WAV file from raw PCM, and a WAV header whole
+            if len(head) >= len(b"RIFF....WAVE"):
+                if sniff_container(head) != "WAV":
+                    break
+                try:
+                    if wav_header(head) is not None:
+                        break
+                except RivaFieldError:
+                    break  # refused with the settings, once the stream is admitted
+            request = await anext(requests, None)
+            if request is None:
+                opening.ended = True
+                break
+            if request.WhichOneof("streaming_request") == "audio_content":
+                head += request.audio_content
+        opening.head = bytes(head)
+        return opening
+
+    async def _read(
+        self,
+        requests: AsyncIterator[rasr.StreamingRecognizeRequest],
+        opening: _Opening,
+        offset: int,
+        feed: _AudioIn,
+        stream: Stream,
+    ) -> None:
+        """The audio (what the opening read first) into the stream, the half-close as its end."""
+        try:
+            if opening.head[offset:]:
+                stream.audio(feed.frames(opening.head[offset:]))
+            if not opening.ended:
+                async for request in requests:
+                    kind = request.WhichOneof("streaming_request")
+                    if kind == "streaming_config":
+                        stream.fail(
+                            RecognitionError(
+                                Code.INVALID_ARGUMENT,
+                                "streaming_config may only be sent in the first request; later requests "
+                                "carry audio_content",
+                            )
+                        )
+                        return
+                    if request.runtime_config:
+                        check_runtime_config(request)
+                    if kind == "audio_content":
+                        chunk = feed.frames(request.audio_content)
+                        if chunk:
+                            stream.audio(chunk)
+            stream.finish()  # the client half-closed
+        except RivaFieldError as e:
+            stream.fail(RecognitionError(Code.INVALID_ARGUMENT, str(e), e.field))
+        except RecognitionError as e:
+            stream.fail(e)
+        except Exception as e:  # a bug of ours: fail this stream only, loudly
+            log.exception("stream reader failed", extra={"fields": {"stream_id": stream.id}})
+            stream.fail(RecognitionError(Code.INTERNAL, f"internal error: {type(e).__name__}: {e}"))
+
+    # --- Recognize ---
+
+    async def Recognize(
+        self, request: rasr.RecognizeRequest, context: aio.ServicerContext
+    ) -> rasr.RecognizeResponse:
+        audio = request.audio  # read once: each read of a bytes field is a fresh copy (upb)
+        built: list[RivaRequest] = []
+
+        def settings() -> RecognitionSettings:
+            try:
+                riva = self._request(request.config)
+            except RivaFieldError as e:
+                raise RecognitionError(Code.INVALID_ARGUMENT, str(e), e.field) from e
+            built.append(riva)
+            # a file's header says what it is, whatever the config says (riva.client sends WAV files
+            # with LINEAR_PCM or no encoding); Riva's rule for several channels without separate
+            # recognition, the first only, is kept by recognizing each and answering the first's
+            return RecognitionSettings(
+                format=AudioFormat(
+                    sniff_container(audio) or riva.encoding, riva.sample_rate_hertz, riva.channels
+                ),
+                separate_channels=True,
+                language=riva.language_code,
+                keyterms=riva.keyterms,
+                word_times=riva.words,
+                word_confidence=riva.words,
+            )
+
+        try:
+            result = await self.recognizer.recognize(audio, settings, door=DOOR, identity=_caller(context))
+        except RecognitionError as e:
+            fields = built[0].keyterm_fields if built else ()
+            await context.abort(grpc_code(e.code), riva_error(e, _RECOGNIZE_NAMES, fields))
+            raise  # unreachable: abort raises
+        riva = built[0]
+        await context.send_initial_metadata(_metadata(None, self.recognizer, riva))
+        separate = riva.separate_channels
+        return rasr.RecognizeResponse(
+            results=[
+                recognition_result(
+                    r.transcript,
+                    channel_tag=_channel_tag(r.channel),
+                    audio_processed_s=r.end_s,
+                    confidence=r.confidence,
+                    words=[_word(w) for w in r.words],
+                    language=riva_language(r.language),
+                )
+                for r in result.results
+                if separate or r.channel <= 1
+            ],
+            **_request_id(request.id.value if request.HasField("id") else None),
+        )
+
+
+def _fields(built: Sequence[tuple[StreamSettings, RivaRequest, _AudioIn, int]]) -> tuple[str, ...]:
+    return built[0][1].keyterm_fields if built else ()
+
+
+def _request_id(value: str | None) -> dict[str, riva_common_pb2.RequestId]:
+    return {} if value is None else {"id": riva_common_pb2.RequestId(value=value)}
+
+
+def _streaming_response(r: Result, heard_s: float, request_id: str | None) -> rasr.StreamingRecognizeResponse:
+    response = streaming_response(
+        r.transcript,
+        is_final=r.is_final,
+        channel_tag=_channel_tag(r.channel),
+        audio_processed_s=max(heard_s, r.end_s),
+        confidence=r.confidence,
+        stability=r.stability,
+        words=[_word(w) for w in r.words],
+        language=riva_language(r.language),
+    )
+    if request_id is not None:
+        response.id.value = request_id
+    return response
+
+
+def _metadata(
+    stream_id: str | None, recognizer: Recognizer, request: RivaRequest
+) -> tuple[tuple[str, str], ...]:
+    """Initial metadata: the model that answers whatever model the request named, and the options
+    accepted as hints that change nothing here (docs/operations.md, "Riva door")."""
+    model = recognizer.model
+    pairs = [(MODEL_HEADER, model.name if model is not None else "")]
+    if stream_id is not None:
+        pairs.append((STREAM_ID_HEADER, stream_id))
+    if request.hints:
+        pairs.append((HINTS_HEADER, ",".join(request.hints)))
+    return tuple(pairs)
