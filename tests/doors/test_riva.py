@@ -312,6 +312,16 @@ def test_recognize_a_wav_file_as_riva_client_sends_one(server: ServerThread, tmp
     assert processed == sorted(processed) and 9.0 <= processed[-1] <= 11.1
 
 
+def test_recognize_an_ogg_opus_file(server: ServerThread) -> None:
+    """OGGOPUS (what WebRTC gateways record) with Recognize; the file says its rate (48 kHz here)."""
+    opus = io.BytesIO()
+    sf.write(opus, soxr.resample(jfk_16k(), 16000, 48000), 48000, format="OGG", subtype="OPUS")
+    config = riva.client.RecognitionConfig(encoding=riva.client.AudioEncoding.OGGOPUS, language_code="en-US")
+    with riva_asr(server.target) as asr:
+        response = asr.offline_recognize(opus.getvalue(), config)
+    assert corpus_wer([JFK_TEXT], [finals_text(response.results)]) <= 0.15, finals_text(response.results)
+
+
 def test_recognize_raw_telephone_audio_and_say_which_options_were_hints(server: ServerThread) -> None:
     """Headerless 8 kHz mu-law. verbatim_transcripts false (Riva's default: inverse text normalization)
     and profanity_filter are accepted as hints, and the initial metadata says so, with the model that
