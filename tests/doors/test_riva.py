@@ -23,6 +23,7 @@ import riva.client
 import soundfile as sf
 import soxr
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from prometheus_client import REGISTRY
 from riva.client.proto import riva_asr_pb2 as rasr
 
 from clients.scoring import corpus_wer
@@ -390,6 +391,10 @@ BAD_STREAMS = {
     ),
     "negative boost": ({"speech_contexts": _contexts(1, boost=-5.0)}, ["speech_contexts[0].boost"]),
     "too many phrases": ({"speech_contexts": _contexts(101)}, ["speech_contexts", "100"]),
+    "empty phrase": (
+        {"speech_contexts": [rasr.SpeechContext(phrases=["Kestoria", " "], boost=5.0)]},
+        ["speech_contexts[0].phrases[1]", "empty"],
+    ),
     "max alternatives": ({"max_alternatives": -1}, ["max_alternatives"]),
     "stop history": (
         {"endpointing_config": rasr.EndpointingConfig(stop_history=60_000)},
@@ -539,6 +544,30 @@ def test_auth_refused_without_or_with_a_wrong_token_accepted_with_the_right_one(
             request, metadata=asr.auth.get_auth_metadata()
         ).model_config
         assert stream(asr, [bytes(3200)], config) == [], "silence: no result, status OK"
+
+
+def _door_calls(kind: str, code: str) -> float:
+    labels = {"door": "riva", "kind": kind, "code": code}
+    return REGISTRY.get_sample_value("asr_door_calls_total", labels) or 0.0
+
+
+def test_calls_are_counted_under_the_riva_door(server: ServerThread) -> None:
+    """asr_door_calls_total{door="riva"}: a stream and a Recognize that succeed, a stream refused."""
+    before = {
+        k: _door_calls(*k) for k in (("stream", "OK"), ("recognize", "OK"), ("stream", "INVALID_ARGUMENT"))
+    }
+    config = riva.client.RecognitionConfig(
+        encoding=riva.client.AudioEncoding.LINEAR_PCM, sample_rate_hertz=16000
+    )
+    with riva_asr(server.target) as asr:
+        stream(asr, [bytes(3200)], riva.client.StreamingRecognitionConfig(config=config))
+        asr.offline_recognize(bytes(3200), config)
+        bad = riva.client.RecognitionConfig(
+            encoding=riva.client.AudioEncoding.LINEAR_PCM, sample_rate_hertz=1
+        )
+        refusal(lambda: stream(asr, [bytes(3200)], riva.client.StreamingRecognitionConfig(config=bad)))
+    after = {k: _door_calls(*k) for k in before}
+    assert {k: after[k] - before[k] for k in before} == {k: 1.0 for k in before}
 
 
 def test_reflection_lists_the_riva_service(server: ServerThread) -> None:
