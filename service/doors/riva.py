@@ -1,11 +1,15 @@
 """The NVIDIA Riva ASR door: `nvidia.riva.asr.RivaSpeechRecognition` on the gRPC port, beside asr.v1.
 
-One translation layer, over the generated messages of the `nvidia-riva-client` package (never a copy of
-its proto): a Riva RecognitionConfig becomes plain settings (`RivaRequest`), the core's results become
-Riva messages. What Riva has and this server does not, and whose silent absence would change what a
-result means (speaker diarization, negative word boosts, a language the model does not serve, an
-encoding it cannot decode), is refused with INVALID_ARGUMENT naming the Riva field; options that only
-shape formatting are accepted (docs/operations.md, "Riva door").
+One translation layer, over the generated messages and servicer base of the `nvidia-riva-client`
+package (never a copy of its proto): a Riva RecognitionConfig becomes plain settings (`RivaRequest`),
+those the core's (`RivaServicer`), and the core's results and errors Riva messages and gRPC statuses
+naming Riva's fields. Two Riva conventions live here because they are the protocol's: a stream whose
+first bytes are a WAV header (riva.client streams files that way) takes its format from it, and several
+channels without enable_separate_recognition_per_channel mean the first channel only. What Riva has and
+this server does not, and whose silent absence would change what a result means (speaker diarization,
+negative word boosts, a language the model does not serve, an encoding it cannot decode), is refused
+with INVALID_ARGUMENT naming the Riva field; options that only shape formatting are accepted and named
+in the `asr-hints` initial metadata (docs/operations.md, "The Riva door").
 """
 
 from __future__ import annotations
@@ -125,7 +129,7 @@ class RivaRequest:
     words: bool  # enable_word_time_offsets: words with start and end (ms) and confidence
     endpointing: Endpointing
     interim_results: bool = False
-    # Accepted options that change nothing here (logged, documented): "profanity_filter", ...
+    # Accepted options that change nothing here (the asr-hints metadata): "profanity_filter", ...
     hints: tuple[str, ...] = ()
 
 
@@ -273,25 +277,6 @@ def recognition_request(
         interim_results=interim_results,
         hints=tuple(hints),
     )
-
-
-def streaming_request(
-    sc: rasr.StreamingRecognitionConfig, *, default_silence_s: float, default_speech_s: float
-) -> RivaRequest:
-    """Read the first StreamingRecognizeRequest's config; whole files are Recognize's."""
-    request = recognition_request(
-        sc.config,
-        default_silence_s=default_silence_s,
-        default_speech_s=default_speech_s,
-        interim_results=sc.interim_results,
-    )
-    if request.encoding not in _STREAM_ENCODINGS.values():
-        raise RivaFieldError(
-            "streaming_config.config.encoding",
-            f"streaming_config.config.encoding {encoding_name(sc.config.encoding)} is accepted by Recognize "
-            "only (a whole file); StreamingRecognize takes LINEAR_PCM, MULAW, ALAW (or a WAV file's bytes)",
-        )
-    return request
 
 
 def check_runtime_config(request: rasr.StreamingRecognizeRequest) -> None:
@@ -504,9 +489,9 @@ def riva_error(e: RecognitionError, names: Mapping[str, str], keyterm_fields: Se
     return e.message_for(names)
 
 
-def endpoint_settings(ep: Endpointing) -> EndpointSettings | None:
-    """Riva's endpointing durations on the server's endpointer (None: its defaults), checked against
-    its bounds with the message in Riva's fields and units."""
+def endpoint_settings(ep: Endpointing) -> EndpointSettings:
+    """Riva's endpointing durations on the server's endpointer (unset: its defaults), checked against
+    its bounds with the message in Riva's fields."""
     if ep == Endpointing():
         return EndpointSettings()
     try:
@@ -535,23 +520,34 @@ class _AudioIn:
     channel when several come without enable_separate_recognition_per_channel (Riva: "we only recognize
     the first channel")."""
 
-    def __init__(self, encoding: str, channels: int, *, first_only: bool, reframe: bool) -> None:
+    def __init__(
+        self, encoding: str, channels: int, *, first_only: bool, reframe: bool, max_chunk_bytes: int
+    ) -> None:
         self.encoding = encoding
         self.width = 2 if encoding == "LINEAR16" else 1
         self.channels = channels
         self.frame_bytes = self.width * channels
         self.first_only = first_only and channels > 1
         self.reframe = reframe
+        self.max_chunk_bytes = max_chunk_bytes  # of what the client sent, before the first channel is taken
         self._rest = b""
 
     def frames(self, data: bytes) -> bytes:
-        """The core's bytes for one chunk (b"": none yet); raises RecognitionError for partial frames."""
+        """The core's bytes for one chunk (b"": none yet); raises RecognitionError for partial frames
+        and, when only the first channel goes on, for a chunk over --max-chunk-bytes."""
         if self.reframe:
             data = self._rest + data
             cut = len(data) - len(data) % self.frame_bytes
             data, self._rest = data[:cut], data[cut:]
         if not self.first_only:
             return data
+        if len(data) > self.max_chunk_bytes:
+            raise RecognitionError(
+                Code.INVALID_ARGUMENT,
+                f"audio_content of {len(data)} bytes is over the limit of {self.max_chunk_bytes} bytes per "
+                "request (max_chunk_bytes); send smaller chunks",
+                "audio_content",
+            )
         _check_frames(data, self.frame_bytes, self.encoding, self.channels)
         dtype = "<i2" if self.width == 2 else "u1"
         return np.frombuffer(data, dtype=dtype).reshape(-1, self.channels)[:, 0].tobytes()
@@ -620,7 +616,13 @@ class RivaServicer(rasr_grpc.RivaSpeechRecognitionServicer):
             )
         validate_stream_format(encoding, rate, channels)  # before the channels are narrowed to the first
         separate = request.separate_channels and channels > 1
-        feed = _AudioIn(encoding, channels, first_only=not separate, reframe=wav is not None)
+        feed = _AudioIn(
+            encoding,
+            channels,
+            first_only=not separate,
+            reframe=wav is not None,
+            max_chunk_bytes=self.recognizer.config.max_chunk_bytes,
+        )
         settings = StreamSettings(
             recognition=RecognitionSettings(
                 format=AudioFormat(encoding, rate, channels if separate else 1),
@@ -877,7 +879,7 @@ def _metadata(
     stream_id: str | None, recognizer: Recognizer, request: RivaRequest
 ) -> tuple[tuple[str, str], ...]:
     """Initial metadata: the model that answers whatever model the request named, and the options
-    accepted as hints that change nothing here (docs/operations.md, "Riva door")."""
+    accepted as hints that change nothing here (docs/operations.md, "The Riva door")."""
     model = recognizer.model
     pairs = [(MODEL_HEADER, model.name if model is not None else "")]
     if stream_id is not None:

@@ -433,11 +433,15 @@ def test_a_bad_streaming_config_is_refused_naming_the_field(server: ServerThread
         assert word in error.details(), (word, error.details())
 
 
-def test_an_oversized_chunk_is_refused_naming_the_limit(server: ServerThread) -> None:
-    config = streaming_config(encoding=riva.client.AudioEncoding.LINEAR_PCM, sample_rate_hertz=16000)
+@pytest.mark.parametrize("channels", [1, 2], ids=["mono", "first of two channels"])
+def test_an_oversized_chunk_is_refused_naming_the_limit(server: ServerThread, channels: int) -> None:
+    """The limit is on what the client sent, also when only the first channel goes on."""
+    config = streaming_config(
+        encoding=riva.client.AudioEncoding.LINEAR_PCM, sample_rate_hertz=16000, audio_channel_count=channels
+    )
     limit = server.config.max_chunk_bytes
     with riva_asr(server.target) as asr:
-        error = refusal(lambda: stream(asr, [bytes(3200), bytes(limit + 2)], config))
+        error = refusal(lambda: stream(asr, [bytes(3200), bytes(limit + 4)], config))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "audio_content" in error.details() and str(limit) in error.details(), error.details()
 
