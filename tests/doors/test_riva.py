@@ -221,6 +221,22 @@ def test_real_speech_call_sends_interims_before_each_final_and_audio_processed_g
     assert 9.0 <= processed[-1] <= 11.1
 
 
+def test_endpointing_config_sets_the_silence_that_ends_an_utterance(server: ServerThread) -> None:
+    """A 1.2 s pause ends an utterance at the server's 0.5 s; stop_history 2500 ms x stop_threshold 1.0
+    (riva.client's add_endpoint_parameters_to_config) bridges it: one final for both sentences."""
+    audio, _ = make_conversation(["I would like to pay my bill.", "Thank you very much."], pause_s=1.2)
+    data = to_linear16_bytes(np.concatenate([audio, silence(3.0)]))
+    finals = []
+    for stop_history in (0, 2500):
+        config = streaming_config(encoding=riva.client.AudioEncoding.LINEAR_PCM, sample_rate_hertz=16000)
+        if stop_history:
+            riva.client.add_endpoint_parameters_to_config(config, 0, 0, stop_history, 0, 1.0, 0)
+        with riva_asr(server.target) as asr:
+            finals.append([r for r in results(stream(asr, chunks(data, 6400), config)) if r.is_final])
+    assert len(finals[0]) == 2 and len(finals[1]) == 1, [finals_text(f) for f in finals]
+    assert "bill" in finals_text(finals[1]).lower() and "thank" in finals_text(finals[1]).lower()
+
+
 # --- two channels -------------------------------------------------------------------------------------
 
 AGENT = ["Thank you for calling, how can I help you today?", "Let me look that up for you."]
