@@ -464,6 +464,7 @@ def config_response(model_name: str, languages: Iterable[str]) -> rasr.RivaSpeec
 # The core's names for the settings it blames -> Riva's (the same unless listed here)
 _STREAM_NAMES = {"keyterms": "speech_contexts"}
 _RECOGNIZE_NAMES = {**_STREAM_NAMES, "audio_content": "audio"}
+_SECOND_CONFIG = "streaming_config may only be sent in the first request; later requests carry audio_content"
 _KEYTERM_INDEX = re.compile(r"\bkeyterms\[(\d+)\]")
 _ENDPOINTING_FIELDS = {
     "endpointing.min_silence_duration": (
@@ -739,24 +740,43 @@ class RivaServicer(rasr_grpc.RivaSpeechRecognitionServicer):
         opening = _Opening(first.streaming_config, first.id.value if first.HasField("id") else None)
         if first.streaming_config.config.encoding not in (raudio.ENCODING_UNSPECIFIED, raudio.LINEAR_PCM):
             return opening
+        timeout = self.recognizer.config.idle_audio_timeout or None
+        try:
+            async with asyncio.timeout(timeout):  # --idle-audio-timeout, as once the stream is open
+                opening.head, opening.ended = await self._head(requests)
+        except TimeoutError:
+            error = RecognitionError(
+                Code.OUT_OF_RANGE,
+                f"Audio Timeout Error: no audio for {timeout:g} s (idle_audio_timeout) after streaming_config; "
+                "send audio close to real time, silence too, and half-close the stream when the call ends",
+            )
+            self.recognizer.refused(DOOR, error)
+            raise error from None
+        return opening
+
+    async def _head(self, requests: AsyncIterator[rasr.StreamingRecognizeRequest]) -> tuple[bytes, bool]:
+        """Enough of the audio to tell a WAV file from raw PCM, and a WAV header whole; and whether the
+        client half-closed first."""
         head = bytearray()
-        while True:  # enough of the audio to tell a WAV file from raw PCM, and a WAV header whole
+        while True:
             if len(head) >= len(b"RIFF....WAVE"):
                 if sniff_container(head) != "WAV":
-                    break
+                    return bytes(head), False
                 try:
                     if wav_header(head) is not None:
-                        break
+                        return bytes(head), False
                 except RivaFieldError:
-                    break  # refused with the settings, once the stream is admitted
+                    return bytes(head), False  # refused with the settings, once the stream is admitted
             request = await anext(requests, None)
             if request is None:
-                opening.ended = True
-                break
-            if request.WhichOneof("streaming_request") == "audio_content":
+                return bytes(head), True
+            kind = request.WhichOneof("streaming_request")
+            if kind == "streaming_config":
+                error = RecognitionError(Code.INVALID_ARGUMENT, _SECOND_CONFIG)
+                self.recognizer.refused(DOOR, error)
+                raise error
+            if kind == "audio_content":
                 head += request.audio_content
-        opening.head = bytes(head)
-        return opening
 
     async def _read(
         self,
@@ -774,13 +794,7 @@ class RivaServicer(rasr_grpc.RivaSpeechRecognitionServicer):
                 async for request in requests:
                     kind = request.WhichOneof("streaming_request")
                     if kind == "streaming_config":
-                        stream.fail(
-                            RecognitionError(
-                                Code.INVALID_ARGUMENT,
-                                "streaming_config may only be sent in the first request; later requests "
-                                "carry audio_content",
-                            )
-                        )
+                        stream.fail(RecognitionError(Code.INVALID_ARGUMENT, _SECOND_CONFIG))
                         return
                     if request.runtime_config:
                         check_runtime_config(request)

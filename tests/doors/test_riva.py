@@ -503,6 +503,30 @@ def test_a_bad_recording_is_refused_naming_the_field(
         assert word in error.details(), (word, error.details())
 
 
+@pytest.mark.parametrize("encoding", ["LINEAR_PCM", "MULAW"])
+def test_a_config_and_then_no_audio_ends_out_of_range_after_the_idle_timeout(
+    service_engine: Engine, encoding: str
+) -> None:
+    """--idle-audio-timeout holds for a stream the door opens on its first audio (LINEAR_PCM, which may
+    be a WAV file's header) as for one opened on its config (MULAW)."""
+    s = ServerThread(ServerConfig(idle_audio_timeout=1.0), service_engine).start()
+    release = threading.Event()
+
+    def no_audio() -> Iterator[bytes]:
+        release.wait(DEADLINE_S)  # until the server has answered
+        yield from ()
+
+    config = streaming_config(encoding=riva.client.AudioEncoding.Value(encoding), sample_rate_hertz=8000)
+    try:
+        with riva_asr(s.target, token=None) as asr:
+            error = refusal(lambda: stream(asr, no_audio(), config))
+    finally:
+        release.set()
+        s.stop()
+    assert error.code() == grpc.StatusCode.OUT_OF_RANGE, (error.code(), error.details())
+    assert "idle_audio_timeout" in error.details(), error.details()
+
+
 def test_a_refused_stream_leaves_another_stream_unharmed(server: ServerThread) -> None:
     """A bad config on one stream while another is under way: the other gets its finals."""
     text = "I would like to check the status of my order."
