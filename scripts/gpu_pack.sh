@@ -33,6 +33,8 @@ wheels=(
     # (requests, urllib3, certifi, charset-normalizer and typing-extensions are the host's own)
     google-cloud-speech==2.41.0 proto-plus==1.29.0 googleapis-common-protos==1.76.0 google-api-core==2.44.0
     google-auth==2.63.0 pyasn1==0.6.5 pyasn1-modules==0.4.2 cryptography==50.0.2 opentelemetry-api==1.45.2
+    # the Riva door's generated messages (pure Python)
+    nvidia-riva-client==2.28.0
 )
 download() {  # $1: python version (3.12), $2: folder
     local missing=()

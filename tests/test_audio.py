@@ -256,6 +256,25 @@ def test_a_file_recognize_does_not_take_is_named_without_an_encoding_to_set(tmp_
     assert "FLAC or WAV" in str(e.value)
 
 
+def test_ogg_opus_files_decode_and_ogg_vorbis_is_named() -> None:
+    """Ogg Opus (what browsers and WebRTC gateways record) is a recording's OGG_OPUS; Ogg Vorbis is not."""
+    speech = speak("One moment please.")
+    opus, vorbis = io.BytesIO(), io.BytesIO()
+    sf.write(opus, speech, 16000, format="OGG", subtype="OPUS")
+    sf.write(vorbis, speech, 16000, format="OGG", subtype="VORBIS")
+    info = probe_recording(opus.getvalue(), "OGG_OPUS", 0, 0)
+    assert (info.encoding, info.rate, info.channels, info.frames) == ("OGG_OPUS", 16000, 1, len(speech))
+    audio, channels = decode_file(opus.getvalue(), "OGG_OPUS", 0, 0)
+    assert channels == 1 and abs(audio.shape[1] - len(speech)) <= 2
+    assert np.corrcoef(audio[0], speech[: audio.shape[1]])[0, 1] > 0.9, "the same speech, lossy"
+    with pytest.raises(AudioFormatError) as e:
+        decode_file(vorbis.getvalue(), "OGG_OPUS", 0, 0)
+    assert e.value.field == "audio_content" and "it is OGG VORBIS" in str(e.value)
+    with pytest.raises(AudioFormatError) as e:
+        decode_file(opus.getvalue(), "FLAC", 0, 0)
+    assert "set encoding=OGG_OPUS" in str(e.value)
+
+
 def test_file_rate_outside_limits_is_rejected() -> None:
     buf = io.BytesIO()
     sf.write(buf, np.zeros(4000, dtype=np.float32), 4000, format="WAV")

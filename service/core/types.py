@@ -40,8 +40,8 @@ __all__ = [
 @dataclass(frozen=True)
 class AudioFormat:
     """How the audio is encoded. `encoding`: LINEAR16 (signed 16-bit little-endian PCM), MULAW or ALAW
-    (G.711) for streams and recordings; FLAC or WAV for recordings only (their header gives rate and
-    channels, so those two fields are ignored). Anything else, "" included, is refused naming
+    (G.711) for streams and recordings; FLAC, WAV or OGG_OPUS for recordings only (their header gives
+    rate and channels, so those two fields are ignored). Anything else, "" included, is refused naming
     `encoding`; a rate outside 8000-48000 names `sample_rate_hertz`, channels outside 1-8 (0 means 1)
     `audio_channel_count`."""
 

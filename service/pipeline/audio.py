@@ -1,4 +1,4 @@
-"""Audio in: validate the client's format, decode PCM / G.711 / FLAC / WAV, resample to 16 kHz float32.
+"""Audio in: validate the client's format, decode PCM / G.711 / FLAC / WAV / Ogg Opus, resample to 16 kHz float32.
 
 Everything downstream (endpointing, the engine) sees float32 in [-1, 1] at 16 kHz, shaped
 [channels, n]. No protocol here: errors are AudioFormatError, which the core makes INVALID_ARGUMENT.
@@ -24,7 +24,7 @@ MIN_CHANNELS, MAX_CHANNELS = 1, 8
 STREAM_ENCODINGS = ("LINEAR16", "MULAW", "ALAW")
 # A recording as it came (a Recognize request's audio_content, an HTTP upload's buffer): read in place
 EncodedAudio = bytes | bytearray
-FILE_ENCODINGS = ("FLAC", "WAV")
+FILE_ENCODINGS = ("FLAC", "WAV", "OGG_OPUS")
 # soxr "HQ" (20-bit) is transparent for speech and costs little more than "MQ" at these rates.
 _QUALITY = "HQ"
 # Recognize decodes, resamples and endpoints a recording this many seconds at a time: a few MB at
@@ -180,19 +180,21 @@ class RecordingInfo:
         return self.frames / self.rate
 
 
-# soundfile's container name -> the RecognitionConfig encoding that carries it. WAVEX is
-# WAVE_FORMAT_EXTENSIBLE: a RIFF/WAVE file whose format chunk names its sample type by GUID (what sox
-# and most recorders write for 24-bit or more than two channels); libsndfile reads both the same way.
-_ENCODING_OF_FORMAT = {"FLAC": "FLAC", "WAV": "WAV", "WAVEX": "WAV"}
+# soundfile's container name (and subtype, for Ogg) -> the RecognitionConfig encoding that carries it.
+# WAVEX is WAVE_FORMAT_EXTENSIBLE: a RIFF/WAVE file whose format chunk names its sample type by GUID
+# (what sox and most recorders write for 24-bit or more than two channels); libsndfile reads both the
+# same way. Ogg Opus is what browsers and WebRTC gateways record (Riva's and Google's OGG_OPUS).
+_ENCODING_OF_FORMAT = {"FLAC": "FLAC", "WAV": "WAV", "WAVEX": "WAV", "OGG/OPUS": "OGG_OPUS"}
 
 
-def _check_file_format(encoding: str, found: str, rate: int, channels: int) -> None:
-    carried_by = _ENCODING_OF_FORMAT.get(found)
+def _check_file_format(encoding: str, found: str, subtype: str, rate: int, channels: int) -> None:
+    carried_by = _ENCODING_OF_FORMAT.get(found) or _ENCODING_OF_FORMAT.get(f"{found}/{subtype}")
     if carried_by is None:
+        kind = f"{found} {subtype}" if found == "OGG" else found
         raise AudioFormatError(
             "audio_content",
-            f"audio_content is not a valid {encoding} file (it is {found}, which Recognize does not take); "
-            "send FLAC or WAV",
+            f"audio_content is not a valid {encoding} file (it is {kind}, which Recognize does not take); "
+            "send FLAC or WAV (or Ogg Opus)",
         )
     if carried_by != encoding:
         raise AudioFormatError(
@@ -271,7 +273,7 @@ def probe_recording(
             f"got {encoding or 'none'}",
         )
     with _open_file(data, encoding) as f:
-        _check_file_format(encoding, f.format, f.samplerate, f.channels)
+        _check_file_format(encoding, f.format, f.subtype, f.samplerate, f.channels)
         return RecordingInfo(encoding, f.samplerate, f.channels, f.frames)
 
 

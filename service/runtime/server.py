@@ -24,6 +24,7 @@ from asr.v1 import asr_pb2, asr_pb2_grpc
 from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from riva.client.proto import riva_asr_pb2_grpc
 
 from engine import Engine
 from engine.client import EngineClient
@@ -35,6 +36,8 @@ from service.core.stream_limit import StreamLimit
 from service.doors import google_speech
 from service.doors.asr_v1 import RecognizerServicer
 from service.doors.openai_http import OpenAIHttpDoor
+from service.doors.riva import SERVICE_NAME as RIVA_SERVICE_NAME
+from service.doors.riva import RivaServicer
 from service.runtime.auth import ENV_VAR, AuthInterceptor, TokenStore
 from service.runtime.exits import EXIT_ENGINE_FAILED, EXIT_LOAD_FAILED, EXIT_OK
 from service.runtime.http_server import HttpServer
@@ -116,11 +119,13 @@ class AsrServer:
         )
         asr_pb2_grpc.add_RecognizerServicer_to_server(RecognizerServicer(self.recognizer), server)
         server.add_generic_rpc_handlers(google_speech.GoogleSpeechDoor(self.recognizer).handlers())
+        riva_asr_pb2_grpc.add_RivaSpeechRecognitionServicer_to_server(RivaServicer(self.recognizer), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
             (
                 SERVICE_NAME,
                 google_speech.SERVICE,
+                RIVA_SERVICE_NAME,
                 health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
                 reflection.SERVICE_NAME,
             ),
