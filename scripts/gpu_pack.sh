@@ -29,6 +29,9 @@ wheels=(
     # the server's process model (ZeroMQ), HTTP door (aiohttp and its parts) and redaction (stdnum)
     pyzmq==27.3.0 aiohttp==3.14.5 aiohappyeyeballs==2.7.1 aiosignal==1.4.0 attrs==26.1.0
     frozenlist==1.8.0 multidict==7.2.1 propcache==0.5.4 yarl==1.25.1 idna==3.20 python-stdnum==2.2
+    # the Deepgram door's message types (deepgram-sdk's pydantic models; the SDK's HTTP parts are not imported)
+    deepgram-sdk==7.17.0 pydantic==2.14.4 pydantic-core==2.50.5 typing-inspection==0.4.5 annotated-types==0.8.0
+    typing-extensions==4.16.0
 )
 download() {  # $1: python version (3.12), $2: folder
     local missing=()
