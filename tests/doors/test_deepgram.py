@@ -42,7 +42,7 @@ from deepgram.listen.v1.types import (
 from deepgram.types import ListenV1Response
 from prometheus_client import REGISTRY
 
-from clients.scoring import normalize, wer
+from clients.scoring import corpus_wer, normalize
 from engine import Engine
 from service.config import ServerConfig
 from tests.support.audio import (
@@ -56,6 +56,7 @@ from tests.support.audio import (
     to_linear16_bytes,
     to_mulaw_8k_bytes,
 )
+from tests.support.engine import jfk_16k
 from tests.support.server import ServerThread
 
 pytestmark = pytest.mark.slow
@@ -179,13 +180,17 @@ async def send_paced(sock: Any, data: bytes, chunk_bytes: int, bytes_per_s: floa
         await sock.send_media(data[i : i + chunk_bytes])
 
 
+def wer(reference: str, hypothesis: str) -> float:
+    return corpus_wer([reference], [hypothesis])
+
+
 def jfk_mulaw() -> bytes:
-    audio, rate = sf.read(JFK_FLAC, dtype="float32")
-    return to_mulaw_8k_bytes(audio, rate)
+    return to_mulaw_8k_bytes(jfk_16k())
 
 
 def door_streams(code: str) -> float:
-    return REGISTRY.get_sample_value("asr_streams_total", {"door": "deepgram", "grpc_code": code}) or 0.0
+    labels = {"door": "deepgram", "kind": "stream", "code": code}
+    return REGISTRY.get_sample_value("asr_door_calls_total", labels) or 0.0
 
 
 # --- a real-speech call --------------------------------------------------------------------------------
@@ -321,7 +326,8 @@ async def test_endpointing_false_finals_only_on_finalize(server: ServerThread) -
         await sock.send_finalize()
         await sock.send_close_stream()
     assert len(call.finals) == 1 and call.finals[0].from_finalize
-    assert "first part" in normalize(call.text()) and "second part" in normalize(call.text())
+    text = normalize(call.text())
+    assert normalize("the first part") in text and normalize("the second part") in text, text
 
 
 async def test_redact_pci_masks_a_card_number(server: ServerThread) -> None:
@@ -502,10 +508,10 @@ async def test_prerecorded_two_channel_raw_mulaw(server: ServerThread) -> None:
     )  # fmt: skip
     assert isinstance(response, ListenV1Response)
     texts = [c.alternatives[0].transcript for c in response.results.channels]
-    assert (
-        wer(normalize(AGENT[0]), normalize(texts[0])) < 0.2
-        and wer(normalize(CUSTOMER[0]), normalize(texts[1])) < 0.2
-    )
+    # tiny.en hears espeak's "today" at 8 kHz as "from may": 2 of 10 words; a swapped or mixed channel
+    # scores far worse against its own line than against the other
+    for own, other, text in ((AGENT[0], CUSTOMER[0], texts[0]), (CUSTOMER[0], AGENT[0], texts[1])):
+        assert wer(own, text) <= 0.25 and wer(own, text) < wer(other, text), texts
 
 
 async def test_prerecorded_refusals(server: ServerThread) -> None:
@@ -551,12 +557,14 @@ async def test_keepalive_holds_an_idle_stream_then_silence_ends_it_net_0001(
 
 
 async def test_drain_sends_finals_then_goes_away(short_server: ServerThread) -> None:
-    """SIGTERM's drain: an utterance already spoken gets its final, then Metadata and close 1001 (go
-    elsewhere); a new connection meanwhile is refused with 503."""
+    """SIGTERM's drain: the utterance in progress (its speech sent, its pause not long enough yet to end
+    it) gets its final, then Metadata and close 1001 (go elsewhere)."""
     sentence = speak("I will call you back tomorrow morning.")
     call = Call()
     async with live(short_server, call, encoding="linear16", sample_rate=16000) as sock:
-        await send_paced(sock, to_linear16_bytes(np.concatenate([sentence, silence(0.7)])), 3200, None)
+        await send_paced(sock, to_linear16_bytes(np.concatenate([sentence, silence(0.2)])), 3200, 2 * 32000)
+        await asyncio.sleep(1.0)  # the server reads what is in flight; no audio: no endpoint either
+        assert not call.finals, "the utterance ended before the drain"
         drain = asyncio.get_running_loop().run_in_executor(
             None, lambda: short_server.call(short_server.server.drain(20), timeout=60)
         )
