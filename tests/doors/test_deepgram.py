@@ -529,16 +529,33 @@ async def test_prerecorded_refusals(server: ServerThread) -> None:
 # --- limits of their own: idle audio, drain ---------------------------------------------------------
 
 
+SHORT_MAX_RECOGNIZE_BYTES = 256 << 10
+
+
 @pytest.fixture
 def short_server(service_engine: Engine, tokens_file: Path) -> Iterator[ServerThread]:
     """A server of its own, for what ends it (drain) or needs short limits (idle audio)."""
     s = ServerThread(
-        ServerConfig(auth_tokens_file=str(tokens_file), idle_audio_timeout=1.5, drain_seconds=20),
+        ServerConfig(
+            auth_tokens_file=str(tokens_file),
+            idle_audio_timeout=1.5,
+            drain_seconds=20,
+            max_recognize_bytes=SHORT_MAX_RECOGNIZE_BYTES,
+        ),
         service_engine,
         http=True,
     ).start()
     yield s
     s.stop()
+
+
+async def test_prerecorded_over_the_size_limit_is_413_naming_it(short_server: ServerThread) -> None:
+    with pytest.raises(ApiError) as e:
+        await client(short_server).listen.v1.media.transcribe_file(
+            request=b"\x00" * (SHORT_MAX_RECOGNIZE_BYTES + 2), encoding="linear16", model="nova-3"
+        )
+    assert e.value.status_code == 413 and "max_recognize_bytes" in e.value.body["err_msg"]
+    assert str(SHORT_MAX_RECOGNIZE_BYTES) in e.value.body["err_msg"]
 
 
 async def test_keepalive_holds_an_idle_stream_then_silence_ends_it_net_0001(

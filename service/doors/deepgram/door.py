@@ -104,7 +104,8 @@ class DeepgramError(Exception):
         body = {"err_code": self.err_code, "err_msg": self.err_msg, "request_id": request_id}
         # dg-error: Deepgram's handshake refusals say why in a header too (a WebSocket client that only
         # sees the status line can log it)
-        headers = {"dg-error": self.err_msg.encode("ascii", "replace").decode()[:512]}
+        printable = "".join(ch if " " <= ch <= "~" else "?" for ch in self.err_msg[:512])
+        headers = {"dg-error": printable, "dg-request-id": request_id}
         if self.status == 401:
             headers["WWW-Authenticate"] = "Token"
         return web.json_response(body, status=self.status, headers=headers)
@@ -246,6 +247,7 @@ class DeepgramDoor:
                 heartbeat=self.config.keepalive_time or None,
                 max_msg_size=self.config.max_chunk_bytes + FRAME_SLACK_BYTES,
             )
+            ws.headers["dg-request-id"] = request_id
             if not ws.can_prepare(request).ok:
                 raise DeepgramError(
                     426, "Upgrade Required", f"{LISTEN_PATH} is a WebSocket: send an Upgrade request"
@@ -277,20 +279,53 @@ class DeepgramDoor:
                     "url: this server does not fetch audio from a URL; send the audio as the request body",
                     "url",
                 )
-            data = await request.read()
+            data = await self._read_body(request)
             return await self._transcribe(data, options, "encoding" in request.query, request_id, caller)
         except DeepgramError as e:
-            return e.response(request_id)
-        except web.HTTPRequestEntityTooLarge:
-            limit = self.config.max_recognize_bytes
-            return DeepgramError(
-                413,
-                "Payload Too Large",
-                f"the audio is over the limit of {limit} bytes (max_recognize_bytes)",
-            ).response(request_id)
+            response = e.response(request_id)
+            if e.status in (408, 413):
+                response.force_close()  # the rest of the body is not read
+            return response
+
+    async def _read_body(self, request: web.Request) -> bytearray:
+        """The body, at most --max-recognize-bytes (413 as soon as it is over), each read within
+        --http-read-timeout and the whole at --http-min-upload-rate on average after that grace (408), as
+        the other HTTP doors bound an upload."""
+        c = self.config
+        limit = c.max_recognize_bytes
+        too_large = DeepgramError(
+            413, "Payload Too Large", f"the audio is over the limit of {limit} bytes (max_recognize_bytes)"
+        )
+        if request.content_length is not None and request.content_length > limit:
+            raise too_large
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        data = bytearray()
+        while True:
+            idle_at = loop.time() + c.http_read_timeout
+            rate_at = (
+                start + c.http_read_timeout + len(data) / c.http_min_upload_rate
+                if c.http_min_upload_rate
+                else idle_at
+            )
+            try:
+                async with asyncio.timeout_at(min(idle_at, rate_at)):
+                    chunk = await request.content.readany()
+            except TimeoutError:
+                raise DeepgramError(
+                    408,
+                    "Request Timeout",
+                    f"the upload sent nothing for {c.http_read_timeout:g} s (http_read_timeout) or arrived "
+                    f"under {c.http_min_upload_rate} bytes/s (http_min_upload_rate); send it again, faster",
+                ) from None
+            if not chunk:
+                return data
+            data += chunk
+            if len(data) > limit:
+                raise too_large
 
     async def _transcribe(
-        self, data: bytes, options: ListenOptions, encoding_given: bool, request_id: str, caller: Identity
+        self, data: bytearray, options: ListenOptions, encoding_given: bool, request_id: str, caller: Identity
     ) -> web.Response:
         container = container_of(data[:16])
         if container in ("WAV", "FLAC"):
@@ -344,7 +379,9 @@ class DeepgramDoor:
             warnings=hint_warnings(options),
             tags=options.tags,
         )
-        return web.Response(text=messages.dump(body), content_type="application/json")
+        return web.Response(
+            text=messages.dump(body), content_type="application/json", headers={"dg-request-id": request_id}
+        )
 
 
 def _code(status: int) -> Code:

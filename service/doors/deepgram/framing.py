@@ -19,7 +19,7 @@ _CONTAINERS = (
 )
 
 
-def container_of(head: bytes) -> str | None:
+def container_of(head: bytes | bytearray) -> str | None:
     """The container format the stream's first bytes announce, or None for raw audio."""
     for magic, at, more, name in _CONTAINERS:
         if head.startswith(magic) and (not more or head[at : at + len(more)] == more):
