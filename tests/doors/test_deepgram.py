@@ -595,3 +595,16 @@ async def test_drain_sends_finals_then_goes_away(short_server: ServerThread) -> 
     assert "call you back tomorrow" in normalize(call.text())
     assert call.of(ListenV1Metadata)
     assert call.messages.index(call.finals[-1]) < call.messages.index(call.of(ListenV1Metadata)[0])
+
+
+async def test_a_draining_server_refuses_a_new_call_with_503(short_server: ServerThread) -> None:
+    async def drain_the_core() -> None:
+        short_server.server.recognizer.drain()  # what SIGTERM's drain does first
+
+    await asyncio.get_running_loop().run_in_executor(None, short_server.call, drain_the_core())
+    with pytest.raises(ApiError) as e:
+        async with live(short_server, Call(), encoding="linear16", sample_rate=16000):
+            pass
+    assert e.value.status_code == 503
+    status, body, header = handshake_refusal(short_server, "model=nova-3")
+    assert status == 503 and "draining" in body["err_msg"] and "draining" in header
