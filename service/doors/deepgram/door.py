@@ -20,7 +20,6 @@ import hashlib
 import importlib.metadata
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
 
 from aiohttp import WSMsgType, web
 from deepgram.listen.v1.types import (
@@ -69,7 +68,6 @@ FIELD_NAMES = {
     "audio_channel_count": "channels",
     "language_code": "language",
     "keyterms": "keyterm",
-    "endpointing": "endpointing",
 }
 # The core's code -> the handshake's (and the pre-recorded request's) HTTP status and err_code.
 HTTP_STATUS = {
@@ -179,7 +177,10 @@ def words_of(r: Result, offset: float = 0.0) -> tuple[messages.Word, ...]:
     )
 
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+def span(r: Result, words: tuple[messages.Word, ...]) -> tuple[float, float]:
+    """Deepgram's result spans the audio its words came from; Whisper may time a word inside the padding
+    kept around the speech the VAD heard, so the span takes in every word."""
+    return min([r.start_s] + [w.start for w in words[:1]]), max([r.end_s] + [w.end for w in words[-1:]])
 
 
 class DeepgramDoor:
@@ -234,7 +235,8 @@ class DeepgramDoor:
                 caller = self._authenticate(request)
                 options = self._options(request, live=True)
             except DeepgramError as e:
-                self.recognizer.refused(DOOR, RecognitionError(_code(e.status), e.err_msg))
+                code = Code.UNAUTHENTICATED if e.status == 401 else Code.INVALID_ARGUMENT
+                self.recognizer.refused(DOOR, RecognitionError(code, e.err_msg))
                 raise
             try:
                 stream = self.recognizer.open_stream(
@@ -354,18 +356,13 @@ class DeepgramDoor:
         else:
             channels = options.channels
         out_channels = channels if options.multichannel else 1
-        utterances = [
-            messages.Utterance(
-                channel=max(r.channel - 1, 0),
-                start=r.start_s,
-                end=r.end_s,
-                text=r.transcript,
-                confidence=r.confidence,
-                words=words_of(r),
+        utterances = []
+        for r in result.results:
+            words = words_of(r)
+            start, end = span(r, words)
+            utterances.append(
+                messages.Utterance(max(r.channel - 1, 0), start, end, r.transcript, r.confidence, words)
             )
-            for r in result.results
-            if r.is_final
-        ]
         body = messages.prerecorded(
             request_id=request_id,
             created=_now(),
@@ -382,10 +379,6 @@ class DeepgramDoor:
         return web.Response(
             text=messages.dump(body), content_type="application/json", headers={"dg-request-id": request_id}
         )
-
-
-def _code(status: int) -> Code:
-    return {401: Code.UNAUTHENTICATED, 400: Code.INVALID_ARGUMENT}.get(status, Code.INVALID_ARGUMENT)
 
 
 class LiveCall:
@@ -615,10 +608,7 @@ class LiveCall:
     async def _result(self, r: Result) -> None:
         channel = self._index(r.channel)
         words = words_of(r)
-        # Deepgram's result spans the audio its words came from; Whisper may time a word inside the
-        # padding kept around the speech the VAD heard
-        start = min([r.start_s] + [w.start for w in words[:1]])
-        end = max([r.end_s] + [w.end for w in words[-1:]])
+        start, end = span(r, words)
         await self.send(
             self._results(
                 channel,
