@@ -530,6 +530,7 @@ async def test_prerecorded_refusals(server: ServerThread) -> None:
 
 
 SHORT_MAX_RECOGNIZE_BYTES = 256 << 10
+SHORT_MAX_STREAM_SECONDS = 10.0
 
 
 @pytest.fixture
@@ -541,6 +542,7 @@ def short_server(service_engine: Engine, tokens_file: Path) -> Iterator[ServerTh
             idle_audio_timeout=1.5,
             drain_seconds=20,
             max_recognize_bytes=SHORT_MAX_RECOGNIZE_BYTES,
+            max_stream_seconds=SHORT_MAX_STREAM_SECONDS,
         ),
         service_engine,
         http=True,
@@ -571,6 +573,17 @@ async def test_keepalive_holds_an_idle_stream_then_silence_ends_it_net_0001(
     assert call.close_code == 1011 and call.close_reason == "NET-0001", call
     assert call.of(ListenV1Error)[0].variant == "NET-0001"
     assert call.of(ListenV1Metadata), "what was received is accounted for before the close"
+
+
+async def test_a_stream_past_its_length_limit_is_data_0000_not_net_0001(short_server: ServerThread) -> None:
+    """Both limits are the core's OUT_OF_RANGE; the door tells them apart: too long is the client's data."""
+    call = Call()
+    async with live(short_server, call, encoding="linear16", sample_rate=16000) as sock:
+        await send_paced(sock, to_linear16_bytes(silence(SHORT_MAX_STREAM_SECONDS + 1)), 32000, None)
+    assert call.close_code == 1008 and call.close_reason == "DATA-0000", call
+    errors = call.of(ListenV1Error)
+    assert len(errors) == 1 and "max_stream_seconds" in errors[0].description
+    assert call.of(ListenV1Metadata)[0].duration <= SHORT_MAX_STREAM_SECONDS
 
 
 async def test_drain_sends_finals_then_goes_away(short_server: ServerThread) -> None:
