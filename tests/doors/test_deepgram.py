@@ -57,7 +57,9 @@ from tests.support.audio import (
     to_mulaw_8k_bytes,
 )
 from tests.support.engine import jfk_16k
-from tests.support.server import ServerThread
+from tests.support.server import ServerProcess, ServerThread
+
+Server = ServerThread | ServerProcess
 
 pytestmark = pytest.mark.slow
 TOKEN = "deepgram-test-token"
@@ -84,12 +86,12 @@ def server(service_engine: Engine, tokens_file: Path) -> Iterator[ServerThread]:
     s.stop()
 
 
-def environment(server: ServerThread) -> DeepgramClientEnvironment:
+def environment(server: Server) -> DeepgramClientEnvironment:
     http, ws = server.http_url, server.http_url.replace("http://", "ws://")
     return DeepgramClientEnvironment(base=http, production=ws, agent=ws, agent_rest=http)
 
 
-def client(server: ServerThread, token: str = TOKEN, **kwargs: Any) -> AsyncDeepgramClient:
+def client(server: Server, token: str = TOKEN, **kwargs: Any) -> AsyncDeepgramClient:
     return AsyncDeepgramClient(api_key=token, environment=environment(server), **kwargs)
 
 
@@ -157,7 +159,7 @@ async def receive_all(sock: Any, call: Call) -> None:
 
 
 @contextlib.asynccontextmanager
-async def live(server: ServerThread, call: Call, *, token: str = TOKEN, **options: Any) -> AsyncIterator[Any]:
+async def live(server: Server, call: Call, *, token: str = TOKEN, **options: Any) -> AsyncIterator[Any]:
     """A live connection whose messages land in `call`; on leaving, waits (bounded) for the server to
     close the socket."""
     options.setdefault("model", "nova-3")
@@ -535,12 +537,11 @@ SHORT_MAX_STREAM_SECONDS = 10.0
 
 @pytest.fixture
 def short_server(service_engine: Engine, tokens_file: Path) -> Iterator[ServerThread]:
-    """A server of its own, for what ends it (drain) or needs short limits (idle audio)."""
+    """A server of its own, for what leaves it draining or needs short limits (idle audio, sizes)."""
     s = ServerThread(
         ServerConfig(
             auth_tokens_file=str(tokens_file),
             idle_audio_timeout=1.5,
-            drain_seconds=20,
             max_recognize_bytes=SHORT_MAX_RECOGNIZE_BYTES,
             max_stream_seconds=SHORT_MAX_STREAM_SECONDS,
         ),
@@ -586,24 +587,26 @@ async def test_a_stream_past_its_length_limit_is_data_0000_not_net_0001(short_se
     assert call.of(ListenV1Metadata)[0].duration <= SHORT_MAX_STREAM_SECONDS
 
 
-async def test_drain_sends_finals_then_goes_away(short_server: ServerThread) -> None:
-    """SIGTERM's drain: the utterance in progress (its speech sent, its pause not long enough yet to end
-    it) gets its final, then Metadata and close 1001 (go elsewhere)."""
+async def test_sigterm_drains_the_call_finals_then_goes_away(tokens_file: Path) -> None:
+    """SIGTERM to a real asr-server (its own process and engine: a drain stops the engine): the utterance
+    in progress (its speech sent, its pause not long enough yet to end it) gets its final, then Metadata
+    and close 1001 (go elsewhere), while the client goes on sending; the server then exits 0."""
     sentence = speak("I will call you back tomorrow morning.")
     call = Call()
-    async with live(short_server, call, encoding="linear16", sample_rate=16000) as sock:
-        await send_paced(sock, to_linear16_bytes(np.concatenate([sentence, silence(0.2)])), 3200, 2 * 32000)
-        await asyncio.sleep(1.0)  # the server reads what is in flight; no audio: no endpoint either
-        assert not call.finals, "the utterance ended before the drain"
-        drain = asyncio.get_running_loop().run_in_executor(
-            None, lambda: short_server.call(short_server.server.drain(20), timeout=60)
-        )
-        deadline = time.monotonic() + 30
-        while call.close_code is None:
-            assert time.monotonic() < deadline, "the drain did not close the stream"
-            await sock.send_media(to_linear16_bytes(silence(0.1)))  # the live call keeps sending
-            await asyncio.sleep(0.1)
-        await drain
+    with ServerProcess("--auth-tokens-file", str(tokens_file), "--drain-seconds", "30", http=True) as process:
+        await asyncio.get_running_loop().run_in_executor(None, process.wait_serving)
+        async with live(process, call, encoding="linear16", sample_rate=16000) as sock:
+            audio = to_linear16_bytes(np.concatenate([sentence, silence(0.2)]))
+            await send_paced(sock, audio, 3200, 2 * 32000)
+            await asyncio.sleep(1.0)  # the server reads what is in flight; no audio: no endpoint either
+            assert not call.finals, "the utterance ended before the drain"
+            process.terminate()
+            deadline = time.monotonic() + 60
+            while call.close_code is None:
+                assert time.monotonic() < deadline, "the drain did not close the stream"
+                await sock.send_media(to_linear16_bytes(silence(0.1)))  # the live call keeps sending
+                await asyncio.sleep(0.1)
+        assert await asyncio.get_running_loop().run_in_executor(None, process.wait, 60) == 0
     assert call.close_code == 1001, call
     assert "call you back tomorrow" in normalize(call.text())
     assert call.of(ListenV1Metadata)
