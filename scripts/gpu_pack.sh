@@ -35,6 +35,8 @@ wheels=(
     google-auth==2.63.0 pyasn1==0.6.5 pyasn1-modules==0.4.2 cryptography==50.0.2 opentelemetry-api==1.45.2
     # the Riva door's generated messages (pure Python)
     nvidia-riva-client==2.28.0
+    # the Deepgram door's message types (deepgram-sdk's pydantic models; the SDK's HTTP parts are not imported)
+    deepgram-sdk==7.17.0 pydantic==2.14.4 pydantic-core==2.50.5 typing-inspection==0.4.5 annotated-types==0.8.0
 )
 download() {  # $1: python version (3.12), $2: folder
     local missing=()

@@ -102,9 +102,10 @@ async def test_finalize_ends_the_utterance_in_progress_and_the_stream_goes_on(
     reading = asyncio.create_task(collect(stream, events))
     try:
         feed(stream, np.concatenate([silence(0.5), order]))  # no silence after it: nothing ends it but us
-        stream.finalize()
+        assert stream.finalize(), "an utterance was in progress"
         await wait_for(events, lambda e: isinstance(e, Result) and e.is_final, 60, "the finalized final")
         assert stream.takes_audio
+        assert not stream.finalize(), "nothing was in progress"
         feed(stream, np.concatenate([silence(0.5), thanks, silence(1.0)]))
         stream.finish()
         await asyncio.wait_for(reading, 120)

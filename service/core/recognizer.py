@@ -85,10 +85,16 @@ class Stream:
         final follows, then `events()` ends normally."""
         self._session.finish()
 
-    def finalize(self) -> None:
+    def finalize(self) -> bool:
         """End each channel's utterance in progress now and go on listening (Deepgram's Finalize, OpenAI
-        Realtime's commit): its final comes with ended_by FINALIZE. Nothing in progress: nothing happens."""
-        self._session.finalize()
+        Realtime's commit): its final comes with ended_by FINALIZE. Nothing in progress: nothing happens,
+        and False says so (a door whose protocol answers every flush can answer this one itself)."""
+        return self._session.finalize()
+
+    def keep_alive(self) -> None:
+        """The client is still there though it sends no audio for now (Deepgram's KeepAlive): the stream is
+        not idle (--idle-audio-timeout counts from here)."""
+        self._session.keep_alive()
 
     def clear(self) -> None:
         """Drop the audio of each channel's utterance in progress: no final comes for it (OpenAI Realtime's

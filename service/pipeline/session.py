@@ -251,19 +251,27 @@ class StreamSession:
         except Exception as e:
             self._fail_with(e, "stream finish failed")
 
-    def finalize(self) -> None:
+    def finalize(self) -> bool:
         """End each channel's utterance in progress now, as a half-close would, and go on listening: its
-        final (ended_by FINALIZE) comes as soon as the engine has it."""
+        final (ended_by FINALIZE) comes as soon as the engine has it. True if an utterance ended so."""
         if not self.state.takes_audio:
-            return
+            return False
+        ended = False
         try:
             self._endpoint(self._vad.score_now(self._endpointers))  # what was pushed is heard first
             for ch in self.channels:
                 for event in ch.endpointer.flush() if self.state.takes_audio else []:
+                    ended |= isinstance(event, Utterance)
                     self._on_event(ch, event, ended_by=EndReason.FINALIZE)
                 self._next_manual_turn(ch)
         except Exception as e:
             self._fail_with(e, "stream finalize failed")
+        return ended
+
+    def keep_alive(self) -> None:
+        """The client is there though it sends no audio now (Deepgram's KeepAlive): the --idle-audio-timeout
+        clock starts again."""
+        self._last_audio = time.monotonic()
 
     def clear(self) -> None:
         """Drop the audio of each channel's utterance in progress (and its interim in flight): no final of

@@ -35,6 +35,7 @@ from service.core.recognizer import Recognizer
 from service.core.stream_limit import StreamLimit
 from service.doors import google_speech
 from service.doors.asr_v1 import RecognizerServicer
+from service.doors.deepgram.door import DeepgramDoor
 from service.doors.openai_http import OpenAIHttpDoor
 from service.doors.riva import SERVICE_NAME as RIVA_SERVICE_NAME
 from service.doors.riva import RivaServicer
@@ -144,6 +145,7 @@ class AsrServer:
         if c.http_port:  # the HTTP doors: the same recognition core, tokens and TLS
             self.http = HttpServer(c, reuse_port=self.reuse_port)
             OpenAIHttpDoor(c, self.recognizer, tokens).register(self.http.app)
+            DeepgramDoor(c, self.recognizer, tokens).register(self.http.app)
             self.http_port = await self.http.start()
         log.info(
             "listening",
