@@ -136,7 +136,7 @@ def test_a_server_of_another_tree_runs_that_trees_code(tmp_path: Path) -> None:
     """A before/after benchmark compares nothing if the "before" server runs this checkout's code: the
     tree's supervisor here exits at once with a mark, so only that tree's code can explain the log."""
     tree = source_tree("HEAD", tmp_path / "src", ["service"])
-    (tree / "service" / "supervisor.py").write_text(
+    (tree / "service" / "runtime" / "supervisor.py").write_text(
         "import sys\nprint('supervisor of the extracted tree', file=sys.stderr)\nsys.exit(3)\n"
     )
     server = ServerProcess(source=tree)

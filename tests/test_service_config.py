@@ -38,7 +38,7 @@ def test_flags_parse_into_typed_config() -> None:
             *("--port", "6000", "--encoder-batching", "off", "--kv-slots", "8", "--encoder-context", "trim"),
             *(
                 "--quantize",
-                "on",
+                "int8-per-tensor",
                 "--batch-window-ms",
                 "25",
                 "--log-transcripts",
@@ -51,7 +51,7 @@ def test_flags_parse_into_typed_config() -> None:
     assert (c.port, c.log_transcripts, c.log_format) == (6000, True, "text")
     e = c.engine
     assert (e.encoder_batching, e.kv_slots, e.encoder_context, e.quantize, e.batch_window_ms) == (
-        False, 8, "trim", "on", 25.0
+        False, 8, "trim", "int8-per-tensor", 25.0
     )  # fmt: skip
     assert parse_args([]) == ServerConfig()
 
