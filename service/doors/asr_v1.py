@@ -309,6 +309,8 @@ class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
                 if kind == "audio_content":
                     stream.audio(request.audio_content)
             stream.finish()  # the client half-closed
+        except aio.AbortError:
+            pass  # the call was already ended with its status: nothing is left to read
         except Exception as e:  # a bug of ours: fail this stream only, loudly
             log.exception("stream reader failed", extra={"fields": {"stream_id": stream.id}})
             stream.fail(RecognitionError(Code.INTERNAL, f"internal error: {type(e).__name__}: {e}"))

@@ -807,6 +807,8 @@ class RivaServicer(rasr_grpc.RivaSpeechRecognitionServicer):
             stream.fail(RecognitionError(Code.INVALID_ARGUMENT, str(e), e.field))
         except RecognitionError as e:
             stream.fail(e)
+        except aio.AbortError:
+            pass  # the call was already ended with its status: nothing is left to read
         except Exception as e:  # a bug of ours: fail this stream only, loudly
             log.exception("stream reader failed", extra={"fields": {"stream_id": stream.id}})
             stream.fail(RecognitionError(Code.INTERNAL, f"internal error: {type(e).__name__}: {e}"))
