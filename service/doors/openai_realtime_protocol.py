@@ -23,8 +23,12 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import pydantic
-from openai.types.realtime.realtime_transcription_session_create_request import (
+from openai.types.realtime import (
+    InputAudioBufferAppendEvent,
+    InputAudioBufferClearEvent,
+    InputAudioBufferCommitEvent,
     RealtimeTranscriptionSessionCreateRequest,
+    SessionUpdateEvent,
 )
 from pydantic import BaseModel
 
@@ -135,6 +139,30 @@ def check_object(model: type[BaseModel], data: Any, path: str) -> None:
                 f"Missing required parameter: '{path}.{name}'.",
                 f"{path}.{name}",
             )
+
+
+CLIENT_EVENT_TYPES: Mapping[str, type[BaseModel]] = {
+    "session.update": SessionUpdateEvent,
+    "input_audio_buffer.append": InputAudioBufferAppendEvent,
+    "input_audio_buffer.commit": InputAudioBufferCommitEvent,
+    "input_audio_buffer.clear": InputAudioBufferClearEvent,
+}
+
+
+def check_event(message: dict[str, Any]) -> None:
+    """A client event's own fields against the vendor's type for its `type` (one of CLIENT_EVENT_TYPES;
+    a session.update's `session` is checked by apply_session_update). Parameters are named as OpenAI
+    names them, from the event's top level (`audio`)."""
+    model = CLIENT_EVENT_TYPES[message["type"]]
+    for key, value in message.items():
+        field = model.model_fields.get(key)
+        if field is None:
+            raise ProtocolError("unknown_parameter", f"Unknown parameter: '{key}'.", key)
+        if key not in ("type", "session"):
+            _check_value(field.annotation, value, key)
+    for name, field in model.model_fields.items():
+        if field.is_required() and name not in message:
+            raise ProtocolError("missing_required_parameter", f"Missing required parameter: '{name}'.", name)
 
 
 def _check_value(annotation: Any, value: Any, path: str) -> None:
