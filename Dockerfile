@@ -48,7 +48,7 @@ COPY service/ service/
 COPY clients/ clients/
 COPY harness/ harness/
 RUN pip install --no-deps "./" \
-    && python -c "import engine, service.server, asr.v1.asr_pb2" \
+    && python -c "import engine, service.runtime.server, asr.v1.asr_pb2" \
     && asr-server --help > /dev/null
 
 FROM ${PYTHON_IMAGE} AS runtime

@@ -58,7 +58,7 @@ from clients.client import (
     load_audio,
     paced,
 )
-from service.subtitles import Cue, srt
+from service.pipeline.subtitles import Cue, srt
 
 FILE_SUFFIXES = {".wav", ".flac"}
 DEFAULT_MAX_RECOGNIZE_BYTES = 64 << 20  # the server's default --max-recognize-bytes

@@ -1,4 +1,4 @@
-"""Whisper inference engine: weights, features, model, KV cache, scheduler.
+"""Whisper inference engine: weights, features, model, KV cache, model runner, scheduler, core loop.
 
 Knows nothing of gRPC. The service talks to it only through `engine.api`.
 """

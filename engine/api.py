@@ -1,24 +1,32 @@
 """The engine's whole public surface: load, start, submit audio, get a future, cancel, stop.
 
 Thread-safe: `submit` and `cancel` may be called from any thread (the gRPC event loop);
-the model runs only on the scheduler thread. Results come back as
+the model runs only on the engine core's loop thread (engine/core.py). Results come back as
 `concurrent.futures.Future`s; asyncio callers wrap them with `asyncio.wrap_future`.
+
+Tests give the engine their seams as one object, `Engine(config, hooks=EngineHooks(...))`
+(engine/hooks.py), and may build the model runner themselves (`runner=ModelRunner.load(config)`)
+to reach the model the engine runs.
 """
 
 from __future__ import annotations
 
 import itertools
-import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from engine.config import EngineConfig
 from engine.constants import SAMPLE_RATE
 from engine.errors import EngineOverloaded, EngineStopped, ModelInfo
+from engine.hooks import EngineHooks
 from engine.request import DecodeOptions, Request, Transcript
+
+if TYPE_CHECKING:
+    from engine.runner import ModelRunner
 
 __all__ = ["Engine", "EngineOverloaded", "EngineStopped", "ModelInfo", "UtteranceHandle"]
 
@@ -35,37 +43,32 @@ class UtteranceHandle:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig) -> None:
-        from engine.scheduler import Scheduler  # heavy imports (torch) only when used
+    def __init__(
+        self, config: EngineConfig, *, hooks: EngineHooks | None = None, runner: ModelRunner | None = None
+    ) -> None:
+        """Load the model (or take `runner`, built from this config) and make the engine; `hooks`: test
+        seams (engine/hooks.py), none by default."""
+        from engine.core import EngineCore  # heavy imports (torch) only when used
 
         problems = config.validate()
         if problems:
             raise ValueError("; ".join(problems))
         self.config = config
         self._ids = itertools.count()
-        self._scheduler = Scheduler(config)
-        self._lock = threading.Lock()
+        self._hooks = hooks if hooks is not None else EngineHooks()
+        self._core = EngineCore(config, self._hooks, runner)
 
     @property
     def info(self) -> ModelInfo:
-        return self._scheduler.model_info
+        return self._core.model_info
 
     def start(self, on_failure: Callable[[BaseException], None] | None = None) -> None:
-        """Start the scheduler thread (loads nothing: the model loaded in __init__).
-        `on_failure` is called from the scheduler thread if it dies."""
-        if self.config.debug_crash_scheduler_after:
-            from engine.faults import crash_scheduler_after
+        """Start the engine's loop thread (loads nothing: the model loaded in __init__).
+        `on_failure` is called from the loop thread if it dies."""
+        from engine.faults import install
 
-            crash_scheduler_after(self._scheduler, self.config.debug_crash_scheduler_after)
-        if self.config.debug_hang_scheduler_after:
-            from engine.faults import hang_scheduler_after
-
-            hang_scheduler_after(self._scheduler, self.config.debug_hang_scheduler_after)
-        if self.config.debug_slow_encoder_s:
-            from engine.faults import slow_encoder
-
-            slow_encoder(self._scheduler, self.config.debug_slow_encoder_s)
-        self._scheduler.start(on_failure)
+        install(self.config, self._hooks)  # --debug-* faults (test only; none by default)
+        self._core.start(on_failure)
 
     def warmup(self) -> None:
         """Run one short utterance end to end; blocks until done."""
@@ -73,16 +76,16 @@ class Engine:
 
     @property
     def alive(self) -> bool:
-        return self._scheduler.alive
+        return self._core.alive
 
     @property
     def progress(self) -> int:
-        """Iterations of the scheduler's loop so far (a heartbeat: it stops growing if the loop hangs)."""
-        return self._scheduler.loop_iterations
+        """Iterations of the engine's loop so far (a heartbeat: it stops growing if the loop hangs)."""
+        return self._core.loop_iterations
 
     def validate(self, options: DecodeOptions) -> None:
         """Raise ValueError naming the field if these options cannot be served by this model."""
-        self._scheduler.validate(options)
+        self._core.validate(options)
 
     def submit(
         self,
@@ -106,16 +109,18 @@ class Engine:
         )
         if ready_time is not None:
             req.ready_time = ready_time
-        self._scheduler.submit(req)
+        self._core.submit(req)
         return UtteranceHandle(id=rid, future=future, _engine=self)
 
     def cancel(self, request_id: str) -> None:
-        self._scheduler.cancel(request_id)
+        self._core.cancel(request_id)
 
     def stats(self) -> dict[str, int]:
-        """Snapshot: waiting, active, slots_used, slots_free."""
-        return self._scheduler.stats()
+        """Snapshot: waiting, active, slots_used, slots_free; queued (submitted, not yet in a KV-cache row:
+        what the admission bounds count); per class (live, best_effort, recorded) waiting_<class> and
+        rows_<class>."""
+        return self._core.stats()
 
     def stop(self, timeout: float = 10.0) -> None:
         """Finish nothing new; fail what is queued with EngineStopped; join the thread."""
-        self._scheduler.stop(timeout)
+        self._core.stop(timeout)

@@ -11,9 +11,8 @@ from engine.constants import N_FFT, SAMPLE_RATE
 EncoderContext = Literal["full", "trim"]
 CudaGraphs = Literal["auto", "on", "off"]
 DTYPES = ("auto", "float32", "float16", "bfloat16")
-# --quantize: auto resolves per device and CPU (engine/quantize.py); on is the old spelling of
-# int8-per-tensor.
-QUANTIZE_MODES = ("auto", "off", "int8", "int8-per-batch", "int8-per-tensor", "fp16", "on")
+# --quantize: auto resolves per device and CPU (engine/quantize.py).
+QUANTIZE_MODES = ("auto", "off", "int8", "int8-per-batch", "int8-per-tensor", "fp16")
 QUANTIZE_PARTS = ("encoder", "decoder", "projection")
 WHISPER_TEXT_POSITIONS = 448  # every Whisper size's decoder context
 # The smallest slot that can hold a prompt and still generate: <|startoftranscript|>, language,
@@ -144,8 +143,8 @@ class EngineConfig:
             "help": "quantization of Linear layers (CPU, float32 models only): int8 (per-channel weight "
             "scales, one activation scale per row, exact int32 sums: a row's result depends on that row "
             "alone; on the decoder it still amplifies attention's last-bit differences between batched "
-            "and alone), int8-per-batch (torch.ao: one activation scale per batch), int8-per-tensor (`on` "
-            "is its old spelling), fp16 (float16 weights, float32 activations), off (fp32), or auto: on a "
+            "and alone), int8-per-batch (torch.ao: one activation scale per batch), int8-per-tensor "
+            "(one scale per weight matrix), fp16 (float16 weights, float32 activations), off (fp32), or auto: on a "
             "float32 CPU model int8 on the encoder and fp16 on the decoder and projection (fp16 there "
             'only, without VNNI/AMX int8 instructions), off on GPU (docs/benchmarks.md "Engine levers": '
             "the fastest plan that kept real-speech WER and tokens independent of batch company)"

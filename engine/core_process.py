@@ -1,19 +1,19 @@
-"""The engine process: one `Engine` (model, scheduler, KV cache; owns the device) serving every
-frontend process over `engine.ipc`.
+"""The engine process: one `Engine` (its core loop, scheduler, model runner and KV cache; owns the
+device) serving every frontend process over `engine.ipc`, through an `EngineRouter`.
 
-The process's main thread does only socket I/O: it turns messages into `Engine.submit`/`cancel`
-calls and finished futures into replies, so the scheduler thread keeps the device busy and never
-touches a socket. Results reach the I/O thread through a `Mailbox` (futures complete on the
-scheduler thread). vLLM's EngineCore process and SGLang's scheduler process split the same way.
+The process's main thread does only socket I/O: the router turns messages into `Engine.submit`/`cancel`
+calls and finished futures into replies, so the engine's loop thread (engine/core.py) keeps the device
+busy and never touches a socket. Results reach the I/O thread through a `Mailbox` (futures complete on
+the loop thread). vLLM's EngineCore process and SGLang's scheduler process split the same way.
 
 Exit codes: 0 after the stop signal (SIGTERM; in asr-server the supervisor's own CONTROL_SIGNAL), 1 when
-the scheduler thread dies (every frontend sees the socket close and fails its open utterances), 2 when
+the engine's loop thread dies (every frontend sees the socket close and fails its open utterances), 2 when
 the model cannot load.
 
-Heartbeat: a process can hang without dying (a stuck device call, a deadlock in the scheduler thread).
+Heartbeat: a process can hang without dying (a stuck device call, a deadlock in the engine's loop thread).
 The I/O thread publishes, at least every HEARTBEAT_INTERVAL_S, into shared memory the supervisor
-reads: when it published, the scheduler loop's iteration count (`Engine.progress`) and how many
-utterances are in the engine with no reply yet. The supervisor (service/supervisor.py) ends an engine
+reads: when it published, the engine loop's iteration count (`Engine.progress`) and how many
+utterances are in the engine with no reply yet. The supervisor (service/runtime/supervisor.py) ends an engine
 whose loop makes no progress with work pending, or that stops publishing at all.
 
 Sessions (engine/ipc.py): every utterance belongs to the session of the frontend that sent it; a session
@@ -62,8 +62,9 @@ class Session:
     requests: dict[str, str] = field(default_factory=dict)  # the frontend's request id -> the engine's
 
 
-class EngineCore:
-    """Routes messages between the ROUTER socket and an `Engine`, one session per frontend (engine/ipc.py)."""
+class EngineRouter:
+    """Routes messages between the ROUTER socket and an `Engine`, one session per frontend (engine/ipc.py):
+    it decides nothing about the work, only whose it is and where its answer goes."""
 
     def __init__(
         self, engine: Engine, socket: zmq.Socket[Any], heartbeat: MutableSequence[float] | None = None
@@ -74,7 +75,7 @@ class EngineCore:
         self.failed = threading.Event()
         self.stopping = threading.Event()
         self.heartbeat = heartbeat
-        # utterances accepted and not yet answered: the I/O thread adds, the scheduler thread's replies take
+        # utterances accepted and not yet answered: the I/O thread adds, the loop thread's replies take
         self._in_flight = 0
         self._in_flight_lock = threading.Lock()
         # owned by the I/O thread
@@ -101,7 +102,7 @@ class EngineCore:
         self.heartbeat[HEARTBEAT_PUBLISHED] = time.monotonic()  # last: the others are current
 
     def on_scheduler_failure(self, exc: BaseException) -> None:
-        # scheduler thread: the service's supervisor and tests look for this line
+        # the engine's loop thread: the service's supervisor and tests look for this line
         log.critical("engine scheduler died; exiting", extra={"fields": {"error": repr(exc)}})
         self.failed.set()
         self.outbox.put(None)  # wake the I/O loop
@@ -110,7 +111,7 @@ class EngineCore:
         self.stopping.set()
         self.outbox.put(None)
 
-    # --- scheduler thread ---
+    # --- the engine's loop thread ---
     def _reply(
         self, identity: bytes, session: int, rid: str, received: float, future: Future[Transcript]
     ) -> None:
@@ -309,7 +310,7 @@ class EngineCore:
                     self._handle(frames)
             self._flush()
             self._probe()
-        # Stop the scheduler (it fails whatever is still queued with EngineStopped), then send those
+        # Stop the engine (it fails whatever is still queued with EngineStopped), then send those
         # last replies before the socket closes.
         self.engine.stop()
         self._flush()
@@ -330,15 +331,15 @@ def serve(
     stop_signal: int = signal.SIGTERM,
 ) -> int:
     """The engine process's life: load and warm the model, report ready (or failed) on `ready`, then
-    serve `address` until `stop_signal` (asr-server's supervisor sends its own: service/supervisor.py)
+    serve `address` until `stop_signal` (asr-server's supervisor sends its own: service/runtime/supervisor.py)
     or a scheduler failure, publishing into `heartbeat` (see the module docstring). Returns the
     process's exit code."""
-    core: EngineCore | None = None
+    router: EngineRouter | None = None
     stop_early = threading.Event()
 
     def on_stop_signal(signum: int, frame: object) -> None:
-        if core is not None:
-            core.request_stop()
+        if router is not None:
+            router.request_stop()
         else:
             stop_early.set()
 
@@ -354,14 +355,14 @@ def serve(
     socket.setsockopt(zmq.LINGER, 2000)  # last replies get out before the process ends
     socket.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting frontend takes its identity back
     # a send to a frontend with no route fails (EHOSTUNREACH) instead of vanishing: how the engine
-    # learns that a frontend is gone (EngineCore._probe)
+    # learns that a frontend is gone (EngineRouter._probe)
     socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
     # No ZMTP heartbeats (ZMQ_HEARTBEAT_IVL): with a peer's input stalled by backpressure they abort
     # libzmq 4.3.x on an assertion (zeromq/libzmq#3937, #4364; seen here as "!_io_error" in a test run).
     # A frontend that dies closes its Unix socket: the probe finds that without them.
     socket.bind(address)
-    core = EngineCore(engine, socket, heartbeat)
-    engine.start(on_failure=core.on_scheduler_failure)
+    router = EngineRouter(engine, socket, heartbeat)
+    engine.start(on_failure=router.on_scheduler_failure)
     try:
         if config.warmup:
             engine.warmup()
@@ -376,11 +377,11 @@ def serve(
         socket.close()
         context.term()
         return EXIT_STOPPED
-    core.publish_heartbeat()  # current before the supervisor starts watching it
+    router.publish_heartbeat()  # current before the supervisor starts watching it
     ready.send(("ready", engine.info, time.perf_counter() - started))
     try:
-        return core.run()
+        return router.run()
     finally:
         socket.close()
         context.term()
-        core.outbox.close()
+        router.outbox.close()

@@ -1,5 +1,5 @@
 """The engine's public exceptions and model description: a leaf module (no engine imports), so that
-engine.api and engine.scheduler both use it without importing each other."""
+engine.api, engine.scheduler and engine.core all use it without importing each other."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ class EngineOverloaded(Exception):
 
 
 class EngineStopped(Exception):
-    """The engine is stopped or its scheduler died."""
+    """The engine is stopped or its loop died."""
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,10 @@
-"""Preallocated KV cache in slots, kept dense: active sequences always occupy rows 0..n-1.
+"""Preallocated KV cache in rows (slots): storage only.
 
-Dense packing lets every decode step read the cache through plain slices (no gather of
-cross-attention K/V, which would copy megabytes per step). When a sequence leaves, the
-last row moves into its place: one copy per departure instead of one per step.
+Which request holds which row is the scheduler's (engine/scheduler.py KVRows): it keeps them dense,
+active sequences in rows 0..n-1, so that every decode step reads the cache through plain slices (no
+gather of cross-attention K/V, which would copy megabytes per step). When a sequence leaves, the
+scheduler moves the last row into its place and this cache copies it (`move`): one copy per
+departure instead of one per step.
 """
 
 from __future__ import annotations
@@ -38,24 +40,11 @@ class KVCache:
         # The same lengths on the host: the decode step sizes its cross-attention from them without
         # reading the device (a read would wait for it).
         self.cross_len_host = [0] * slots
-        self.used = 0
 
     @property
     def nbytes(self) -> int:
         tensors = self.self_k + self.self_v + self.cross_k + self.cross_v
         return sum(t.numel() * t.element_size() for t in tensors)
-
-    @property
-    def free(self) -> int:
-        return self.slots - self.used
-
-    def allocate(self, count: int) -> slice:
-        """Take `count` rows at the end of the dense block."""
-        if count > self.free:
-            raise RuntimeError(f"KV cache: asked for {count} slots, {self.free} free")
-        rows = slice(self.used, self.used + count)
-        self.used += count
-        return rows
 
     def set_cross_len(self, rows: list[int], lengths: list[int], lengths_t: Tensor) -> None:
         """Record how many audio positions rows hold (lengths_t: the same, already on the device)."""
@@ -66,15 +55,10 @@ class KVCache:
     def max_cross_len(self, rows: slice) -> int:
         return max(self.cross_len_host[rows])
 
-    def release(self, row: int) -> int | None:
-        """Free `row`; the last used row moves into it. Returns the row that moved, if any."""
-        last = self.used - 1
-        self.used -= 1
-        if row == last:
-            return None
+    def move(self, src: int, dst: int) -> None:
+        """Copy row `src` into row `dst` (the scheduler moved the sequence there)."""
         for tensors in (self.self_k, self.self_v, self.cross_k, self.cross_v):
             for t in tensors:
-                t[row].copy_(t[last])
-        self.cross_len[row] = self.cross_len[last]
-        self.cross_len_host[row] = self.cross_len_host[last]
-        return last
+                t[dst].copy_(t[src])
+        self.cross_len[dst] = self.cross_len[src]
+        self.cross_len_host[dst] = self.cross_len_host[src]

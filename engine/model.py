@@ -1,4 +1,4 @@
-"""Whisper as the scheduler needs it: a batched encoder over variable-length audio, and a
+"""Whisper as the engine needs it: a batched encoder over variable-length audio, and a
 decoder that runs over a slot KV cache so sequences can join and leave at any step.
 
 The weights come from transformers' WhisperForConditionalGeneration (see weights.py);
@@ -10,7 +10,7 @@ which is what makes "batched == alone" hold.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -141,6 +141,10 @@ class AudioEncoder(nn.Module):
 
 
 class DecoderBlock(nn.Module):
+    """One decoder layer, for every decoder path (as openai/whisper's ResidualAttentionBlock): prefill,
+    the decode step and word alignment differ only in where the self-attention K/V go and what the
+    layer hands back."""
+
     def __init__(self, n_state: int, n_head: int, n_ffn: int) -> None:
         super().__init__()
         self.attn = SelfAttention(n_state, n_head)
@@ -149,6 +153,46 @@ class DecoderBlock(nn.Module):
         self.cross_attn_ln = nn.LayerNorm(n_state)
         self.mlp = nn.Sequential(nn.Linear(n_state, n_ffn), nn.GELU(), nn.Linear(n_ffn, n_state))
         self.mlp_ln = nn.LayerNorm(n_state)
+
+    def forward(
+        self,
+        x: Tensor,
+        self_mask: Tensor,
+        cross_k: Tensor,
+        cross_v: Tensor,
+        cross_mask: Tensor,
+        cache: tuple[Tensor, Tensor] | None = None,
+        at: Tensor | None = None,
+        qk_heads: Sequence[int] = (),
+    ) -> tuple[Tensor, list[Tensor]]:
+        """x [B, T, D] against the audio's cross_k/cross_v [B, H, C, D/H]. Self-attention K/V:
+          cache None       attend over this call's own K/V, store nothing (alignment);
+          cache, at None   write this call's K/V into `cache` (views [B, H, T, D/H] of the rows' first
+                           T positions) and attend over them (prefill);
+          cache and at     scatter this call's K/V into `cache` (views [B, H, K, D/H]) at `at` (positions,
+                           expanded to [B, H, 1, D/H]) and attend over the whole cache (decode step).
+        Returns the layer's output and, for each head in qk_heads, its cross-attention logits
+        q.k/sqrt(d) [B, T, C] in float32 (word alignment)."""
+        a = self.attn
+        q, k, v = a.project(self.attn_ln(x))
+        if cache is not None:
+            cache_k, cache_v = cache
+            if at is None:
+                cache_k.copy_(k)
+                cache_v.copy_(v)
+            else:
+                cache_k.scatter_(2, at, k)
+                cache_v.scatter_(2, at, v)
+                k, v = cache_k, cache_v
+        x = x + a.attend(q, k, v, self_mask)
+        c = self.cross_attn
+        q = c.split(c.query(self.cross_attn_ln(x)))
+        qk = []
+        if qk_heads:
+            scale = math.sqrt(q.shape[-1])
+            qk = [(q[:, h].float() @ cross_k[:, h].float().transpose(-1, -2)) / scale for h in qk_heads]
+        x = x + c.attend(q, cross_k, cross_v, cross_mask)
+        return x + self.mlp(self.mlp_ln(x)), qk
 
 
 class TextDecoder(nn.Module):
@@ -190,7 +234,7 @@ class Whisper(nn.Module):
             cache.cross_k[layer][rows, :, :t] = k
             cache.cross_v[layer][rows, :, :t] = v
 
-    # --- decoder over the slot cache ---
+    # --- decoder over the slot cache: three paths through the same blocks ---
     @torch.inference_mode()
     def prefill(self, tokens: Tensor, rows: slice, cache: KVCache, n_cross: int) -> Tensor:
         """Run prompts tokens [B, T] (from position 0; padding after each) for cache rows `rows`,
@@ -203,20 +247,14 @@ class Whisper(nn.Module):
         causal = torch.ones(t, t, dtype=torch.bool, device=tokens.device).tril()[None, None]
         cross_mask = _cross_mask(cache.cross_len[rows], n_cross)
         for layer, block in enumerate(dec.layers()):
-            a = block.attn
-            q, k, v = a.project(block.attn_ln(x))
-            cache.self_k[layer][rows, :, :t] = k
-            cache.self_v[layer][rows, :, :t] = v
-            x = x + a.attend(q, k, v, causal)
-            c = block.cross_attn
-            q = c.split(c.query(block.cross_attn_ln(x)))
-            x = x + c.attend(
-                q,
+            x, _ = block(
+                x,
+                causal,
                 cache.cross_k[layer][rows, :, :n_cross],
                 cache.cross_v[layer][rows, :, :n_cross],
                 cross_mask,
+                (cache.self_k[layer][rows, :, :t], cache.self_v[layer][rows, :, :t]),
             )
-            x = x + block.mlp(block.mlp_ln(x))
         return x
 
     def decode_step(
@@ -248,15 +286,9 @@ class Whisper(nn.Module):
         heads, head_dim = self_k[0].shape[1], self_k[0].shape[3]
         at = positions.view(b, 1, 1, 1).expand(b, heads, 1, head_dim)
         for layer, block in enumerate(dec.layers()):
-            a = block.attn
-            q, k, v = a.project(block.attn_ln(x))
-            self_k[layer].scatter_(2, at, k)
-            self_v[layer].scatter_(2, at, v)
-            x = x + a.attend(q, self_k[layer], self_v[layer], self_mask)
-            c = block.cross_attn
-            q = c.split(c.query(block.cross_attn_ln(x)))
-            x = x + c.attend(q, cross_k[layer], cross_v[layer], cross_mask)
-            x = x + block.mlp(block.mlp_ln(x))
+            x, _ = block(
+                x, self_mask, cross_k[layer], cross_v[layer], cross_mask, (self_k[layer], self_v[layer]), at
+            )
         return dec.logits(x[:, 0])
 
     # --- word timings: the alignment heads' cross-attention over whole finished sequences ---
@@ -278,18 +310,16 @@ class Whisper(nn.Module):
         cross_mask = (ck[None, :] < cross_len[:, None])[:, None, None, :]
         picked: dict[tuple[int, int], Tensor] = {}
         for layer, block in enumerate(dec.layers()):
-            a = block.attn
-            x = x + a.attend(*a.project(block.attn_ln(x)), causal)
-            c = block.cross_attn
-            q = c.split(c.query(block.cross_attn_ln(x)))
-            k = cache.cross_k[layer][rows, :, :n_cross]
-            v = cache.cross_v[layer][rows, :, :n_cross]
-            for lh in heads:
-                if lh[0] == layer:  # explicit weights only for the alignment heads
-                    qk = q[:, lh[1]].float() @ k[:, lh[1]].float().transpose(-1, -2)
-                    picked[lh] = qk / math.sqrt(q.shape[-1])
-            x = x + c.attend(q, k, v, cross_mask)
-            x = x + block.mlp(block.mlp_ln(x))
+            wanted = [head for head_layer, head in heads if head_layer == layer]
+            x, qk = block(
+                x,
+                causal,
+                cache.cross_k[layer][rows, :, :n_cross],
+                cache.cross_v[layer][rows, :, :n_cross],
+                cross_mask,
+                qk_heads=wanted,
+            )
+            picked.update({(layer, head): scores for head, scores in zip(wanted, qk, strict=True)})
         return torch.stack([picked[lh] for lh in heads], dim=1), dec.logits(x)
 
 

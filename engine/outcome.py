@@ -1,12 +1,12 @@
 """What a finished decoding window means, beside the decoding rules: has it ended, did it loop (and
-why), and the transcript it becomes. No model and no scheduling here: the scheduler's loop asks
-these questions after each token-producing call and acts on the answers."""
+why), and the transcript it becomes. No model and no scheduling here: the scheduler (engine/scheduler.py)
+asks these questions after each token-producing call and decides on the answers."""
 
 from __future__ import annotations
 
 import time
 import zlib
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from engine.constants import CHUNK_SECONDS
 from engine.request import Request, Transcript, UtteranceStats
@@ -18,6 +18,21 @@ COMPRESSION_RATIO_THRESHOLD = 2.4  # openai/whisper's: text this compressible is
 MIN_REPEATED_SPAN = 4  # shorter repeats ("no, no") happen in real speech
 
 LoopReason = Literal["no_eot", "repeat", "compression"]
+
+
+class _Eot(Protocol):
+    @property
+    def eot(self) -> int: ...
+
+
+class TextRules(Protocol):
+    """What the loop checks need of the decoding rules (engine/decoding.py DecodingRules): the end of
+    text token and the text of tokens."""
+
+    @property
+    def vocab(self) -> _Eot: ...
+
+    def text(self, tokens: list[int]) -> str: ...
 
 
 def repeats_at_end(tokens: list[int], min_span: int = MIN_REPEATED_SPAN) -> bool:
@@ -42,7 +57,7 @@ def window_ended(req: Request, eot: int, max_tokens: int, full_audio_ctx: int) -
     return req.audio_ctx < full_audio_ctx and repeats_at_end([t for t in req.generated if t < eot])
 
 
-def loop_reason(req: Request, rules: DecodingRules, full_audio_ctx: int) -> LoopReason | None:
+def loop_reason(req: Request, rules: TextRules, full_audio_ctx: int) -> LoopReason | None:
     """Why a trimmed window's decode counts as a loop ("Please hold. Please hold. ..."), or None:
     a span said twice at the end, no end of text within a generous budget (unless the caller's own
     token limit stopped it), or text that compresses like a loop. Full-context windows are Whisper's

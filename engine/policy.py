@@ -1,9 +1,9 @@
 """The scheduling policy: a pure function from a snapshot of the engine's state to a Plan.
 
-No torch, no clock, no side effects. The loop in engine/scheduler.py takes a Snapshot, asks
-`plan()` what to do, and executes the Plan (encode, prefill, step, finish, publish), owning
-failure isolation. The split follows vLLM v1, where `Scheduler.schedule()` returns a
-SchedulerOutput that `EngineCore.step()` hands to the executor; here the decisions are the ones an
+No torch, no clock, no side effects. The scheduler (engine/scheduler.py) takes a Snapshot of its
+requests, asks `plan()` what to do, and turns the Plan into its SchedulerOutput (rows given, statuses
+moved), which the core loop (engine/core.py) executes. As vLLM v1's `Scheduler.schedule()` returns a
+SchedulerOutput that `EngineCore.step()` hands to the model runner; here the decisions are the ones an
 encoder-decoder needs: which waiting utterances go into the next encoder pass, with how much
 encoder context, and whether the decoding batch takes a step.
 
@@ -35,14 +35,25 @@ Latency rules, in order:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.config import EngineConfig
+from engine.constants import POSITIONS_PER_SECOND, SAMPLE_RATE
 from engine.request import Priority
 
 IDLE_POLL_S = 0.5  # nothing to do: how long the loop blocks on its inbox before looking again
 MAX_REORDER_S = 1.0  # a final older than this is served by age, ahead of shorter newer ones
+
+
+def encoder_positions(config: EngineConfig, full_audio_ctx: int, n_samples: int, full: bool = False) -> int:
+    """Encoder positions for audio of n_samples: Whisper's 30 s (`full`, or --encoder-context full), or
+    trimmed to the audio plus --trim-margin-s, in whole seconds so that a handful of shapes repeat."""
+    if full or config.encoder_context == "full":
+        return full_audio_ctx
+    seconds = math.ceil(n_samples / SAMPLE_RATE + config.trim_margin_s)
+    return min(full_audio_ctx, seconds * POSITIONS_PER_SECOND)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ fly. Four schemes:
   the whole batch: a row's result depends on the other rows in its call, so tokens can change with
   batch company (kept to measure against; tests/engine/test_quantize.py shows the mechanism).
 - `int8-per-tensor`: as int8-per-batch with one weight scale for the whole matrix (the first scheme
-  this engine shipped, the old `--quantize on`).
+  this engine shipped).
 - `fp16`: weight-only, float16 weights and float32 activations (fbgemm's fp16 GEMM). The
   bundled tiny.en ships float16 weights, so this stores exactly what was loaded.
 Which scheme each part gets by default (`auto`: AUTO_CPU_PLAN, int8 on the encoder and fp16 on
@@ -77,8 +77,6 @@ def cpu_has_int8_dot_product() -> bool:
 def resolve_mode(mode: str, device: torch.device, dtype: torch.dtype) -> QuantizeMode:
     """The scheme an explicit --quantize gives a model on `device` in `dtype` (`auto` is per part:
     resolve_plan). A mode where it cannot run is an error, not a silent fallback."""
-    if mode == "on":
-        mode = "int8-per-tensor"
     if mode == "off":
         return "off"
     if mode not in ("int8", "int8-per-batch", "int8-per-tensor", "fp16"):

@@ -153,7 +153,7 @@ class Transcript:
 
 
 class RequestStatus(enum.Enum):
-    """Where an utterance is in the engine. The scheduler thread moves it along:
+    """Where an utterance is in the engine. The scheduler (engine/scheduler.py) moves it along:
 
     WAITING -> ENCODING -> DECODING -> FINISHED, and back from DECODING to WAITING when a window
     ends and another pass is due (the next 30 s window, or a full-context fallback). Any state but
@@ -177,7 +177,7 @@ class RequestStatus(enum.Enum):
 
 @dataclass(eq=False)
 class Request:
-    """One utterance inside the engine. Owned by the scheduler thread after submit."""
+    """One utterance inside the engine. Owned by the engine's loop thread after submit."""
 
     id: str
     audio: np.ndarray  # float32, mono, 16 kHz
@@ -185,7 +185,7 @@ class Request:
     future: Future[Transcript]
     ready_time: float = field(default_factory=time.monotonic)
     submitted: float = 0.0  # when the engine accepted it (opens the micro-batching window)
-    # Filled in by the scheduler (see scheduler.py):
+    # Filled in by the engine (engine/scheduler.py, engine/core.py):
     priority: Priority = Priority.LIVE  # its class (options.work_class), fixed at submit
     prompt_ids: tuple[int, ...] = ()  # options.prompt tokenized once, at submit (engine/prompt.py)
     status: RequestStatus = RequestStatus.WAITING

@@ -1,11 +1,14 @@
-"""The model runner: owns the model, features, KV cache and decoding rules on one device,
-and offers the scheduler three batched operations: encode, prefill, step."""
+"""The model runner: owns the model, features, KV cache, decoding rules and word aligner on one device,
+behind the narrow interface the core loop (engine/core.py) calls with the scheduler's plan: encode,
+prefill, step, the first-token rules, sampling through the logit processors, word alignment, and
+copying a row the scheduler moved. It decides nothing: which rows, which requests and what their
+outputs mean are the scheduler's (engine/scheduler.py)."""
 
 from __future__ import annotations
 
 import logging
-import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -13,15 +16,18 @@ import torch
 from torch import Tensor
 
 from engine.config import EngineConfig
-from engine.constants import POSITIONS_PER_SECOND, SAMPLE_RATE
-from engine.decoding import DecodingRules
+from engine.decoding import Choice, DecodingRules
 from engine.features import LogMel
 from engine.keyterms import KeytermSettings
 from engine.kv_cache import KVCache
 from engine.model import Whisper, from_transformers
+from engine.policy import encoder_positions
+from engine.prompt import PromptEncoder, max_prompt_tokens
 from engine.quantize import quantize_for
+from engine.request import Request
 from engine.step import DecodeStepper
-from engine.weights import LoadedWeights
+from engine.timing import WordAligner, alignment_heads
+from engine.weights import LoadedWeights, load
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +51,26 @@ class EncodeTimings:
     cross_kv_s: float
 
 
+@dataclass(frozen=True)
+class FirstTokens:
+    """The first-token rules' answers for a prefilled batch, per request: the no-speech probability, and
+    the detected language token (None where the language was given)."""
+
+    no_speech: list[float]
+    language: list[int | None]
+
+
 class ModelRunner:
+    @classmethod
+    def load(cls, config: EngineConfig) -> ModelRunner:
+        """The weights --model names, on --device, with --threads intra-op threads."""
+        if config.threads > 0:
+            torch.set_num_threads(config.threads)
+        return cls(load(config.model, config.cache_dir or None), config)
+
     def __init__(self, weights: LoadedWeights, config: EngineConfig) -> None:
         self.config = config
+        self.name = weights.name
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         model = from_transformers(weights.model).to(self.device, self.dtype)
@@ -84,6 +107,13 @@ class ModelRunner:
         self.stepper = DecodeStepper(
             self.model, self.cache, self.device, compile=config.compile, graphs=graphs, static=config.compile
         )
+        heads = alignment_heads(weights.generation_config, dims.n_text_layer, dims.n_text_head)
+        self.aligner = WordAligner(self.model, self.cache, self.rules, heads)
+        self.prompts = PromptEncoder(
+            weights.tokenizer.backend_tokenizer.to_str(),
+            self.rules.vocab.eot,
+            max_prompt_tokens(config.max_tokens),
+        )
 
     @property
     def multilingual(self) -> bool:
@@ -100,11 +130,7 @@ class ModelRunner:
 
     def audio_ctx_for(self, n_samples: int, full: bool = False) -> int:
         """Encoder positions for audio of n_samples: Whisper's 30 s, or trimmed (--encoder-context trim)."""
-        if full or self.config.encoder_context == "full":
-            return self.full_audio_ctx
-        # Whole seconds, so a handful of shapes repeat; the margin keeps trailing context.
-        seconds = math.ceil(n_samples / SAMPLE_RATE + self.config.trim_margin_s)
-        return min(self.full_audio_ctx, seconds * POSITIONS_PER_SECOND)
+        return encoder_positions(self.config, self.full_audio_ctx, n_samples, full)
 
     @torch.inference_mode()
     def encode(self, audios: list[np.ndarray], rows: list[int], ctx: list[int]) -> EncodeTimings:
@@ -150,3 +176,31 @@ class ModelRunner:
         logits = self.stepper.step(tokens, lengths)
         self.sync()  # the caller times this call
         return logits
+
+    @torch.inference_mode()
+    def first_tokens(self, last: Tensor, sot: Tensor, reqs: Sequence[Request]) -> FirstTokens:
+        """No-speech probability (from the logits after <|startoftranscript|>, `sot`) and, for the requests
+        that detect their language, the likeliest language token (from the prompt's last logits, `last`);
+        row i of both is reqs[i]."""
+        rules = self.rules
+        no_speech = rules.no_speech_prob(sot).tolist()
+        detect = [i for i, r in enumerate(reqs) if r.detect_language]
+        detected = rules.detect_language(last[detect]).tolist() if detect else []
+        language: list[int | None] = [None] * len(reqs)
+        for i, token in zip(detect, detected, strict=True):
+            language[i] = int(token)
+        return FirstTokens(no_speech, language)
+
+    @torch.inference_mode()
+    def sample(self, logits: Tensor, reqs: Sequence[Request]) -> Choice:
+        """The next token of each request (row i of logits [B, V] is reqs[i]) under the decoding rules'
+        logit processors (engine/logits.py, engine/keyterms.py), greedy. The rules edit logits in place."""
+        return self.rules.next_tokens(logits, reqs)
+
+    def align(self, reqs: Sequence[Request]) -> None:
+        """Word timings of finished windows (engine/timing.py), while their rows still hold their audio."""
+        self.aligner.align(reqs)
+
+    def move_row(self, src: int, dst: int) -> None:
+        """The scheduler moved the sequence in row src into row dst."""
+        self.cache.move(src, dst)

@@ -7,7 +7,7 @@ warping finds the monotonic path from tokens to frames. Tokens are grouped into 
 punctuation merged into its neighbour word); a word starts where the path first reaches its first token
 and ends where it reaches the next word. Word probability is the mean probability of its tokens.
 
-The model pass that produces the attention runs in the scheduler (engine/model.py
+The model pass that produces the attention runs in the model runner (engine/model.py
 `alignment_attention`); this module is the arithmetic, on CPU tensors and numpy.
 """
 
@@ -204,7 +204,7 @@ def _clamp_long_words(raw: list[_Raw]) -> list[_Raw]:
     return raw
 
 
-# --- the scheduler's hook: one batched pass over finished windows ---------------------------------
+# --- the runner's part: one batched pass over finished windows -----------------------------------
 
 
 class WordAligner:

@@ -21,7 +21,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from harness.metrics import Metrics, scrape
-from service.ports import LOOPBACK, free_port
+from service.runtime.ports import LOOPBACK, free_port
 
 __all__ = [
     "HOST",
@@ -35,6 +35,15 @@ __all__ = [
 ]
 HOST = LOOPBACK  # servers under test or benchmark never listen beyond this machine
 REPO = Path(__file__).resolve().parents[1]
+
+
+def supervisor_module(tree: Path) -> str:
+    """The module asr-server's console script runs, in `tree` (older refs kept it at the top of service/)."""
+    return (
+        "service.runtime.supervisor"
+        if (tree / "service/runtime/supervisor.py").exists()
+        else "service.supervisor"
+    )
 
 
 def source_tree(ref: str, into: Path, paths: Sequence[str] = ()) -> Path:
@@ -131,11 +140,11 @@ class ServerProcess:
         environ = {**os.environ, **(env or {})}
         if source is None:
             exe = Path(sys.executable).with_name("asr-server")
-            command = [str(exe)] if exe.exists() else [sys.executable, "-m", "service.supervisor"]
+            command = [str(exe)] if exe.exists() else [sys.executable, "-m", "service.runtime.supervisor"]
             cwd = REPO
         else:
             # `-m` from the tree, the tree first on the path of every process the supervisor starts
-            command, cwd = [sys.executable, "-m", "service.supervisor"], source
+            command, cwd = [sys.executable, "-m", supervisor_module(source)], source
             environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(source), environ.get("PYTHONPATH")]))
         argv = [
             *command,

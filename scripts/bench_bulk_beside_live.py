@@ -47,8 +47,8 @@ sys.path.insert(0, str(REPO))
 from clients.scoring import corpus_wer  # noqa: E402
 from scripts.docs_section import write_section  # noqa: E402
 from scripts.real_speech import build_real_manifest  # noqa: E402
-from service.ports import LOOPBACK as HOST  # noqa: E402
-from service.ports import free_port  # noqa: E402
+from service.runtime.ports import LOOPBACK as HOST  # noqa: E402
+from service.runtime.ports import free_port  # noqa: E402
 
 FRAME_S = 0.02
 RATE = 8000

@@ -115,11 +115,11 @@ def server_speaking(manifest: Path, label: str, utterances: int, args: argparse.
 def in_process_speaking(manifest: Path, utterances: int, threads: int) -> dict[str, float]:
     """The same clips, in the same order and number, submitted at once to an in-process engine with
     the server's settings (decoded and resampled by the service's own code)."""
-    # as asr-server does (service/supervisor.py main): spinning OpenMP workers starve everything else
+    # as asr-server does (service/runtime/supervisor.py main): spinning OpenMP workers starve everything else
     # on a busy machine, and the comparison is with the server's engine process
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from engine import Engine, EngineConfig
-    from service.audio import decode_file
+    from service.pipeline.audio import decode_file
 
     rows = [json.loads(line) for line in manifest.read_text().splitlines() if line.strip()]
     clips = [

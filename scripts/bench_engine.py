@@ -18,6 +18,14 @@ rules and token fetch included, at each batch size; the vocabulary projection's 
 section with --write.
 
     python scripts/bench_engine.py --decode-step --batch-sizes 1,8,16 --write
+
+With --against REF, instead: this tree's engine against REF's (git ref), each in its own process,
+alternating, in one run: the encoder (loop of single calls and one batch at the largest size, trimmed
+context), the decode step at each batch size, and N real utterances submitted at once through the
+engine (utt/s, CPU seconds per utterance, identical transcripts). Writes the "Engine restructure"
+section with --write.
+
+    python scripts/bench_engine.py --against main --batch-sizes 1,16 --rounds 3 --write
 """
 
 from __future__ import annotations
@@ -31,6 +39,8 @@ import platform
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from types import ModuleType
@@ -46,6 +56,7 @@ from harness.server import source_tree
 from harness.usage import Stopwatch, interleaved_median_wall_s, median_wall_s
 
 SECTION = "## Engine micro-benchmark"
+AGAINST_SECTION = "## Engine restructure: before and after"
 STEP_SECTION = "## Decode step: fused, sync-free, graph-ready"
 BEFORE_REF = "ef365cc"  # the last commit before the fused, sync-free step
 REAL_SPEECH = Path("/usr/share/pocketsphinx/test/data")
@@ -100,7 +111,117 @@ def throughput_json(threads: int, n: int) -> None:
     finally:
         engine.stop()
     wall = timed.wall_s
-    print(json.dumps({"utt_s": n / wall, "wall": wall, "tokens": [list(r.tokens) for r in results]}))
+    figures = {
+        "utt_s": n / wall,
+        "wall": wall,
+        "cpu_s": timed.cpu_s,
+        "tokens": [list(r.tokens) for r in results],
+    }
+    print(json.dumps(figures))
+
+
+def median_cpu_s(fn: Callable[[], object], repeats: int) -> float:
+    """Median CPU seconds (this process, every thread) of `fn()` over `repeats` calls after one untimed
+    warm-up: on a shared machine, what the call costs, where wall time also counts the others' work."""
+    fn()
+    samples = []
+    for _ in range(repeats):
+        start = time.process_time()
+        fn()
+        samples.append(time.process_time() - start)
+    return float(np.median(samples))
+
+
+def micro_json(args: argparse.Namespace) -> None:
+    """In its own process (whichever engine package PYTHONPATH gives): the encoder as a loop of single
+    calls and as one batch at the largest batch size (trimmed context, real clips), and the decode step
+    at each batch size; prints median CPU seconds as JSON (CPU only: nothing waits for a device)."""
+    sizes = [int(b) for b in args.batch_sizes.split(",")]
+    runner = ModelRunner(
+        load(args.model), EngineConfig(model=args.model, threads=args.threads, kv_slots=max(sizes))
+    )
+    if runner.device.type != "cpu":
+        raise SystemExit("--against measures CPU seconds: run it with --device cpu")
+    clips = [c[: 16000 * 5] for c in real_clips(max(sizes))]
+    figures = {
+        "encoder_loop": median_cpu_s(partial(encode_loop, runner, clips), args.repeats),
+        "encoder_batch": median_cpu_s(partial(encode_batch, runner, clips), args.repeats),
+    }
+    v = runner.rules.vocab
+    for b in sizes:
+        runner.prefill([[v.sot, v.no_timestamps]] * b, [0] * b, slice(0, b))
+        step = partial(runner.step, [v.sot] * b, [40] * b)  # a step 40 tokens into each sequence
+        figures[f"step_{b}"] = median_cpu_s(step, max(args.repeats, 10))
+    print(json.dumps(figures))
+
+
+def against(args: argparse.Namespace) -> None:
+    """This tree's engine against args.against's, each child in its own process, alternating."""
+    sizes = [int(b) for b in args.batch_sizes.split(",")]
+    tmp = Path(tempfile.mkdtemp(prefix="bench-against-"))
+    trees = {"before": source_tree(args.against, tmp / "before", ["engine", "harness"]), "after": REPO}
+    load_start = os.getloadavg()[0]
+    runs: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
+    same: list[int] = []
+    n = args.utterances
+    for _ in range(args.rounds):
+        tokens = {}
+        for name, path in trees.items():
+            env = {**os.environ, "PYTHONPATH": str(path), "PYTHONDONTWRITEBYTECODE": "1"}
+            common = ["--threads", str(args.threads), "--model", args.model]
+            micro = [sys.executable, __file__, "--micro-json", "--batch-sizes", args.batch_sizes, "--repeats",
+                     str(args.repeats), *common]  # fmt: skip
+            out = subprocess.run(micro, env=env, check=True, capture_output=True, text=True, cwd=path).stdout
+            figures = json.loads(out.strip().splitlines()[-1])
+            cmd = [sys.executable, __file__, "--throughput-json", str(n), *common]
+            out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True, cwd=path).stdout
+            throughput = json.loads(out.strip().splitlines()[-1])
+            tokens[name] = throughput["tokens"]
+            figures.update(utt_s=throughput["utt_s"], cpu_per_utt=throughput["cpu_s"] / n)
+            runs[name].append(figures)
+            print(name, {k: round(v, 4) for k, v in figures.items()}, flush=True)
+        same.append(sum(a == b for a, b in zip(tokens["before"], tokens["after"], strict=True)))
+
+    def median(name: str, key: str) -> float:
+        return float(np.median([r[key] for r in runs[name]]))
+
+    b = max(sizes)
+    rows = [
+        (f"encoder, loop of {b} single calls (CPU s)", "encoder_loop", False),
+        (f"encoder, one batch-{b} call (CPU s)", "encoder_batch", False),
+        *((f"decode step, batch {s} (CPU ms)", f"step_{s}", False) for s in sizes),
+        (f"{n} utterances at once: utt/s (wall)", "utt_s", True),
+        (f"{n} utterances at once: CPU s per utterance", "cpu_per_utt", False),
+    ]
+    lines = [
+        AGAINST_SECTION,
+        "",
+        f"`python scripts/bench_engine.py --against {args.against} --batch-sizes {args.batch_sizes} --rounds "
+        f"{args.rounds} --threads {args.threads}` on {machine()}, {datetime.date.today()}; load average "
+        f"{load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end (a shared machine: CPU seconds, "
+        "and read the ratios). "
+        f"Before: {args.against}'s engine; after: this tree's; each figure in its own process, the two "
+        f"alternating, median of {args.rounds} rounds. Real speech (pocketsphinx librivox and cards clips, jfk; "
+        f"the encoder rows cut to 5 s, trimmed context; the decode step 40 tokens into each sequence), "
+        f"{args.model}, default settings (--quantize auto).",
+        "",
+        "| figure | before | after | after / before |",
+        "|---|---:|---:|---:|",
+    ]
+    for label, key, higher_is_better in rows:
+        scale = 1000.0 if key.startswith("step_") else 1.0
+        before, after = median("before", key) * scale, median("after", key) * scale
+        ratio = after / before
+        lines.append(
+            f"| {label} | {before:.3f} | {after:.3f} | {ratio:.2f}x{' (higher is faster)' if higher_is_better else ''} |"
+        )
+    lines += [
+        "",
+        f"Identical transcripts, before vs after, per round: {', '.join(f'{k}/{n}' for k in same)}.",
+    ]
+    print("\n".join(lines))
+    if args.write:
+        write_section(AGAINST_SECTION, "scripts/bench_engine.py --against", "\n".join(lines[2:]))
 
 
 def old_modules(ref: str, where: Path) -> tuple[ModuleType, ModuleType]:
@@ -293,20 +414,32 @@ def main() -> None:
     parser.add_argument("--decode-step", action="store_true", help="the decode-step benchmark instead")
     parser.add_argument("--before", default=BEFORE_REF, help="--decode-step: the git ref to compare with")
     parser.add_argument(
-        "--utterances", type=int, default=16, help="--decode-step: utterances submitted at once"
+        "--utterances", type=int, default=16, help="--decode-step, --against: utterances submitted at once"
     )
-    parser.add_argument("--rounds", type=int, default=2, help="--decode-step: before/after throughput rounds")
+    parser.add_argument(
+        "--rounds", type=int, default=2, help="--decode-step, --against: before/after throughput rounds"
+    )
     parser.add_argument(
         "--compiled-sizes",
         default="1,8,16",
         help="--decode-step: batch sizes to compile (minutes each on a CPU)",
     )
+    parser.add_argument(
+        "--against", default="", help="this tree's engine against this git ref's, in one run (see above)"
+    )
     parser.add_argument("--throughput-json", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--micro-json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.throughput_json:
         throughput_json(args.threads, args.throughput_json)
+        return
+    if args.micro_json:
+        micro_json(args)
+        return
+    if args.against:
+        against(args)
         return
     if args.decode_step:
         decode_step_bench(args)

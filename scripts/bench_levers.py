@@ -45,7 +45,7 @@ from clients.scoring import corpus_wer, normalize  # noqa: E402
 from engine import Engine, EngineConfig  # noqa: E402
 from engine.config import QUANTIZE_PARTS, parse_quantize_parts  # noqa: E402
 from engine.quantize import describe, resolve_plan, tokens_can_follow_company  # noqa: E402
-from service.audio import decode_file  # noqa: E402
+from service.pipeline.audio import decode_file  # noqa: E402
 
 SECTION = "## Engine levers"
 BASELINE = "fp32, trimmed context (baseline)"

@@ -14,7 +14,7 @@ With --with-peers it then runs scripts/bench_peers.py on the same manifest (DIR/
 prints the issue's CPU targets against faster-whisper int8 sequential (DIR/targets.md).
 
 Without --manifest it speaks the default 8 kHz mu-law call-center manifest into DIR/manifest.
-Anything after `--` goes to both servers unchanged (e.g. `-- --quantize on --kv-slots 64`).
+Anything after `--` goes to both servers unchanged (e.g. `-- --quantize int8 --kv-slots 64`).
 """
 
 from __future__ import annotations

@@ -45,8 +45,8 @@ sys.path.insert(0, str(REPO))  # runnable as a plain script from a checkout
 from clients.client import RecognizerClient  # noqa: E402
 from harness.server import ServerProcess, checkout  # noqa: E402
 from harness.usage import Stopwatch  # noqa: E402
-from service.audio import StreamDecoder  # noqa: E402
-from service.endpointing import RATE, Endpointer, Utterance, load_vad  # noqa: E402
+from service.pipeline.audio import StreamDecoder  # noqa: E402
+from service.pipeline.endpointing import RATE, Endpointer, Utterance, load_vad  # noqa: E402
 from tests.support.audio import make_conversation, to_mulaw_8k_bytes, white_noise  # noqa: E402
 from tests.test_vad_batch import CALL, cut, jfk_16k, pocketsphinx_16k, telephone  # noqa: E402
 

@@ -11,13 +11,17 @@ from prometheus_client import Counter, Gauge, Histogram
 from engine.metrics import TIME_BUCKETS
 
 # Gauges name their multiprocess_mode: asr-server's frontend processes each keep their own values and
-# /metrics combines those of the live ones (prometheus-client multiprocess mode; see service/supervisor.py).
+# /metrics combines those of the live ones (prometheus-client multiprocess mode; see service/runtime/supervisor.py).
 
 # End of speech -> final sent: tens of milliseconds on a GPU to seconds on a busy CPU.
 LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
 
-ACTIVE_STREAMS = Gauge("asr_active_streams", "Open StreamingRecognize calls", multiprocess_mode="livesum")
-STREAMS = Counter("asr_streams_total", "StreamingRecognize calls ended, by gRPC status code", ["grpc_code"])
+ACTIVE_STREAMS = Gauge("asr_active_streams", "Open streams, every door", multiprocess_mode="livesum")
+STREAMS = Counter(
+    "asr_streams_total",
+    "Streams ended (every door, refusals too), by status code (gRPC's names)",
+    ["grpc_code"],
+)
 UTTERANCE_LATENCY = Histogram(
     "asr_utterance_latency_seconds",
     "From an utterance's end being detected to its final result leaving the server",
@@ -61,6 +65,19 @@ RESPONSE_BACKLOG_BYTES = Gauge(
     "asr_response_backlog_bytes",
     "Responses queued for clients that have not read them yet (serialized bytes), summed over open streams; "
     "each stream's share is bounded by --max-response-backlog-bytes",
+    multiprocess_mode="livesum",
+)
+# Every call of every door (service/core/recognizer.py): `door` asr.v1, openai-http, ...; `kind` stream or
+# recognize (a whole recording); `code` how it ended, google.rpc.Code names (as grpc_code above).
+DOOR_CALLS = Counter(
+    "asr_door_calls_total",
+    "Calls ended, by door, kind (stream, recognize) and status code",
+    ["door", "kind", "code"],
+)
+DOOR_ACTIVE_CALLS = Gauge(
+    "asr_door_active_calls",
+    "Calls in progress, by door and kind",
+    ["door", "kind"],
     multiprocess_mode="livesum",
 )
 RECOGNIZE_SECONDS = Histogram(
@@ -119,12 +136,12 @@ GRPC_HANDLING_SECONDS = Histogram(
 GRPC_MSG_RECEIVED = Counter("grpc_server_msg_received_total", "Messages received from clients", GRPC_LABELS)
 GRPC_MSG_SENT = Counter("grpc_server_msg_sent_total", "Messages sent to clients", GRPC_LABELS)
 
-# The OpenAI-compatible HTTP door (service/http_api.py); its recognitions also count in the asr_* set above.
+# The OpenAI-compatible HTTP door (service/doors/openai_http.py); its recognitions also count in the asr_* set above.
 HTTP_REQUESTS = Counter(
     "asr_http_requests_total", "HTTP requests to the OpenAI-compatible door ended, by HTTP status", ["code"]
 )
 
-# Endpointing cost (service/vad_batch.py): one observation per batched VAD pass of a frontend process.
+# Endpointing cost (service/pipeline/vad_batch.py): one observation per batched VAD pass of a frontend process.
 VAD_SECONDS = Histogram(
     "asr_vad_seconds",
     "Wall time of one batched VAD pass (every channel with new audio in one event-loop tick)",

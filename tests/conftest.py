@@ -7,14 +7,22 @@ from collections.abc import Iterator
 import pytest
 
 from engine import Engine, EngineConfig
+from engine.hooks import EngineHooks
 from service.config import ServerConfig
 from tests.support.server import ServerProcess, ServerThread
 
 
 @pytest.fixture(scope="session")
-def service_engine() -> Iterator[Engine]:
+def engine_hooks() -> EngineHooks:
+    """The test seams of `service_engine` (engine/hooks.py): a test sets them for a block with
+    `engine_hooks.installed(...)`, which refuses a seam another test still holds."""
+    return EngineHooks()
+
+
+@pytest.fixture(scope="session")
+def service_engine(engine_hooks: EngineHooks) -> Iterator[Engine]:
     """The real bundled tiny.en, started and warmed, behind the in-process servers."""
-    engine = Engine(EngineConfig(model="tiny.en", threads=2))
+    engine = Engine(EngineConfig(model="tiny.en", threads=2), hooks=engine_hooks)
     engine.start()
     engine.warmup()
     yield engine

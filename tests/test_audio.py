@@ -1,4 +1,4 @@
-"""service.audio against sox (the reference G.711 codec), real speech and the shared jfk.flac."""
+"""service.pipeline.audio against sox (the reference G.711 codec), real speech and the shared jfk.flac."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 import soundfile as sf
 import soxr
 
-from service.audio import (
+from service.pipeline.audio import (
     ALAW_TABLE,
     MULAW_TABLE,
     AudioFormatError,
@@ -302,9 +302,9 @@ def test_block_decoding_enforces_the_limit_on_what_it_decodes() -> None:
 _PEAK_RSS_SCRIPT = textwrap.dedent(
     """
     import json, resource, sys
-    from service.audio import probe_recording
-    from service.endpointing import EndpointSettings
-    from service.recognizer import RecordingCutter
+    from service.pipeline.audio import probe_recording
+    from service.pipeline.endpointing import EndpointSettings
+    from service.pipeline.recording import RecordingCutter
 
     data = open(sys.argv[1], "rb").read()
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux

@@ -1,4 +1,4 @@
-"""service.call_metrics: exact figures on laid-out timelines, the incremental tracker against a plain
+"""service.pipeline.call_metrics: exact figures on laid-out timelines, the incremental tracker against a plain
 reference on random calls, and a real stereo call (two espeak voices) cut by the real Endpointer."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from asr.v1 import asr_pb2
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service.audio import StreamDecoder
-from service.call_metrics import (
+from service.pipeline.audio import StreamDecoder
+from service.pipeline.call_metrics import (
     CallMetrics,
     CallMetricsError,
     CallMetricsSettings,
@@ -22,7 +22,7 @@ from service.call_metrics import (
     ChannelMetrics,
     validate_interval,
 )
-from service.endpointing import Endpointer, Utterance
+from service.pipeline.endpointing import Endpointer, Utterance
 from tests.support.audio import RATE, silence, speak, speech_bounds, stereo, to_mulaw_8k_bytes
 
 Timeline = dict[int, list[tuple[float, float]]]

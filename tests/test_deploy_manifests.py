@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from service.config import ServerConfig, parse_args
-from service.server import SERVICE_NAME
+from service.runtime.server import SERVICE_NAME
 from tests.support.prom import (
     ADAPTER_CONFIG,
     DASHBOARD_JSON,

@@ -1,4 +1,4 @@
-"""service.endpointing with the real silero-vad model on real (espeak-ng / sox) speech."""
+"""service.pipeline.endpointing with the real silero-vad model on real (espeak-ng / sox) speech."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.audio import StreamDecoder
-from service.endpointing import (
+from service.pipeline.audio import StreamDecoder
+from service.pipeline.endpointing import (
     Endpointer,
     EndpointingError,
     EndpointSettings,
@@ -261,7 +261,7 @@ def test_vad_does_not_import_torch_or_touch_its_threads() -> None:
     # silently lose its cores. The endpointer must work without importing it.
     code = (
         "import sys, numpy as np\n"
-        "from service.endpointing import Endpointer\n"
+        "from service.pipeline.endpointing import Endpointer\n"
         "Endpointer().feed(np.zeros(16000, dtype=np.float32))\n"
         "assert 'silero_vad' not in sys.modules and 'torch' not in sys.modules, sorted(sys.modules)\n"
     )

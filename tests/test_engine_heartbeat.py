@@ -13,7 +13,7 @@ import grpc
 import pytest
 from asr.v1 import asr_pb2, asr_pb2_grpc
 
-from service.supervisor import HeartbeatWatch
+from service.runtime.supervisor import HeartbeatWatch
 from tests.support.audio import make_conversation, to_linear16_bytes
 from tests.support.calls import config_request
 from tests.support.server import ServerProcess, watch_health

@@ -2,9 +2,9 @@
 deadlines, a slow reader, an exception inside one utterance, a dead scheduler, overload, a model that
 cannot load. After each, nothing is left behind: engine stats back to zero, no stream open.
 
-Where timing would decide the outcome, the engine's own test seams (`Scheduler.fault_hook`, called per
-request at its encoder pass; `Scheduler.stage_hook`, called as each stage begins, which also records each
-encoder call's requests) hold the scheduler thread still, so each case happens exactly as named:
+Where timing would decide the outcome, the engine's own test seams (engine/hooks.py: `fault`, called per
+request at its encoder pass; `stage`, called as each stage begins, which also records each encoder call's
+requests) hold the engine's loop thread still, so each case happens exactly as named:
 an utterance cancelled while it waits in the window, one cancelled while it holds a KV slot, two
 utterances that share one encoder pass.
 """
@@ -27,6 +27,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+import soundfile as sf
 from asr.v1 import asr_pb2, asr_pb2_grpc
 from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -34,10 +35,11 @@ from prometheus_client import REGISTRY
 
 from clients.scoring import corpus_wer
 from engine import Engine
+from engine.hooks import EngineHooks
 from engine.request import Request as EngineRequest
 from engine.weights import ModelLoadError
 from service.config import ServerConfig
-from service.server import AsrServer
+from service.runtime.server import AsrServer
 from tests.support.audio import JFK_FLAC, make_conversation, to_linear16_bytes
 from tests.support.calls import OpenStream, config_request, run_stream
 from tests.support.server import HOST, REPO, ServerProcess, ServerThread, free_port, watch_health
@@ -86,7 +88,7 @@ async def assert_all_free(engine: Engine, server: ServerThread, within_s: float 
 
 
 class Hook:
-    """The scheduler's fault_hook for one test: holds the scheduler thread inside the encoder pass of a
+    """The engine's fault and stage hooks for one test: holds the scheduler thread inside the encoder pass of a
     chosen request (`hold_on`), fails chosen requests (`fail_prefix`), and records each encoder call."""
 
     def __init__(self, engine: Engine) -> None:
@@ -123,7 +125,7 @@ class Hook:
 
     def queued(self) -> int:
         """Utterances submitted and not yet in a slot (what --max-queue bounds)."""
-        return sum(self.engine._scheduler._queued)
+        return self.engine.stats()["queued"]
 
     async def close_gate(self) -> None:
         """Hold the scheduler thread in the encoder pass of a silent sentinel utterance: what is
@@ -147,16 +149,13 @@ def no_speculation(asr_server: ServerThread, monkeypatch: pytest.MonkeyPatch) ->
 
 
 @pytest.fixture
-def hook(service_engine: Engine) -> Iterator[Hook]:
-    scheduler = service_engine._scheduler
-    assert scheduler.fault_hook is None and scheduler.stage_hook is None
+def hook(service_engine: Engine, engine_hooks: EngineHooks) -> Iterator[Hook]:
     h = Hook(service_engine)
-    scheduler.fault_hook, scheduler.stage_hook = h, h.stage
     try:
-        yield h
+        with engine_hooks.installed(fault=h, stage=h.stage):
+            yield h
     finally:
         h.release.set()
-        scheduler.fault_hook = scheduler.stage_hook = None
 
 
 # --- cancel and disconnect ---
@@ -208,7 +207,7 @@ async def test_disconnect_while_holding_a_kv_slot_frees_it_at_once(
         assert await asyncio.wait_for(client.stdout.readline(), 30) == b"sent\n"
         # held inside its own encoder pass: the utterance owns a KV slot now
         assert await asyncio.to_thread(hook.held.wait, 20)
-        assert service_engine._scheduler.runner.cache.used >= 1
+        assert service_engine.stats()["slots_used"] >= 1
         client.send_signal(signal.SIGKILL)
         await asyncio.wait_for(client.wait(), 10)
         await wait_for(lambda: not asr_server.server.recognizer.sessions, 10, "the server saw the disconnect")
@@ -263,15 +262,17 @@ async def test_stream_deadline_ends_the_call_and_frees_everything(
 async def test_recognize_deadline_ends_the_call_and_frees_everything(
     asr_server: ServerThread, service_engine: Engine
 ) -> None:
-    config = asr_pb2.RecognitionConfig(encoding=asr_pb2.FLAC)
+    # Eight JFK passages (88 s of real speech at its own 44.1 kHz): with the int8 encoder one passage alone can
+    # finish inside the deadline on a fast machine, eight cannot.
+    jfk, rate = sf.read(JFK_FLAC, dtype="float32")
+    config = asr_pb2.RecognitionConfig(encoding=asr_pb2.LINEAR16, sample_rate_hertz=rate)
+    audio = to_linear16_bytes(np.tile(jfk, 8))
     async with aio.insecure_channel(asr_server.target) as channel:
         stub = asr_pb2_grpc.RecognizerStub(channel)
         with pytest.raises(aio.AioRpcError) as e:
-            await stub.Recognize(
-                asr_pb2.RecognizeRequest(config=config, audio_content=JFK_FLAC.read_bytes()), timeout=0.5
-            )
+            await stub.Recognize(asr_pb2.RecognizeRequest(config=config, audio_content=audio), timeout=0.5)
     assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    await assert_all_free(service_engine, asr_server, within_s=15)  # decoding the FLAC cannot be cut short
+    await assert_all_free(service_engine, asr_server, within_s=15)
 
 
 async def test_slow_reader_does_not_stall_other_streams(

@@ -30,7 +30,7 @@ from clients.client import RecognizerClient
 from clients.scoring import normalize
 from engine import Engine
 from service.config import ServerConfig
-from service.http_api import TRANSCRIPTIONS_PATH as TRANSCRIPTIONS
+from service.doors.openai_http import TRANSCRIPTIONS_PATH as TRANSCRIPTIONS
 from tests.support.audio import JFK_FLAC, RATE, speak
 from tests.support.certs import Pem, make_pki
 from tests.support.server import HOST, ServerProcess, ServerThread
@@ -362,7 +362,7 @@ def test_sigterm_lets_an_http_call_in_flight_finish(tmp_path: Path) -> None:
 async def test_the_door_on_the_default_host_answers_on_ipv4(service_engine: Engine) -> None:
     """`--host [::]` (the default) must reach IPv4 clients too: asyncio binds "::" IPv6-only, and a pod
     is reached at its IPv4 address."""
-    from service.server import AsrServer
+    from service.runtime.server import AsrServer
     from tests.support.server import HOST, free_port
 
     config = ServerConfig(host="[::]", port=0, metrics_port=0, http_port=free_port())

@@ -1,4 +1,4 @@
-"""The supervisor's port check (service/supervisor.py reserve_port) on real sockets: a port held only by
+"""The supervisor's port check (service/runtime/supervisor.py reserve_port) on real sockets: a port held only by
 closing connections is free, a live listener or another server's holder is not. The whole restart on a
 real asr-server is tests/test_server_processes.py::test_a_restart_on_the_same_ports_serves_at_once_while_old_connections_close."""
 
@@ -10,8 +10,8 @@ import time
 import psutil
 import pytest
 
-from service.ports import LOOPBACK
-from service.supervisor import reserve_port
+from service.runtime.ports import LOOPBACK
+from service.runtime.supervisor import reserve_port
 
 
 def listener(port: int = 0, host: str = LOOPBACK) -> socket.socket:

@@ -1,4 +1,4 @@
-"""service/redaction.py as pure functions: spoken and written numbers, cards (also misheard ones: the
+"""service/pipeline/redaction.py as pure functions: spoken and written numbers, cards (also misheard ones: the
 PCI rule never needs a perfect transcript), SSNs, near-misses, and the hold-back policy for a card split
 across two finals. End-to-end (spoken audio through a real server) is in
 tests/test_service_redaction.py."""
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from service.redaction import (
+from service.pipeline.redaction import (
     HOLD_AUDIO_S,
     LONG_RUN_DIGITS,
     MIN_HOLD_DIGITS,
@@ -93,7 +93,7 @@ def test_a_card_number_with_numbers_on_is_pci_and_the_rest_number() -> None:
     )
 
 
-# Misheard, interrupted, oddly written: PCI needs no Luhn and no perfect transcript (service/redaction.py).
+# Misheard, interrupted, oddly written: PCI needs no Luhn and no perfect transcript (service/pipeline/redaction.py).
 NOT_LUHN = [
     # tiny.en's own output on espeak-ng 8 kHz mu-law speech of a card number (issue 19)
     "Yes, my card number is 4810, 0.033, 9, 0.055, 938, 0.058.",

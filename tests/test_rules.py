@@ -79,7 +79,7 @@ def test_rule_expressions_parse() -> None:
 
 
 def test_grpc_codes_in_rules_are_the_names_the_server_exports() -> None:
-    # service/interceptors.py labels grpc_code with grpc.StatusCode names (OK, INVALID_ARGUMENT, ...).
+    # service/runtime/interceptors.py labels grpc_code with grpc.StatusCode names (OK, INVALID_ARGUMENT, ...).
     names = {code.name for code in grpc.StatusCode}
     text = RULES_FILE.read_text(encoding="utf-8")
     quoted = re.findall(r'grpc_code=~?"([^"]+)"', text)

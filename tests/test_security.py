@@ -21,9 +21,9 @@ from clients import cli
 from clients.client import RecognizerClient, Tls
 from clients.scoring import corpus_wer, normalize
 from engine import Engine
-from service.auth import ENV_VAR
 from service.config import ServerConfig
-from service.logging import JsonFormatter
+from service.runtime.auth import ENV_VAR
+from service.runtime.logging import JsonFormatter
 from tests.support.audio import make_conversation, silence, speak, to_linear16_bytes
 from tests.support.calls import audio_requests, config_request, run_stream
 from tests.support.certs import Pki, make_pki

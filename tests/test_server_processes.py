@@ -26,7 +26,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from clients.client import RecognizerClient
-from service.supervisor import default_frontends, usable_cpus
+from service.runtime.supervisor import default_frontends, usable_cpus
 from tests.support.audio import make_conversation, to_linear16_bytes
 from tests.support.calls import OpenStream, config_request
 from tests.support.server import HOST, ServerProcess, watch_health

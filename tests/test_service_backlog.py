@@ -17,8 +17,8 @@ from prometheus_client import REGISTRY
 
 from engine import Engine
 from service.config import ServerConfig
-from service.session import StreamSession
-from service.stream_state import StreamState
+from service.pipeline.session import StreamSession
+from service.pipeline.stream_state import StreamState
 from tests.support.audio import make_conversation, to_linear16_bytes
 from tests.support.calls import _write, audio_requests, config_request
 from tests.support.server import ServerThread

@@ -14,6 +14,7 @@ from asr.v1 import asr_pb2, asr_pb2_grpc
 from grpc import aio
 
 from engine import Engine
+from engine.hooks import EngineHooks
 from engine.prompt import MAX_PROMPT_CHARS
 from service.config import ServerConfig
 from tests.support.audio import JFK_FLAC, make_conversation, to_linear16_bytes
@@ -26,16 +27,11 @@ MESSAGE_OPTIONS = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receiv
 
 
 @pytest.fixture()
-def engine_prompts(service_engine: Engine) -> Iterator[list[int]]:
+def engine_prompts(engine_hooks: EngineHooks) -> Iterator[list[int]]:
     """The length of every prompt that reaches the engine while the test runs."""
     seen: list[int] = []
-    scheduler = service_engine._scheduler
-    assert scheduler.enqueue_hook is None, "another test's hook is still installed"
-    scheduler.enqueue_hook = lambda req: seen.append(len(req.options.prompt or ""))
-    try:
+    with engine_hooks.installed(enqueue=lambda req: seen.append(len(req.options.prompt or ""))):
         yield seen
-    finally:
-        scheduler.enqueue_hook = None
 
 
 def speech() -> bytes:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 
 import grpc
 import pytest
@@ -15,6 +15,7 @@ from grpc import aio
 from clients.client import RecognizerClient
 from clients.scoring import corpus_wer
 from engine import Engine, EngineConfig
+from engine.hooks import EngineHooks
 from engine.request import Priority
 from service.config import ServerConfig
 from tests.support.audio import make_conversation, to_linear16_bytes
@@ -52,6 +53,9 @@ async def paced(data: bytes, interim: bool) -> AsyncIterator[Request]:
         yield request
 
 
+HOOKS = EngineHooks()  # small_engine's test seams
+
+
 @pytest.fixture(scope="module")
 def small_engine() -> Iterator[Engine]:
     """tiny.en with 8 KV rows (half of them for recorded work) and room for 4 live finals waiting: a few
@@ -59,7 +63,8 @@ def small_engine() -> Iterator[Engine]:
     engine = Engine(
         EngineConfig(
             model="tiny.en", threads=2, kv_slots=8, max_queue=4, max_queue_recorded=24, max_recorded_rows=4
-        )
+        ),
+        hooks=HOOKS,
     )
     engine.start()
     engine.warmup()
@@ -72,40 +77,40 @@ async def test_bulk_recordings_beside_live_calls_never_cost_a_live_final(small_e
     three real-time calls, one with interims. Every live call ends OK with all its finals, every recording
     completes whole, and no recorded utterance ever went into an encoder pass while a live one waited or
     decoded (its encoder work never held a live call up), nor held more than its 4 KV rows."""
-    scheduler = small_engine._scheduler
-    overtaken: list[list[str]] = []
+    overtaken: list[dict[str, int]] = []
     peak_recorded_rows = 0
 
-    def watch(stage: str, reqs: list[object]) -> None:
+    def watch(stage: str, reqs: Sequence[object]) -> None:
         nonlocal peak_recorded_rows
         if stage != "encoder":
             return
         batch = [r for r in reqs if r.priority is Priority.RECORDED]  # type: ignore[attr-defined]
-        live = [
-            r.id for r in [*scheduler._waiting, *scheduler._active] if r.priority is not Priority.RECORDED
-        ]
+        stats = small_engine.stats()  # on the engine's loop thread: its state as this pass begins
+        live = {k: v for k, v in stats.items() if k.endswith(("_live", "_best_effort")) and v}
         if batch and live:
             overtaken.append(live)
-        held = sum(1 for r in scheduler._active if r.priority is Priority.RECORDED)
-        peak_recorded_rows = max(peak_recorded_rows, held)
+        peak_recorded_rows = max(peak_recorded_rows, stats["rows_recorded"])
 
     live_audio, _ = make_conversation(LIVE, pause_s=1.0)
     recording, _ = make_conversation(RECORDED, pause_s=0.8)
     config = asr_pb2.RecognitionConfig(encoding=asr_pb2.LINEAR16, sample_rate_hertz=16000)
     server = ServerThread(ServerConfig(recognize_inflight=8, max_recognize_calls=3), small_engine).start()
-    assert scheduler.stage_hook is None, "another test's hook is still installed"
-    scheduler.stage_hook = watch
     try:
-        async with RecognizerClient(server.target) as client, aio.insecure_channel(server.target) as channel:
+        with HOOKS.installed(stage=watch):
+            async with (
+                RecognizerClient(server.target) as client,
+                aio.insecure_channel(server.target) as channel,
+            ):
 
-            async def live(interim: bool) -> Outcome:
-                return await run_stream(channel, paced(to_linear16_bytes(live_audio), interim))
+                async def live(interim: bool) -> Outcome:
+                    return await run_stream(channel, paced(to_linear16_bytes(live_audio), interim))
 
-            calls = [live(interim=True), live(interim=False), live(interim=False)]
-            bulk = [client.recognize(to_linear16_bytes(recording), config, deadline_s=300) for _ in range(3)]
-            results = await asyncio.gather(*calls, *bulk)
+                calls = [live(interim=True), live(interim=False), live(interim=False)]
+                bulk = [
+                    client.recognize(to_linear16_bytes(recording), config, deadline_s=300) for _ in range(3)
+                ]
+                results = await asyncio.gather(*calls, *bulk)
     finally:
-        scheduler.stage_hook = None
         server.stop()
     outcomes: list[Outcome] = results[:3]  # type: ignore[assignment]
     responses: list[asr_pb2.RecognizeResponse] = results[3:]  # type: ignore[assignment]

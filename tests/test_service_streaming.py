@@ -22,6 +22,7 @@ from prometheus_client import REGISTRY
 from clients.client import RecognizerClient
 from clients.scoring import corpus_wer, normalize
 from engine import Engine, EngineConfig
+from engine.hooks import EngineHooks
 from service.config import ServerConfig
 from tests.support.audio import (
     JFK_FLAC,
@@ -275,7 +276,9 @@ async def test_silence_and_noise_give_no_finals(asr_server: ServerThread) -> Non
 
 
 async def test_client_cancel_frees_engine_slots(
-    asr_server: ServerThread, conversation: tuple[np.ndarray, list[tuple[float, float]]]
+    asr_server: ServerThread,
+    engine_hooks: EngineHooks,
+    conversation: tuple[np.ndarray, list[tuple[float, float]]],
 ) -> None:
     audio, _ = conversation
     engine = asr_server.engine
@@ -287,20 +290,19 @@ async def test_client_cancel_frees_engine_slots(
     def hold(request: object) -> None:
         gate.wait(30)
 
-    engine._scheduler.fault_hook = hold
     try:
-        async with RecognizerClient(asr_server.target) as client:
-            responses = client.stream_file(audio, rate=16000)
-            async for response in responses:  # all audio goes at once; leave when the first utterance ended
-                if response.speech_event_type == Event.SPEECH_ACTIVITY_END:
-                    break
-            await responses.aclose()  # cancels the call
-        # The gate opens only once the server has seen the cancel (and freed the stream's slots): opened
-        # at once, a busy server could finish the utterances before the cancel reached it.
-        sessions = asr_server.server.recognizer.sessions
-        await wait_until(lambda: not sessions, 30, "the server saw the cancel")
+        with engine_hooks.installed(fault=hold):
+            async with RecognizerClient(asr_server.target) as client:
+                responses = client.stream_file(audio, rate=16000)
+                async for response in responses:  # all audio goes at once; leave when the first one ended
+                    if response.speech_event_type == Event.SPEECH_ACTIVITY_END:
+                        break
+                await responses.aclose()  # cancels the call
+            # The gate opens only once the server has seen the cancel (and freed the stream's slots): opened
+            # at once, a busy server could finish the utterances before the cancel reached it.
+            sessions = asr_server.server.recognizer.sessions
+            await wait_until(lambda: not sessions, 30, "the server saw the cancel")
     finally:
-        engine._scheduler.fault_hook = None
         gate.set()
     deadline = time.monotonic() + 30  # an encoder pass already running finishes first (slow on a busy CPU)
     stats = engine.stats()
@@ -424,7 +426,10 @@ def engine_requests(kind: str, outcome: str) -> float:
 
 
 async def test_refused_utterance_ends_the_stream_after_the_finals_of_those_admitted(
-    asr_server: ServerThread, service_engine: Engine, monkeypatch: pytest.MonkeyPatch
+    asr_server: ServerThread,
+    service_engine: Engine,
+    engine_hooks: EngineHooks,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """--max-queue 2, engine held: sentences 0 and 1 are admitted, sentence 2 is refused. The stream
     still gets the finals of 0 and 1, then RESOURCE_EXHAUSTED. (Speculation off: an offer is best effort,
@@ -432,7 +437,7 @@ async def test_refused_utterance_ends_the_stream_after_the_finals_of_those_admit
     monkeypatch.setattr(service_engine.config, "max_queue", 2)
     monkeypatch.setattr(asr_server.config, "speculative_endpointing", False)
     audio, _ = make_conversation(SENTENCES[:3], pause_s=1.0)
-    with scheduler_gate(service_engine) as gate:
+    with scheduler_gate(service_engine, engine_hooks) as gate:
         await gate.close()
         async with aio.insecure_channel(asr_server.target) as channel:
             stream = OpenStream(channel)
@@ -453,7 +458,7 @@ async def test_refused_utterance_ends_the_stream_after_the_finals_of_those_admit
 
 
 async def test_drain_with_a_refused_utterance_still_sends_the_admitted_finals(
-    service_engine: Engine, monkeypatch: pytest.MonkeyPatch
+    service_engine: Engine, engine_hooks: EngineHooks, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Drain flushes the sentence in progress; the engine (--max-queue 1, held) refuses it. The sentence
     admitted before still gets its final, then the refusal's status."""
@@ -462,7 +467,7 @@ async def test_drain_with_a_refused_utterance_still_sends_the_admitted_finals(
     second, _ = make_conversation(SENTENCES[1:2], pause_s=0.0, lead_s=0.0)  # still speaking at the end
     server = ServerThread(ServerConfig(speculative_endpointing=False), service_engine).start()
     try:
-        with scheduler_gate(service_engine) as gate:
+        with scheduler_gate(service_engine, engine_hooks) as gate:
             await gate.close()
             async with aio.insecure_channel(server.target) as channel:
                 stream = OpenStream(channel)
@@ -521,7 +526,9 @@ async def test_interim_meeting_a_stopped_engine_ends_the_stream_unavailable() ->
     assert "stopped" in outcome.details
 
 
-async def test_final_cancels_its_interim_still_in_flight(service_engine: Engine) -> None:
+async def test_final_cancels_its_interim_still_in_flight(
+    service_engine: Engine, engine_hooks: EngineHooks
+) -> None:
     """With the engine held, an interim is queued for the sentence in progress; then the sentence ends
     and its final is queued. The interim is cancelled before the engine works on it."""
     server = ServerThread(ServerConfig(interim_interval_s=0.2), service_engine).start()
@@ -530,7 +537,7 @@ async def test_final_cancels_its_interim_still_in_flight(service_engine: Engine)
     split = len(data) // 2 // 2 * 2  # mid-sentence, on a sample
     cancelled_before = engine_requests("interim", "cancelled")
     try:
-        with scheduler_gate(service_engine) as gate:
+        with scheduler_gate(service_engine, engine_hooks) as gate:
             await gate.close()
             async with aio.insecure_channel(server.target) as channel:
                 stream = OpenStream(channel, config=interim_config())

@@ -22,9 +22,10 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine import Engine
-from service.audio import decode_file, mixdown
+from engine.hooks import EngineHooks
 from service.config import ServerConfig
-from service.endpointing import (
+from service.pipeline.audio import decode_file, mixdown
+from service.pipeline.endpointing import (
     Endpointer,
     EndpointSettings,
     Event,
@@ -313,11 +314,13 @@ async def final_off(servers: dict[bool, ServerThread], audio: np.ndarray) -> lis
 
 @pytest.mark.slow
 async def test_half_close_with_an_offer_pending_still_gets_the_final(
-    service_engine: Engine, servers: dict[bool, ServerThread]
+    service_engine: Engine, engine_hooks: EngineHooks, servers: dict[bool, ServerThread]
 ) -> None:
     audio = spoken_then_pause()
     hits = metric("asr_speculative_endpoints_total", outcome="hit")
-    with scheduler_gate(service_engine) as recorder:  # never closed: only records what is encoded
+    with scheduler_gate(
+        service_engine, engine_hooks
+    ) as recorder:  # never closed: only records what is encoded
         async with aio.insecure_channel(servers[True].target) as channel:
             s = OpenStream(channel, config=config_request(enable_word_time_offsets=True))
             stream_id = await s.open()
@@ -327,7 +330,7 @@ async def test_half_close_with_an_offer_pending_still_gets_the_final(
     assert outcome.code == grpc.StatusCode.OK, outcome.details
     assert len(final_results(outcome.responses)) == 1
     # the speculative request became the final: none was made at the confirmation (its id would be
-    # the plain "<stream>-<channel>-<index>" of service/session.py)
+    # the plain "<stream>-<channel>-<index>" of service/pipeline/session.py)
     encoded = [rid for rid, _ in recorder.encoded if rid.startswith(f"{stream_id}-")]
     assert encoded and "-spec" in encoded[-1] and f"{stream_id}-0-0" not in encoded
     assert final_results(outcome.responses) == await final_off(servers, audio)
@@ -357,14 +360,17 @@ async def test_drain_with_an_offer_pending_sends_the_final(
 
 @pytest.mark.slow
 async def test_engine_refusing_the_offer_falls_back_to_submitting_at_the_end(
-    service_engine: Engine, servers: dict[bool, ServerThread], monkeypatch: pytest.MonkeyPatch
+    service_engine: Engine,
+    engine_hooks: EngineHooks,
+    servers: dict[bool, ServerThread],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """--max-queue 1 and the engine held with one utterance queued: the offer is refused. Once the queue
     has room, the end is confirmed and the utterance is submitted then: its final arrives as usual."""
     audio = spoken_then_pause()
     refused = metric("asr_speculative_endpoints_total", outcome="refused")
     monkeypatch.setattr(service_engine.config, "max_queue", 1)
-    with scheduler_gate(service_engine) as gate:
+    with scheduler_gate(service_engine, engine_hooks) as gate:
         await gate.close()
         filler = service_engine.submit(silence(0.5))
         async with aio.insecure_channel(servers[True].target) as channel:
@@ -427,7 +433,7 @@ def test_a_miss_is_cancelled_in_the_engine_process(
 
 @pytest.mark.slow
 async def test_interims_as_without_speculation(
-    service_engine: Engine, servers: dict[bool, ServerThread]
+    service_engine: Engine, engine_hooks: EngineHooks, servers: dict[bool, ServerThread]
 ) -> None:
     """An offer leaves the interim in flight alone (on a miss it is still wanted); the confirmation
     supersedes the interim as a final always did: no interim result follows the final, and the final
@@ -438,7 +444,7 @@ async def test_interims_as_without_speculation(
         ServerConfig(speculative_endpointing=True, interim_interval_s=0.2), service_engine
     ).start()
     try:
-        with scheduler_gate(service_engine) as gate:
+        with scheduler_gate(service_engine, engine_hooks) as gate:
             await gate.close()
             async with aio.insecure_channel(server.target) as channel:
                 config = config_request(enable_word_time_offsets=True)

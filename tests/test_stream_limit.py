@@ -1,4 +1,4 @@
-"""The shared --max-streams count (service/stream_limit.py) between two frontends' views of it, in one
+"""The shared --max-streams count (service/core/stream_limit.py) between two frontends' views of it, in one
 process (flock excludes across open file descriptions, so two views exclude each other as two processes
 do). The whole server with two frontend processes: tests/test_server_processes.py::
 test_max_streams_is_the_servers_limit_shared_by_its_frontends."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import multiprocessing
 from pathlib import Path
 
-from service.stream_limit import SharedStreamCounts, SharedStreamLimit, StreamLimit
+from service.core.stream_limit import SharedStreamCounts, SharedStreamLimit, StreamLimit
 
 
 def test_the_count_is_shared_and_a_cleared_slot_gives_its_places_back(tmp_path: Path) -> None:

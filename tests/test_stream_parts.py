@@ -1,4 +1,4 @@
-"""The parts service/session.py was split into: the stream-state enum and the interim policy."""
+"""The parts service/pipeline/session.py was split into: the stream-state enum and the interim policy."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from concurrent.futures import Future
 import pytest
 
 from engine import UtteranceHandle
-from service.interim import MIN_INTERIM_AUDIO_S, InterimPolicy, stability
-from service.stream_state import StreamState as S
+from service.pipeline.interim import MIN_INTERIM_AUDIO_S, InterimPolicy, stability
+from service.pipeline.stream_state import StreamState as S
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Batched VAD across streams (service/vad_batch.py, SileroVad.score) and 8 kHz endpointing, on the real
+"""Batched VAD across streams (service/pipeline/vad_batch.py, SileroVad.score) and 8 kHz endpointing, on the real
 silero-vad model with real speech (jfk.flac, pocketsphinx's librivox) and espeak-ng speech turned into
 telephone audio by sox; and through a real server with several calls at once."""
 
@@ -15,9 +15,9 @@ from asr.v1 import asr_pb2
 from prometheus_client import REGISTRY
 
 from clients.client import RecognizerClient
-from service.audio import StreamDecoder
-from service.endpointing import RATE, Endpointer, SileroVad, Utterance, load_vad
-from service.vad_batch import VadBatcher
+from service.pipeline.audio import StreamDecoder
+from service.pipeline.endpointing import RATE, Endpointer, SileroVad, Utterance, load_vad
+from service.pipeline.vad_batch import VadBatcher
 from tests.support.audio import JFK_FLAC, make_conversation, to_mulaw_8k_bytes, white_noise
 from tests.support.server import ServerThread
 

@@ -1,11 +1,11 @@
 """A failure stays with one utterance (issue 10, scenarios 1 and 2), on the real bundled tiny.en in
-process. Faults go in through the scheduler's own test seams (`fault_hook`, `stage_hook`,
-`enqueue_hook`), so each case happens exactly as named, never by timing."""
+process. Faults go in through the engine's own test seams (engine/hooks.py: `fault`, `stage`, `enqueue`,
+`closing`), so each case happens exactly as named, never by timing."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 
 import numpy as np
@@ -13,6 +13,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from engine import Engine, EngineConfig, EngineStopped, Transcript
+from engine.hooks import EngineHooks
 from engine.request import Request
 from tests.support.audio import speak
 
@@ -37,8 +38,16 @@ def clips() -> list[np.ndarray]:
 
 
 @pytest.fixture(scope="module")
-def engine() -> Iterator[Engine]:
-    e = Engine(EngineConfig(model="tiny.en", threads=2, encoder_context="trim", kv_slots=8, warmup=False))
+def hooks() -> EngineHooks:
+    return EngineHooks()
+
+
+@pytest.fixture(scope="module")
+def engine(hooks: EngineHooks) -> Iterator[Engine]:
+    e = Engine(
+        EngineConfig(model="tiny.en", threads=2, encoder_context="trim", kv_slots=8, warmup=False),
+        hooks=hooks,
+    )
     e.start()
     yield e
     e.stop()
@@ -55,8 +64,8 @@ class Gate:
     so that everything submitted meanwhile is admitted in ONE window; records each encoder call's
     request ids; fails chosen requests at a chosen stage."""
 
-    def __init__(self, engine: Engine) -> None:
-        self.scheduler = engine._scheduler
+    def __init__(self, engine: Engine, hooks: EngineHooks) -> None:
+        self.hooks = hooks
         self.engine = engine
         self.held = threading.Event()
         self.release = threading.Event()
@@ -75,20 +84,20 @@ class Gate:
             self.encoder_calls.append([r.id for r in reqs])
         for req in reqs:
             if self.fail_at == (stage, req.id) or (
-                self.fail_at == ("rules mid-decode", req.id) and stage == "rules" and len(req.generated) >= 3
+                self.fail_at == (f"{stage} mid-decode", req.id) and len(req.generated) >= 3
             ):
                 raise InjectedFault(f"injected into stage {stage} of {req.id}")
 
     def __enter__(self) -> Gate:
-        assert self.scheduler.fault_hook is None and self.scheduler.stage_hook is None
-        self.scheduler.fault_hook, self.scheduler.stage_hook = self.fault, self.stage
+        self.installed = self.hooks.installed(fault=self.fault, stage=self.stage)
+        self.installed.__enter__()
         self.engine.submit(np.zeros(8000, dtype=np.float32), request_id="gate")
         assert self.held.wait(30), "the scheduler never reached the gate"
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.release.set()
-        self.scheduler.fault_hook = self.scheduler.stage_hook = None
+        self.installed.__exit__(None, None, None)
 
 
 def failures(stage: str) -> float:
@@ -96,10 +105,10 @@ def failures(stage: str) -> float:
 
 
 def run_window(
-    engine: Engine, clips: list[np.ndarray], n: int, bad: int, stage: str, tag: str
+    engine: Engine, hooks: EngineHooks, clips: list[np.ndarray], n: int, bad: int, stage: str, tag: str
 ) -> tuple[list[Future[Transcript]], list[list[str]]]:
     ids = [f"{tag}-{i}" for i in range(n)]
-    with Gate(engine) as gate:
+    with Gate(engine, hooks) as gate:
         gate.fail_at = (stage, ids[bad])
         futures = [engine.submit(clips[i], request_id=ids[i]).future for i in range(n)]
         gate.release.set()
@@ -130,38 +139,71 @@ WINDOW_CASES = [(2, 0), (2, 1), (3, 0), (3, 1), (3, 2), (5, 0), (5, 2), (5, 4)]
 
 @pytest.mark.parametrize(("n", "bad"), WINDOW_CASES, ids=[f"window{n}-fail{b}" for n, b in WINDOW_CASES])
 def test_an_encoder_failure_in_a_window_leaves_every_other_utterance_as_alone(
-    engine: Engine, clips: list[np.ndarray], alone: list[tuple[int, ...]], n: int, bad: int
+    engine: Engine,
+    hooks: EngineHooks,
+    clips: list[np.ndarray],
+    alone: list[tuple[int, ...]],
+    n: int,
+    bad: int,
 ) -> None:
     before = failures("encoder")
-    futures, _ = run_window(engine, clips, n, bad, "encoder", f"w{n}b{bad}")
+    futures, _ = run_window(engine, hooks, clips, n, bad, "encoder", f"w{n}b{bad}")
     assert_only_bad_failed(engine, futures, bad, alone)
     assert failures("encoder") - before == 1
 
 
 @pytest.mark.parametrize("stage", ["prompt", "rules", "rules mid-decode", "loop_check", "result"])
 def test_an_error_outside_the_model_fails_that_utterance_only(
-    engine: Engine, clips: list[np.ndarray], alone: list[tuple[int, ...]], stage: str
+    engine: Engine, hooks: EngineHooks, clips: list[np.ndarray], alone: list[tuple[int, ...]], stage: str
 ) -> None:
     counted = stage.split()[0]  # "rules mid-decode": the rules stage, at a decode step (not at prefill)
     before = failures(counted)
-    futures, _ = run_window(engine, clips, 3, 1, stage, f"stage-{stage.replace(' ', '-')}")
+    futures, _ = run_window(engine, hooks, clips, 3, 1, stage, f"stage-{stage.replace(' ', '-')}")
     assert_only_bad_failed(engine, futures, 1, alone)
     assert failures(counted) - before == 1
     # and the engine keeps serving
     assert engine.submit(clips[1]).future.result(timeout=120).tokens == alone[1]
 
 
+def test_a_prefill_failure_in_a_window_is_found_alone_and_fails_that_utterance_only(
+    engine: Engine, hooks: EngineHooks, clips: list[np.ndarray], alone: list[tuple[int, ...]]
+) -> None:
+    """The window's prefill fails; run again request by request, only the culprit fails."""
+    before = failures("prefill")
+    futures, _ = run_window(engine, hooks, clips, 3, 1, "prefill", "prefill")
+    assert_only_bad_failed(engine, futures, 1, alone)
+    assert failures("prefill") - before == 1
+
+
+def test_a_failed_decode_step_fails_the_sequences_in_it_and_the_engine_goes_on(
+    engine: Engine, hooks: EngineHooks, clips: list[np.ndarray], alone: list[tuple[int, ...]]
+) -> None:
+    """A decode step runs its rows together, so no sequence can take it alone: every sequence in the
+    failed step fails (here all three of the window, each a few tokens in), nothing else does."""
+    before = failures("decode_step")
+    futures, _ = run_window(engine, hooks, clips, 3, 1, "decode_step mid-decode", "step")
+    for f in futures:
+        with pytest.raises(InjectedFault):
+            f.result()
+    assert failures("decode_step") - before == 3
+    assert engine.alive
+    stats = engine.stats()
+    assert (stats["active"], stats["slots_used"], stats["waiting"]) == (0, 0, 0), stats
+    assert engine.submit(clips[1]).future.result(timeout=120).tokens == alone[1]
+
+
 def test_an_error_that_leaves_the_device_unknown_stops_the_engine(clips: list[np.ndarray]) -> None:
     died = threading.Event()
-    engine = Engine(EngineConfig(model="tiny.en", threads=2, warmup=False))
+
+    def device_lost(stage: str, reqs: Sequence[Request]) -> None:
+        if stage == "rules":
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    engine = Engine(
+        EngineConfig(model="tiny.en", threads=2, warmup=False), hooks=EngineHooks(stage=device_lost)
+    )
     engine.start(on_failure=lambda exc: died.set())
     try:
-
-        def device_lost(stage: str, reqs: list[Request]) -> None:
-            if stage == "rules":
-                raise RuntimeError("CUDA error: an illegal memory access was encountered")
-
-        engine._scheduler.stage_hook = device_lost
         handle = engine.submit(clips[0])
         assert died.wait(60)
         with pytest.raises(EngineStopped):
@@ -174,22 +216,23 @@ def test_an_error_that_leaves_the_device_unknown_stops_the_engine(clips: list[np
 def test_an_utterance_submitted_while_the_engine_stops_is_refused_never_left_waiting(
     clips: list[np.ndarray],
 ) -> None:
-    engine = Engine(EngineConfig(model="tiny.en", threads=2, warmup=False))
+    hooks = EngineHooks()
+    engine = Engine(EngineConfig(model="tiny.en", threads=2, warmup=False), hooks=hooks)
     engine.start()
-    scheduler = engine._scheduler
     stopper = threading.Thread(target=engine.stop, kwargs={"timeout": 30})
+    closing = threading.Event()
+    hooks.closing = closing.set
 
     def stop_between_check_and_enqueue(req: Request) -> None:
-        # The submit has passed its "is the engine running?" check: now the engine stops and its
-        # scheduler drains the inbox. (With the fix, the drain waits for this submit to finish, so
-        # the join below times out; without it, the thread ends first and the request is lost.)
-        scheduler.enqueue_hook = None
+        # The submit has passed its "is the engine running?" check: now the engine stops and its loop
+        # drains the inbox. (With the fix, the drain waits for this submit to finish, so the join below
+        # times out; without it, the loop ends first and the request is lost.)
+        hooks.enqueue = None
         stopper.start()
-        assert scheduler._stopping.wait(10)
-        assert scheduler._thread is not None
-        scheduler._thread.join(2)
+        assert closing.wait(10), "the engine's loop never began to stop"
+        stopper.join(2)  # engine.stop() joins the loop thread
 
-    scheduler.enqueue_hook = stop_between_check_and_enqueue
+    hooks.enqueue = stop_between_check_and_enqueue
     try:
         future = engine.submit(clips[0]).future
     except EngineStopped:

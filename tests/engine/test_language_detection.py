@@ -14,6 +14,7 @@ import torch
 from transformers import WhisperFeatureExtractor
 
 from engine import DecodeOptions, Engine, EngineConfig, weights
+from engine.runner import ModelRunner
 from tests.support.audio import sox_decode_g711, speak, to_mulaw_8k_bytes
 from tests.support.engine import jfk_16k
 
@@ -49,14 +50,18 @@ def hf_generate_tokens(audio: np.ndarray) -> list[int]:
     return [t for t in out[0].tolist() if t < eot]
 
 
+# Whisper's full 30 s context in fp32: what transformers' generate runs, so tokens compare exactly.
+BASE = EngineConfig(model="base", threads=2, encoder_context="full", kv_slots=4, warmup=False, quantize="off")
+
+
 @pytest.fixture(scope="module")
-def base_engine() -> Iterator[Engine]:
-    """Whisper's full 30 s context in fp32: what transformers' generate runs, so tokens compare exactly."""
-    engine = Engine(
-        EngineConfig(
-            model="base", threads=2, encoder_context="full", kv_slots=4, warmup=False, quantize="off"
-        )
-    )
+def base_runner() -> ModelRunner:
+    return ModelRunner.load(BASE)
+
+
+@pytest.fixture(scope="module")
+def base_engine(base_runner: ModelRunner) -> Iterator[Engine]:
+    engine = Engine(BASE, runner=base_runner)
     engine.start()
     yield engine
     engine.stop()
@@ -87,7 +92,7 @@ def test_timestamps_with_language_unset_equal_language_set(base_engine: Engine, 
     assert detected.tokens == given.tokens
 
 
-def test_the_first_sampled_token_after_detection_obeys_begin_suppress(base_engine: Engine) -> None:
+def test_the_first_sampled_token_after_detection_obeys_begin_suppress(base_runner: ModelRunner) -> None:
     """Logits that most favour end-of-text, then a blank: at the first sampled position (after the
     detected language and the forced task tokens) neither may be chosen, exactly as with the language
     given; one token later, end-of-text may be."""
@@ -95,7 +100,7 @@ def test_the_first_sampled_token_after_detection_obeys_begin_suppress(base_engin
 
     from engine.request import Request
 
-    rules = base_engine._scheduler.rules
+    rules = base_runner.rules
     v = rules.vocab
     blank = rules.tokenizer.encode(" ", add_special_tokens=False)[0]
     results = {}

@@ -10,10 +10,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+import tokenizers
 
 from engine import DecodeOptions, Engine, EngineConfig
 from engine.prompt import MAX_PROMPT_CHARS, WHISPER_MAX_PROMPT_TOKENS, PromptEncoder, max_prompt_tokens
 from engine.request import validate_options
+from engine.runner import ModelRunner
 
 
 @pytest.fixture(scope="module")
@@ -67,37 +69,56 @@ def test_the_encoder_crosses_processes_as_its_tokenizer(encoder: PromptEncoder) 
     assert copy.max_tokens == 111
 
 
-def test_the_scheduler_thread_never_tokenizes_a_prompt(random_model: Path) -> None:
+def test_the_scheduler_thread_never_tokenizes_a_prompt(
+    random_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """35 s of audio (two 30 s windows; with random weights every trimmed window loops and falls back to
     the full context): the prompt is tokenized at submit, on the caller's thread, and never again."""
-    engine = Engine(EngineConfig(model=str(random_model), threads=2, warmup=False, encoder_context="trim"))
-    engine.start()
     threads: list[str] = []
+    real_tokenizer = tokenizers.Tokenizer
+
+    class CountingTokenizer:
+        """tokenizers.Tokenizer (what engine/prompt.py tokenizes prompts with), counting encode calls."""
+
+        def __init__(self, real: Any) -> None:
+            object.__setattr__(self, "real", real)
+
+        @classmethod
+        def from_str(cls, json: str) -> CountingTokenizer:
+            return cls(real_tokenizer.from_str(json))
+
+        def encode(self, *args: Any, **kwargs: Any) -> Any:
+            threads.append(threading.current_thread().name)
+            return self.real.encode(*args, **kwargs)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.real, name)
+
+        def __setattr__(self, name: str, value: Any) -> None:
+            setattr(self.real, name, value)
+
+    class RulesTokenizer:
+        """The rules' tokenizer, minus `encode`: text comes back out of it, no prompt goes in."""
+
+        def __init__(self, real: Any) -> None:
+            self.real = real
+
+        def encode(self, *args: Any, **kwargs: Any) -> Any:
+            threads.append(threading.current_thread().name)
+            return self.real.encode(*args, **kwargs)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.real, name)
+
+    config = EngineConfig(model=str(random_model), threads=2, warmup=False, encoder_context="trim")
+    runner = ModelRunner.load(config)
+    monkeypatch.setattr(
+        tokenizers, "Tokenizer", CountingTokenizer
+    )  # the prompts' tokenizer loads at first use
+    runner.rules.tokenizer = RulesTokenizer(runner.rules.tokenizer)
+    engine = Engine(config, runner=runner)
+    engine.start()
     try:
-        scheduler = engine._scheduler
-        backend = scheduler.prompts._backend()
-        real_encode = backend.encode
-
-        class Counting:
-            def encode(self, *args: Any, **kwargs: Any) -> Any:
-                threads.append(threading.current_thread().name)
-                return real_encode(*args, **kwargs)
-
-        class RulesTokenizer:
-            """The rules' tokenizer, minus `encode`: text comes back out of it, no prompt goes in."""
-
-            def __init__(self, real: Any) -> None:
-                self.real = real
-
-            def encode(self, *args: Any, **kwargs: Any) -> Any:
-                threads.append(threading.current_thread().name)
-                return self.real.encode(*args, **kwargs)
-
-            def __getattr__(self, name: str) -> Any:
-                return getattr(self.real, name)
-
-        scheduler.prompts._tokenizer = Counting()
-        scheduler.rules.tokenizer = RulesTokenizer(scheduler.rules.tokenizer)
         audio = (np.random.default_rng(0).standard_normal(16000 * 35) * 0.1).astype(np.float32)
         options = DecodeOptions(prompt="Acme Widget-Pro", max_new_tokens=8)
         transcript = engine.submit(audio, options).future.result(timeout=300)

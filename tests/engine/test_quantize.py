@@ -205,7 +205,11 @@ def test_auto_leaves_the_encoder_float_on_a_cpu_without_int8_dot_products(
     [
         (
             ["--quantize", "int4"],
-            "--quantize must be one of auto, off, int8, int8-per-batch, int8-per-tensor, fp16, on (got 'int4')",
+            "--quantize must be one of auto, off, int8, int8-per-batch, int8-per-tensor, fp16 (got 'int4')",
+        ),
+        (
+            ["--quantize", "on"],
+            "--quantize must be one of auto, off, int8, int8-per-batch, int8-per-tensor, fp16",
         ),
         (
             ["--quantize-parts", "decoder,lm_head"],

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import CancelledError
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,6 +16,7 @@ from prometheus_client import REGISTRY
 
 from engine import DecodeOptions, Engine, EngineConfig, EngineOverloaded
 from engine.api import EngineStopped
+from engine.hooks import EngineHooks
 from engine.request import Priority
 from tests.support.wait import wait_until
 
@@ -46,11 +47,11 @@ class Delta:
 
 
 @contextmanager
-def running(model: Path, **overrides: object) -> Iterator[Engine]:
+def running(model: Path, hooks: EngineHooks | None = None, **overrides: object) -> Iterator[Engine]:
     config = EngineConfig(model=str(model), threads=2, warmup=False, encoder_context="trim")
     for key, value in overrides.items():
         setattr(config, key, value)
-    engine = Engine(config)
+    engine = Engine(config, hooks=hooks)
     engine.start()
     try:
         yield engine
@@ -107,7 +108,8 @@ def test_cancel_while_decoding_frees_the_slot_at_once(random_model: Path) -> Non
         wait_until(
             lambda: not engine.stats()["slots_used"], 10, "the cancelled utterance's slot was not freed"
         )
-        assert engine.stats() == {"waiting": 0, "active": 0, "slots_used": 0, "slots_free": 4}
+        stats = engine.stats()
+        assert (stats["waiting"], stats["active"], stats["slots_used"], stats["slots_free"]) == (0, 0, 0, 4)
         # The freed slot serves the next utterance.
         assert engine.submit(noise(1, 1), DecodeOptions(max_new_tokens=3)).future.result(timeout=30).tokens
 
@@ -184,17 +186,18 @@ def test_recorded_work_waits_for_live_work_and_keeps_rows_free_for_it(random_mod
     encoder pass, and recorded work never holds more than --max-recorded-rows rows."""
     order: list[str] = []
     peak_recorded = 0
-    with running(random_model, batch_window_ms=300.0, kv_slots=8, max_recorded_rows=2, max_batch=8) as engine:
-        scheduler = engine._scheduler
+    hooks = EngineHooks()
+    with running(
+        random_model, hooks, batch_window_ms=300.0, kv_slots=8, max_recorded_rows=2, max_batch=8
+    ) as engine:
 
-        def seen(stage: str, reqs: list[object]) -> None:
+        def seen(stage: str, reqs: Sequence[object]) -> None:
             nonlocal peak_recorded
             if stage == "encoder":
                 order.extend(r.id for r in reqs)  # type: ignore[attr-defined]
-                held = sum(1 for r in scheduler._active if r.priority is Priority.RECORDED)
-                peak_recorded = max(peak_recorded, held)
+                peak_recorded = max(peak_recorded, engine.stats()["rows_recorded"])
 
-        scheduler.stage_hook = seen
+        hooks.stage = seen
         short = DecodeOptions(max_new_tokens=4)  # random weights never end early: the caller's limit does
         rec = DecodeOptions(max_new_tokens=4, priority=Priority.RECORDED)
         handles = [engine.submit(noise(1, i), rec, request_id=f"rec{i}") for i in range(12)]
@@ -254,13 +257,11 @@ def test_encoder_blocking_is_measured_only_while_sequences_decode(random_model: 
 
 
 def test_a_failing_utterance_fails_alone_and_the_engine_keeps_serving(random_model: Path) -> None:
-    with running(random_model, batch_window_ms=300.0) as engine:
+    def hook(req: object) -> None:
+        if getattr(req, "id", "") == "bad":
+            raise RuntimeError("injected fault")
 
-        def hook(req: object) -> None:
-            if getattr(req, "id", "") == "bad":
-                raise RuntimeError("injected fault")
-
-        engine._scheduler.fault_hook = hook
+    with running(random_model, EngineHooks(fault=hook), batch_window_ms=300.0) as engine:
         good = [engine.submit(noise(1, i), DecodeOptions(max_new_tokens=3)) for i in range(2)]
         bad = engine.submit(noise(1, 9), DecodeOptions(max_new_tokens=3), request_id="bad")
         with pytest.raises(RuntimeError, match="injected fault"):
@@ -279,13 +280,12 @@ def test_scheduler_death_is_reported_and_refuses_new_work(random_model: Path) ->
     with running(random_model, batch_window_ms=1.0) as engine:
         engine.stop()  # replace with one that reports failure
     config = EngineConfig(model=str(random_model), threads=2, encoder_context="trim")
-    engine = Engine(config)
-    engine.start(on_failure=lambda exc: died.set())
 
     def hook(req: object) -> None:
         raise Fatal()
 
-    engine._scheduler.fault_hook = hook
+    engine = Engine(config, hooks=EngineHooks(fault=hook))
+    engine.start(on_failure=lambda exc: died.set())
     handle = engine.submit(noise(1, 0))
     assert died.wait(30)
     with pytest.raises(EngineStopped):

@@ -27,12 +27,20 @@ from tests.support.audio import speak
 from tests.support.engine import jfk_16k
 from tests.support.wait import wait_until
 
+# 4 slots: batch buckets 1, 2, 4; a 300 ms window so that submits back to back share it.
+# unquantized: what --compile on and a GPU run (--quantize auto means off for both)
+CONFIG = EngineConfig(threads=2, batch_window_ms=300.0, kv_slots=4, quantize="off")
+
 
 @pytest.fixture(scope="module")
-def engine() -> Iterator[Engine]:
-    # 4 slots: batch buckets 1, 2, 4; a 300 ms window so that submits back to back share it.
-    # unquantized: what --compile on and a GPU run (--quantize auto means off for both)
-    engine = Engine(EngineConfig(threads=2, batch_window_ms=300.0, kv_slots=4, quantize="off"))
+def runner() -> ModelRunner:
+    """The model runner the engine below runs (built here, so the tests can reach its model and stepper)."""
+    return ModelRunner.load(CONFIG)
+
+
+@pytest.fixture(scope="module")
+def engine(runner: ModelRunner) -> Iterator[Engine]:
+    engine = Engine(CONFIG, runner=runner)
     engine.start()
     yield engine
     engine.stop()
@@ -74,11 +82,6 @@ def host_reads(fn: Callable[..., Any], *args: Any) -> list[str]:
     return mode.seen
 
 
-def runner_of(engine: Engine) -> ModelRunner:
-    runner: ModelRunner = engine._scheduler.runner
-    return runner
-
-
 class CountingBackend:
     """Dynamo's eager backend, counting graphs compiled and calls into them."""
 
@@ -104,8 +107,7 @@ def step_arguments(runner: ModelRunner, shape: StepShape) -> tuple[Any, ...]:
     return stepper.arguments(shape)
 
 
-def test_the_decode_step_compiles_as_one_graph_and_never_reads_the_device(engine: Engine) -> None:
-    runner = runner_of(engine)
+def test_the_decode_step_compiles_as_one_graph_and_never_reads_the_device(runner: ModelRunner) -> None:
     args = step_arguments(runner, StepShape(batch=2, keys=32, cross=375))
     with torch.inference_mode():
         compiled = torch.compile(runner.model.decode_step, fullgraph=True, backend="eager")(*args)
@@ -151,9 +153,8 @@ HOST_READ_VARIANTS = {
 
 
 @pytest.mark.parametrize("variant", list(HOST_READ_VARIANTS))
-def test_a_host_read_in_the_step_is_caught(engine: Engine, variant: str) -> None:
+def test_a_host_read_in_the_step_is_caught(runner: ModelRunner, variant: str) -> None:
     """The checks above can fail: the same step with one of the host reads it used to have."""
-    runner = runner_of(engine)
     args = step_arguments(runner, StepShape(batch=2, keys=32, cross=375))
     change = HOST_READ_VARIANTS[variant]
 
@@ -177,14 +178,15 @@ def staggered(engine: Engine, clips: list[np.ndarray]) -> list[tuple[int, ...]]:
     return [h.future.result(timeout=300).tokens for h in [*first, *later]]
 
 
-def test_bucketed_compiled_steps_give_the_eager_tokens_as_utterances_join_and_leave(engine: Engine) -> None:
+def test_bucketed_compiled_steps_give_the_eager_tokens_as_utterances_join_and_leave(
+    engine: Engine, runner: ModelRunner
+) -> None:
     clips = [
         jfk_16k()[: 16000 * 5],
         speak("I would like to check the status of my order please."),
         speak("My account number is four five seven two nine.", voice="en-gb+f3"),
         jfk_16k()[16000 * 5 : 16000 * 9],
     ]
-    runner = runner_of(engine)
     eager_stepper = runner.stepper
     assert not eager_stepper.static and not eager_stepper.compiled  # exact shapes, plain PyTorch
     eager = staggered(engine, clips)
@@ -215,7 +217,7 @@ def test_bucketed_compiled_steps_give_the_eager_tokens_as_utterances_join_and_le
     assert any(shape.batch > n for n, shape in seen)  # padding rows of a bucket ran too
 
 
-def test_step_flags_are_validated(engine: Engine) -> None:
+def test_step_flags_are_validated(runner: ModelRunner) -> None:
     assert EngineConfig(cuda_graphs="on", device="cpu").validate() == [
         "--cuda-graphs on needs a CUDA device (got --device cpu)"
     ]
@@ -225,7 +227,7 @@ def test_step_flags_are_validated(engine: Engine) -> None:
         in EngineConfig(compile=True, quantize="int8").validate()[0]
     )
     assert EngineConfig(cuda_graphs="auto", compile=True).validate() == []
-    runner = runner_of(engine)  # --device auto that resolved to the CPU
+    # runner: --device auto that resolved to the CPU
     with pytest.raises(ValueError, match="--cuda-graphs on needs a CUDA device"):
         DecodeStepper(runner.model, runner.cache, runner.device, compile=False, graphs=True, static=True)
     assert not runner.stepper.graphs  # auto on a CPU: no graphs

@@ -1,8 +1,8 @@
-"""Hold a real engine's scheduler still, so that what a test submits meanwhile surely waits in its queue.
+"""Hold a real engine's loop still, so that what a test submits meanwhile surely waits in its queue.
 
-Uses the engine's test seam (`Scheduler.fault_hook`, called for each request as its encoder pass begins):
-a silent sentinel utterance is submitted and the hook holds the scheduler thread inside its encoder pass
-until the test opens the gate. Every request that reaches an encoder pass is recorded, so a test can
+Uses the engine's fault seam (engine/hooks.py `EngineHooks.fault`, called for each request as its encoder
+pass begins): a silent sentinel utterance is submitted and the hook holds the loop thread inside its encoder
+pass until the test opens the gate. Every request that reaches an encoder pass is recorded, so a test can
 tell what the engine actually worked on.
 """
 
@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from engine import Engine
+from engine.hooks import EngineHooks
 
 
 class SchedulerGate:
@@ -44,17 +45,15 @@ class SchedulerGate:
 
     def queued(self) -> int:
         """Utterances submitted and not yet in a slot (what --max-queue bounds)."""
-        return sum(self.engine._scheduler._queued)
+        return self.engine.stats()["queued"]
 
 
 @contextmanager
-def scheduler_gate(engine: Engine) -> Iterator[SchedulerGate]:
-    scheduler = engine._scheduler
-    assert scheduler.fault_hook is None, "another test's hook is still installed"
+def scheduler_gate(engine: Engine, hooks: EngineHooks) -> Iterator[SchedulerGate]:
+    """`hooks`: the ones `engine` was made with."""
     gate = SchedulerGate(engine)
-    scheduler.fault_hook = gate
     try:
-        yield gate
+        with hooks.installed(fault=gate):
+            yield gate
     finally:
         gate.release.set()
-        scheduler.fault_hook = None

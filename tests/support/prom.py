@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from harness.server import REPO, end_process
-from service.ports import free_port
+from service.runtime.ports import free_port
 
 DEPLOY = REPO / "deploy"
 DASHBOARD_JSON = DEPLOY / "grafana" / "asr-dashboard.json"

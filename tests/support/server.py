@@ -21,8 +21,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from engine import Engine
 from harness.server import HOST, REPO, ServerProcess
 from service.config import ServerConfig
-from service.ports import free_port
-from service.server import AsrServer
+from service.runtime.ports import free_port
+from service.runtime.server import AsrServer
 
 __all__ = ["HOST", "REPO", "ServerProcess", "ServerThread", "free_port", "sync_stream", "watch_health"]
 T = TypeVar("T")

@@ -25,9 +25,9 @@ from engine import DecodeOptions, EngineOverloaded, UtteranceHandle
 from engine.api import EngineStopped
 from engine.request import Priority
 from service import metrics
-from service.audio import TARGET_RATE
-from service.endpointing import Utterance
-from service.engine_api import RecognitionEngine
+from service.core.engine import RecognitionEngine
+from service.pipeline.audio import TARGET_RATE
+from service.pipeline.endpointing import Utterance
 
 
 @dataclass
@@ -39,13 +39,10 @@ class _Offer:
 class Speculations:
     """The speculative requests of one stream, at most one per channel (keyed by channel tag)."""
 
-    def __init__(
-        self, engine: RecognitionEngine, options: DecodeOptions, stream_id: str, confirm_after_s: float
-    ) -> None:
+    def __init__(self, engine: RecognitionEngine, stream_id: str, confirm_after_s: float) -> None:
         """`confirm_after_s`: from an offer to its end's confirmation, in a real-time call (the silence
         still to come: min_silence_duration less the speech pad already heard)."""
         self._engine = engine
-        self._options = dataclasses.replace(options, priority=Priority.BEST_EFFORT)
         self._confirm_after_s = max(0.0, confirm_after_s)
         self._stream_id = stream_id
         self._offers: dict[int, _Offer] = {}
@@ -54,12 +51,14 @@ class Speculations:
     def pending(self, channel: int) -> bool:
         return channel in self._offers
 
-    def offer(self, channel: int, utterance: Utterance, ready_time: float) -> bool:
-        """Submit `utterance` as a final candidate; False when the engine refused it (then the confirmed
-        utterance is submitted the ordinary way)."""
+    def offer(self, channel: int, utterance: Utterance, options: DecodeOptions, ready_time: float) -> bool:
+        """Submit `utterance` as a final candidate, decoded with the final's `options`; False when the
+        engine refused it (then the confirmed utterance is submitted the ordinary way)."""
         self.cancel(channel)
         self._attempts += 1
-        options = dataclasses.replace(self._options, promote_at=ready_time + self._confirm_after_s)
+        options = dataclasses.replace(
+            options, priority=Priority.BEST_EFFORT, promote_at=ready_time + self._confirm_after_s
+        )
         try:
             handle = self._engine.submit(
                 utterance.audio,

@@ -1,7 +1,9 @@
-"""The gRPC server (grpc.aio) with health, reflection, metrics and a graceful drain: `AsrServer`.
+"""One frontend's servers: the gRPC port (grpc.aio: the asr.v1 door, health, reflection, interceptors)
+and the HTTP port (service/runtime/http_server.py: the HTTP doors), both on one recognition core
+(service/core/recognizer.py), with the engine's lifecycle and a graceful drain: `AsrServer`.
 
 `asr-server` runs one engine process and N of these servers in frontend processes, their engine an
-`EngineClient` (service/supervisor.py). In-process (tests, embedding) its engine is an `Engine`:
+`EngineClient` (service/runtime/supervisor.py). In-process (tests, embedding) its engine is an `Engine`:
 gRPC port first (health NOT_SERVING), model load and warm-up, SERVING.
 An engine that dies (its scheduler thread, or its process) turns health NOT_SERVING and ends the
 server non-zero, so Kubernetes replaces the pod.
@@ -16,8 +18,6 @@ import importlib.metadata
 import logging
 import os
 import time
-from collections.abc import Sequence
-from pathlib import Path
 
 import grpc
 from asr.v1 import asr_pb2, asr_pb2_grpc
@@ -25,22 +25,24 @@ from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from engine import Engine, EngineConfig
+from engine import Engine
 from engine.client import EngineClient
 from service import metrics
-from service.auth import ENV_VAR, AuthInterceptor, TokenStore
 from service.config import ServerConfig
-from service.engine_api import RecognitionEngine
-from service.http_api import HttpApi
-from service.interceptors import MetricsInterceptor
-from service.recognizer import RecognizerServicer
-from service.stream_limit import StreamLimit
-from service.tls import server_credentials
+from service.core.engine import RecognitionEngine
+from service.core.recognizer import Recognizer
+from service.core.stream_limit import StreamLimit
+from service.doors.asr_v1 import RecognizerServicer
+from service.doors.openai_http import OpenAIHttpDoor
+from service.runtime.auth import ENV_VAR, AuthInterceptor, TokenStore
+from service.runtime.exits import EXIT_ENGINE_FAILED, EXIT_LOAD_FAILED, EXIT_OK
+from service.runtime.http_server import HttpServer
+from service.runtime.interceptors import MetricsInterceptor
+from service.runtime.tls import server_credentials
 
-log = logging.getLogger("service.server")
+log = logging.getLogger("service.runtime.server")
 
 SERVICE_NAME = asr_pb2.DESCRIPTOR.services_by_name["Recognizer"].full_name  # "asr.v1.Recognizer"
-EXIT_OK, EXIT_ENGINE_FAILED, EXIT_LOAD_FAILED = 0, 1, 2
 
 
 def build_info() -> tuple[str, str]:
@@ -73,12 +75,12 @@ class AsrServer:
         self.port = 0
         self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]
         # the engine is attached once loaded (load()); `stream_limit`: a count shared with other frontends
-        self.recognizer = RecognizerServicer(config, stream_limit=stream_limit)
+        self.recognizer = Recognizer(config, stream_limit=stream_limit)
         self._server: aio.Server | None = None
         self._shutdown = asyncio.Event()
         self._failure: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.http: HttpApi | None = None  # the OpenAI-compatible door (--http-port), same loop
+        self.http: HttpServer | None = None  # the HTTP doors' port (--http-port), same loop
         self.http_port = 0
 
     async def _set_health(self, status: int) -> None:
@@ -111,7 +113,7 @@ class AsrServer:
             ],
             maximum_concurrent_rpcs=max_concurrent_rpcs(c),
         )
-        asr_pb2_grpc.add_RecognizerServicer_to_server(self.recognizer, server)
+        asr_pb2_grpc.add_RecognizerServicer_to_server(RecognizerServicer(self.recognizer), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
             (
@@ -131,8 +133,9 @@ class AsrServer:
             raise OSError(f"could not bind the gRPC port {address}")
         await server.start()
         self._server = server
-        if c.http_port:  # the OpenAI-compatible HTTP door: the same recognizer, tokens and TLS
-            self.http = HttpApi(c, self.recognizer, tokens, reuse_port=self.reuse_port)
+        if c.http_port:  # the HTTP doors: the same recognition core, tokens and TLS
+            self.http = HttpServer(c, reuse_port=self.reuse_port)
+            OpenAIHttpDoor(c, self.recognizer, tokens).register(self.http.app)
             self.http_port = await self.http.start()
         log.info(
             "listening",
@@ -318,35 +321,3 @@ def init_metrics() -> None:
     # rate() needs a series before the first call ends, or the error ratio reads NaN at first.
     for grpc_type, method in (("bidi_stream", "StreamingRecognize"), ("unary", "Recognize")):
         metrics.GRPC_HANDLED.labels(grpc_type, SERVICE_NAME, method, grpc.StatusCode.OK.name)
-
-
-def preflight_model(config: EngineConfig) -> None:
-    """Refuse a --model that names no loadable folder before any port opens: a typo'd path must not
-    leave a half-started server behind (the full load, which can fail later, runs behind NOT_SERVING)."""
-    from engine.weights import (
-        BUNDLED,
-        ModelLoadError,
-        default_cache_dir,
-        is_ct2_whisper,
-        is_hf_whisper,
-        resolve,
-    )
-
-    if config.model in BUNDLED:
-        return
-    folder, _ = resolve(config.model, Path(config.cache_dir) if config.cache_dir else default_cache_dir())
-    if not (is_hf_whisper(folder) or is_ct2_whisper(folder)):
-        raise ModelLoadError(
-            f"--model {config.model!r}: {folder} is neither a Hugging Face Whisper folder (config.json with "
-            "model_type 'whisper') nor a CTranslate2 Whisper folder (model.bin + tokenizer.json)"
-        )
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    from service import supervisor  # the process model: one engine process, N frontend processes
-
-    supervisor.main(argv)
-
-
-if __name__ == "__main__":
-    main()

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from service.endpointing import RATE, Utterance
+from service.pipeline.endpointing import RATE, Utterance
 
 DEFAULT_MIN_NON_TALK_S = 2.0
 DEFAULT_MIN_INTERRUPTION_OVERLAP_S = 1.0

@@ -24,7 +24,7 @@ the ceiling (issue 12); frontends scale across cores and the scheduler keeps its
   frontend holds no model: it is back in about a second), unless frontends keep dying (more than
   MAX_RESTARTS within RESTART_WINDOW_S), which is a bug a restart will not fix: then it exits 1.
 - --max-streams is the server's: the frontends count their streams in shared memory the supervisor
-  creates, which gives a dead frontend's places back (service/stream_limit.py).
+  creates, which gives a dead frontend's places back (service/core/stream_limit.py).
 - SIGTERM/SIGINT: every frontend drains (health NOT_SERVING, open streams get their finals) while the
   engine keeps serving them; then the engine stops; exit 0 within --drain-seconds. The supervisor alone
   orders this, whoever got the signal: children ignore SIGTERM and SIGINT (systemd's KillMode=
@@ -68,12 +68,12 @@ from prometheus_client.registry import Collector
 from engine.config import EngineConfig
 from engine.core_process import HEARTBEAT_PENDING, HEARTBEAT_PROGRESS, HEARTBEAT_PUBLISHED, HEARTBEAT_SLOTS
 from service.config import ServerConfig
-from service.logging import setup_logging
-from service.stream_limit import SharedStreamCounts, SharedStreamLimit
+from service.core.stream_limit import SharedStreamCounts, SharedStreamLimit
+from service.runtime.exits import EXIT_ENGINE_FAILED, EXIT_LOAD_FAILED, EXIT_OK
+from service.runtime.logging import setup_logging
 
-log = logging.getLogger("service.supervisor")
+log = logging.getLogger("service.runtime.supervisor")
 
-EXIT_OK, EXIT_ENGINE_FAILED, EXIT_LOAD_FAILED = 0, 1, 2
 MAX_RESTARTS, RESTART_WINDOW_S = 5, 60.0
 _PR_SET_PDEATHSIG = 1
 # The supervisor's word to its children: a frontend drains, the engine process stops. Signals from
@@ -214,8 +214,10 @@ def frontend_main(
 
 
 async def _serve_frontend(index: int, config: ServerConfig, address: str, streams: SharedStreamCounts) -> int:
+    # Here, in the frontend process only: the supervisor holds no server (nor the service's metrics,
+    # whose gauges would then count the supervisor as a frontend).
     from engine.client import EngineClient
-    from service.server import AsrServer, init_metrics
+    from service.runtime.server import AsrServer, init_metrics
 
     init_metrics()
     try:
@@ -320,7 +322,7 @@ class Supervisor:
         self.stop_signal: int | None = None
         # written by the engine process only (lock-free: a torn read costs one check, 0.1 s later)
         self.heartbeat = self.ctx.Array("d", HEARTBEAT_SLOTS, lock=False)
-        # --max-streams for the whole server: each frontend's open streams (service/stream_limit.py)
+        # --max-streams for the whole server: each frontend's open streams (service/core/stream_limit.py)
         lock_path = workdir / "streams.lock"
         lock_path.touch(mode=0o600)
         self.streams = SharedStreamCounts(
@@ -504,6 +506,28 @@ class Supervisor:
             self._reaped(p)
 
 
+def preflight_model(config: EngineConfig) -> None:
+    """Refuse a --model that names no loadable folder before any port opens: a typo'd path must not
+    leave a half-started server behind (the full load, which can fail later, runs behind NOT_SERVING)."""
+    from engine.weights import (
+        BUNDLED,
+        ModelLoadError,
+        default_cache_dir,
+        is_ct2_whisper,
+        is_hf_whisper,
+        resolve,
+    )
+
+    if config.model in BUNDLED:
+        return
+    folder, _ = resolve(config.model, Path(config.cache_dir) if config.cache_dir else default_cache_dir())
+    if not (is_hf_whisper(folder) or is_ct2_whisper(folder)):
+        raise ModelLoadError(
+            f"--model {config.model!r}: {folder} is neither a Hugging Face Whisper folder (config.json with "
+            "model_type 'whisper') nor a CTranslate2 Whisper folder (model.bin + tokenizer.json)"
+        )
+
+
 def run(config: ServerConfig) -> int:
     """asr-server's whole life as a supervisor of its processes; returns the exit code."""
     workdir = Path(tempfile.mkdtemp(prefix="asr-server-"))  # 0700: the IPC socket and metric files
@@ -536,7 +560,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     # process loads torch (children inherit it); an operator's own setting wins.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from service.config import parse_args
-    from service.server import preflight_model
 
     config = parse_args(argv)
     setup_logging(config.log_level, config.log_format)
@@ -551,5 +574,5 @@ def main(argv: Sequence[str] | None = None) -> None:
     sys.exit(run(config))
 
 
-if __name__ == "__main__":  # `python -m service.supervisor` where no console script is installed
+if __name__ == "__main__":  # `python -m service.runtime.supervisor` where no console script is installed
     main()

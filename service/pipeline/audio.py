@@ -1,7 +1,7 @@
 """Audio in: validate the client's format, decode PCM / G.711 / FLAC / WAV, resample to 16 kHz float32.
 
 Everything downstream (endpointing, the engine) sees float32 in [-1, 1] at 16 kHz, shaped
-[channels, n]. No gRPC here: errors are AudioFormatError, which the service maps to INVALID_ARGUMENT.
+[channels, n]. No protocol here: errors are AudioFormatError, which the core makes INVALID_ARGUMENT.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ DECODE_BLOCK_S = 10.0
 
 
 class AudioFormatError(ValueError):
-    """Bad audio or audio settings; `field` is the proto field to blame."""
+    """Bad audio or audio settings; `field` is the setting to blame (service/core/errors.py)."""
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)
@@ -84,7 +84,7 @@ def _check_rate_channels(sample_rate_hertz: int, audio_channel_count: int) -> tu
 def validate_stream_format(
     encoding: str, sample_rate_hertz: int, audio_channel_count: int
 ) -> tuple[int, int]:
-    """Check a StreamingRecognize config; returns (rate, channels) with channels 0 -> 1."""
+    """Check a stream's format; returns (rate, channels) with channels 0 -> 1."""
     if encoding in FILE_ENCODINGS:
         raise AudioFormatError(
             "encoding",

@@ -16,6 +16,7 @@ make the server take in no more than the transport's HTTP/2 window, not a 64 MiB
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import logging
 import os
@@ -30,7 +31,9 @@ from typing import Any
 import grpc
 from grpc import aio
 
-log = logging.getLogger("service.auth")
+from service.core.types import Identity
+
+log = logging.getLogger("service.runtime.auth")
 
 ENV_VAR = "ASR_AUTH_TOKENS"
 # What a token may be: visible ASCII, no spaces (what gRPC metadata and an HTTP header can carry as-is;
@@ -144,6 +147,14 @@ def bearer_token(metadata: Any) -> str | None:
         token = token.strip()
         return token if scheme.lower() == "bearer" and TOKEN_SYNTAX.fullmatch(token) else ""
     return None
+
+
+def identity(token: str | None, peer: str = "") -> Identity:
+    """Who presented `token`, for the core's logs: a fingerprint of it (never the token itself), or
+    anonymous without one; every door names its caller this way."""
+    if not token:
+        return Identity(peer=peer)
+    return Identity("token-" + hashlib.sha256(token.encode()).hexdigest()[:12], peer)
 
 
 @dataclass(frozen=True)

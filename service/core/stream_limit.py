@@ -1,4 +1,4 @@
-"""--max-streams: the server's limit on open StreamingRecognize calls, one count for all its processes.
+"""--max-streams: the server's limit on open streams (every door's), one count for all its processes.
 
 In-process (tests, embedding) the count is a plain integer. asr-server's frontends share one count
 through shared memory the supervisor creates (`SharedStreamCounts`): each frontend keeps the number of

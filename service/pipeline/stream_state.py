@@ -1,4 +1,4 @@
-"""The life of one StreamingRecognize call, as one enum instead of a set of flags."""
+"""The life of one stream, as one enum instead of a set of flags."""
 
 from __future__ import annotations
 

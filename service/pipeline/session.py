@@ -1,16 +1,18 @@
-"""One StreamingRecognize call: audio in, endpointing per channel, utterances to the engine, results out.
+"""One live stream: audio in, endpointing per channel, utterances to the engine, the core's events out.
 
-Three kinds of asyncio tasks per stream, so that no one of them can stall the others:
-- the reader takes requests off the wire, decodes the audio and pushes it to each channel's endpointer;
-  the process's VAD pass scores every stream's new audio in one batched call per event-loop tick
-  (service/vad_batch.py) and hands back the probabilities (_on_scored), whereupon the endpointers' events
-  go out and each utterance is submitted to the engine the moment its end is detected (utterances of
-  many calls then meet in one micro-batch);
+Whoever feeds it (a door, through service/core/recognizer.py's Stream) and three kinds of asyncio tasks,
+so that no one of them can stall the others:
+- `audio()` decodes each chunk and pushes it to each channel's endpointer; the process's VAD pass scores
+  every stream's new audio in one batched call per event-loop tick (service/pipeline/vad_batch.py) and
+  hands back the probabilities (_on_scored), whereupon the endpointers' events go out and each utterance
+  is submitted to the engine the moment its end is detected (utterances of many calls then meet in one
+  micro-batch);
 - one finalizer per channel awaits that channel's utterances in order and queues their finals;
-- the writer (the RPC handler's generator) sends whatever is queued, at the client's pace.
+- the writer (`events()`, iterated by the door) hands over whatever is queued, at the client's pace.
 Interim hypotheses are extra engine requests whose results are queued unless the final overtook them
-(when to ask: service/interim.py). Responses are built by service/results.py, shared with Recognize; the
-stream's life is one StreamState (service/stream_state.py).
+(when to ask: service/pipeline/interim.py). Results are built by service/pipeline/results.py, shared with
+recordings; the stream's life is one StreamState (service/pipeline/stream_state.py). Every way it ends is
+a RecognitionError (service/core/errors.py) or a normal end of `events()`.
 """
 
 from __future__ import annotations
@@ -26,22 +28,24 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import grpc
 import numpy as np
-from asr.v1 import asr_pb2
-from asr.v1.asr_pb2 import StreamingRecognizeResponse as Response
 from prometheus_client import Histogram
 
 from engine import DecodeOptions, EngineOverloaded, Transcript, UtteranceHandle
 from engine.api import EngineStopped
 from service import metrics
-from service.audio import TARGET_RATE, AudioFormatError, StreamDecoder, mixdown
 from service.config import ServerConfig
-from service.endpointing import (
+from service.core.engine import RecognitionEngine
+from service.core.errors import Code, RecognitionError
+from service.core.types import CallEvent, EndOfSingleUtterance, EndReason, Reconnect, Result
+from service.core.types import SpeechEnded as SpeechEndedEvent
+from service.core.types import SpeechStarted as SpeechStartedEvent
+from service.pipeline.audio import TARGET_RATE, AudioFormatError, StreamDecoder, mixdown
+from service.pipeline.endpointing import (
     Endpointer,
     EndpointingError,
-    EndpointSettings,
     Event,
+    ManualTurns,
     SpeculationCancelled,
     SpeculativeEnd,
     SpeechEnded,
@@ -49,16 +53,15 @@ from service.endpointing import (
     Utterance,
     vad_rate_for,
 )
-from service.engine_api import RecognitionEngine
-from service.interim import InterimPolicy
-from service.results import ChannelResults, ResultOptions, speech_event
-from service.speculation import Speculations
-from service.stream_state import StreamState
-from service.vad_batch import vad_batcher
+from service.pipeline.interim import InterimPolicy
+from service.pipeline.options import StreamPlan
+from service.pipeline.results import ChannelResults, ResultOptions, end_reason
+from service.pipeline.speculation import Speculations
+from service.pipeline.stream_state import StreamState
+from service.pipeline.vad_batch import vad_batcher
 
-log = logging.getLogger("service.session")
+log = logging.getLogger("service.pipeline.session")
 
-EventType = asr_pb2.StreamingRecognizeResponse.SpeechEventType
 _SCORE_NOW_S = 0.25  # unscored audio a stream may hold while it waits for the VAD pass
 
 
@@ -71,47 +74,34 @@ async def await_transcript(handle: UtteranceHandle) -> Transcript:
     return await asyncio.shield(asyncio.wrap_future(handle.future))
 
 
-@dataclass(frozen=True)
-class StreamSettings:
-    """A validated StreamingRecognitionConfig."""
-
-    encoding: str
-    sample_rate_hertz: int
-    channels: int
-    separate_channels: bool
-    options: DecodeOptions
-    endpointing: EndpointSettings
-    interim_results: bool
-    single_utterance: bool
-    # What results carry: words, segments, redaction (service/results.py).
-    results: ResultOptions = field(default_factory=ResultOptions)
-
-
-class StreamError(Exception):
-    """Ends the stream with this gRPC status."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-def engine_refusal(e: EngineOverloaded | EngineStopped | ValueError) -> StreamError:
-    """The status a caller gets when the engine refuses an utterance."""
+def engine_refusal(e: EngineOverloaded | EngineStopped | ValueError) -> RecognitionError:
+    """The error a caller gets when the engine refuses an utterance."""
     if isinstance(e, EngineOverloaded):
-        return StreamError(
-            grpc.StatusCode.RESOURCE_EXHAUSTED, f"server is overloaded (engine queue full): {e}"
-        )
+        return RecognitionError(Code.RESOURCE_EXHAUSTED, f"server is overloaded (engine queue full): {e}")
     if isinstance(e, EngineStopped):
-        return StreamError(grpc.StatusCode.UNAVAILABLE, f"recognition engine is stopped: {e}")
-    return StreamError(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        return RecognitionError(Code.UNAVAILABLE, f"recognition engine is stopped: {e}")
+    return RecognitionError.invalid(e)
+
+
+def internal(e: Exception) -> RecognitionError:
+    return RecognitionError(Code.INTERNAL, f"internal error: {type(e).__name__}: {e}")
+
+
+def event_size(event: CallEvent) -> int:
+    """About the bytes an event takes on any door's wire: its text, and 8 bytes per number it carries
+    (what --max-response-backlog-bytes counts)."""
+    if not isinstance(event, Result):
+        return 16
+    words = sum(len(w.text.encode()) + 24 for w in event.words)
+    segments = sum(len(s.text.encode()) + 16 for s in event.segments)
+    return 48 + len(event.transcript.encode()) + len(event.language) + words + segments
 
 
 @dataclass
 class _Out:
-    """A queued response, its serialized size, and what to record once it has been handed to gRPC."""
+    """A queued event, its size (event_size), and what to record once the door has sent it."""
 
-    response: Response
+    event: CallEvent
     on_sent: Callable[[], None] | None = None
     size: int = 0
 
@@ -121,19 +111,22 @@ class _Pending:
     utterance: Utterance
     handle: UtteranceHandle
     ready_time: float
+    ended_by: EndReason
 
 
 @dataclass
 class _Channel:
     tag: int  # channel_tag in results: 1-based when channels are recognized separately, else 0
-    endpointer: Endpointer
+    endpointer: Endpointer | ManualTurns
     finals: asyncio.Queue[_Pending | None] = field(default_factory=asyncio.Queue)
     unsettled: collections.deque[_Pending] = field(default_factory=collections.deque)
     next_index: int = 0  # index the utterance now being spoken will get
     settled: int = 0  # utterances [0, settled) have had their final handled
+    cleared: int = 0  # utterances below this index were dropped by clear(): no interim of theirs goes out
     speech_start_s: float = 0.0  # where the utterance in progress began (for interim offsets)
     speech_start_wall: float = 0.0
     interim: InterimPolicy = field(default_factory=lambda: InterimPolicy(0.0))
+    options: DecodeOptions = field(default_factory=DecodeOptions)  # the utterance in progress is decoded so
     results: ChannelResults = field(default_factory=lambda: ChannelResults(ResultOptions(), 0))
 
 
@@ -145,7 +138,7 @@ class StreamSession:
     def __init__(
         self,
         stream_id: str,
-        settings: StreamSettings,
+        settings: StreamPlan,
         engine: RecognitionEngine,
         config: ServerConfig,
     ) -> None:
@@ -155,15 +148,16 @@ class StreamSession:
         self.config = config
         self.decoder = StreamDecoder(settings.encoding, settings.sample_rate_hertz, settings.channels)
         n = settings.channels if settings.separate_channels else 1
-        vad_rate = vad_rate_for(settings.sample_rate_hertz)
+        ep = settings.endpointing
+        vad_rate = vad_rate_for(settings.sample_rate_hertz) if ep is not None else TARGET_RATE
         self._vad_native = vad_rate != TARGET_RATE  # 8 kHz: scored as it came, not resampled first
         self._vad = vad_batcher()
         self.channels = [
             _Channel(
                 tag=i + 1 if settings.separate_channels else 0,
-                endpointer=Endpointer(
-                    settings.endpointing, vad_rate=vad_rate, speculative=config.speculative_endpointing
-                ),
+                endpointer=ManualTurns()
+                if ep is None
+                else Endpointer(ep, vad_rate=vad_rate, speculative=config.speculative_endpointing),
             )
             for i in range(n)
         ]
@@ -171,24 +165,24 @@ class StreamSession:
         for ch in self.channels:
             ch.results = ChannelResults(settings.results, ch.tag)
             ch.interim = InterimPolicy(config.interim_interval_s)
+            ch.options = settings.options
         if settings.channels == 1:
             self.channel_mode = "mono"
         else:
             self.channel_mode = "separate" if settings.separate_channels else "mixdown"
         self._audio_counter = metrics.AUDIO_SECONDS.labels(self.channel_mode)
         # None tells the writer to end the stream, with _end_status (None: OK). Bounded in bytes
-        # (--max-response-backlog-bytes): a client that does not read cannot grow it past that.
+        # (--max-response-backlog-bytes, event_size): a client that does not read cannot grow it past that.
         self._out: asyncio.Queue[_Out | None] = asyncio.Queue()
         self._backlog = 0  # serialized bytes of the responses in _out
         self._tasks: set[asyncio.Task[Any]] = set()
         self.state = StreamState.OPEN
         self._received_s = 0.0
         self._buffer_s = 0.0  # this stream's share of asr_stream_buffer_seconds
-        self._end_status: StreamError | None = None
+        self._end_status: RecognitionError | None = None
         self._finalizers: list[asyncio.Task[Any]] = []
-        ep = settings.endpointing
-        self._speculations = Speculations(  # service/speculation.py
-            engine, settings.options, stream_id, confirm_after_s=ep.min_silence_s - ep.speech_pad_s
+        self._speculations = Speculations(  # service/pipeline/speculation.py
+            engine, stream_id, confirm_after_s=ep.min_silence_s - ep.speech_pad_s if ep is not None else 0.0
         )
         self._last_audio = time.monotonic()  # for --idle-audio-timeout (_check_idle)
         self._idle_timer: asyncio.TimerHandle | None = None
@@ -200,16 +194,16 @@ class StreamSession:
         self.state = new
         return True
 
-    # --- the writer: the RPC handler iterates this ---
+    # --- the door's side: start, audio, controls, and the writer it iterates ---
 
-    async def responses(
-        self, requests: AsyncIterator[asr_pb2.StreamingRecognizeRequest]
-    ) -> AsyncIterator[Response]:
-        """Yields responses until the stream is over; raises StreamError to end it with that status."""
+    def start(self) -> None:
+        """Begin: the finalizers run and the idle-audio clock starts (in the event loop)."""
         self._finalizers = [self._spawn(self._finalize(ch)) for ch in self.channels]
-        self._spawn(self._read(requests))
         self._last_audio = time.monotonic()
         self._check_idle()
+
+    async def events(self) -> AsyncIterator[CallEvent]:
+        """Yields events until the stream is over; raises RecognitionError to end it with that code."""
         while True:
             item = await self._out.get()
             if item is None:
@@ -217,20 +211,111 @@ class StreamSession:
                     raise self._end_status
                 return
             self._count_backlog(-item.size)
-            yield item.response
+            yield item.event
             if item.on_sent is not None:
                 item.on_sent()
+
+    @property
+    def heard_s(self) -> float:
+        """Seconds of audio (per channel) received so far."""
+        return self._received_s
+
+    def audio(self, chunk: bytes) -> None:
+        """One chunk of the stream's audio, whole frames (every channel of a sample). Never raises: what
+        is wrong with it ends the stream, and `events()` raises why."""
+        if self.state.ending:
+            return
+        try:
+            if len(chunk) > self.config.max_chunk_bytes:
+                raise RecognitionError(
+                    Code.INVALID_ARGUMENT,
+                    f"audio_content of {len(chunk)} bytes is over the limit of "
+                    f"{self.config.max_chunk_bytes} bytes per request (max_chunk_bytes); send smaller chunks",
+                    "audio_content",
+                )
+            if not self.state.takes_audio:
+                return  # single utterance or draining: later audio is ignored
+            if chunk:
+                self._last_audio = time.monotonic()
+            self._process(chunk)
+        except Exception as e:
+            self._fail_with(e, "stream audio failed")
+
+    def finish(self) -> None:
+        """The client half-closed: what it sent gets its finals, then `events()` ends."""
+        try:
+            self._finish_input(flush=True)
+        except Exception as e:
+            self._fail_with(e, "stream finish failed")
+
+    def finalize(self) -> None:
+        """End each channel's utterance in progress now, as a half-close would, and go on listening: its
+        final (ended_by FINALIZE) comes as soon as the engine has it."""
+        if not self.state.takes_audio:
+            return
+        try:
+            self._endpoint(self._vad.score_now(self._endpointers))  # what was pushed is heard first
+            for ch in self.channels:
+                for event in ch.endpointer.flush() if self.state.takes_audio else []:
+                    self._on_event(ch, event, ended_by=EndReason.FINALIZE)
+                self._next_manual_turn(ch)
+        except Exception as e:
+            self._fail_with(e, "stream finalize failed")
+
+    def clear(self) -> None:
+        """Drop the audio of each channel's utterance in progress (and its interim in flight): no final of
+        it comes. Utterances that already ended keep their finals."""
+        if not self.state.takes_audio:
+            return
+        try:
+            self._endpoint(self._vad.score_now(self._endpointers))
+            for ch in self.channels:
+                if not self.state.takes_audio:
+                    return
+                for event in ch.endpointer.clear():
+                    self._on_event(ch, event)
+                ch.interim.cancel()
+                ch.next_index = ch.endpointer.next_index
+                ch.cleared = ch.next_index
+                self._next_manual_turn(ch)
+        except Exception as e:
+            self._fail_with(e, "stream clear failed")
+
+    def _next_manual_turn(self, ch: _Channel) -> None:
+        """A channel the client cuts: its next utterance begins here (no SpeechStarted says so)."""
+        if isinstance(ch.endpointer, ManualTurns):
+            ch.options = self.settings.options
+            ch.speech_start_s = ch.endpointer.held_from_s
+            ch.speech_start_wall = time.monotonic()
+
+    def update_options(self, options: DecodeOptions) -> None:
+        """Decode with `options` (checked by the caller) the utterances whose speech starts from now on;
+        one under way keeps the options it started with."""
+        self.settings = dataclasses.replace(self.settings, options=options)
+
+    def fail(self, error: RecognitionError) -> None:
+        """End the stream now with `error`: what is already queued goes out first."""
+        self._fail(error)
+
+    def _fail_with(self, e: Exception, what: str) -> None:
+        if isinstance(e, RecognitionError):
+            self._fail(e)
+        elif isinstance(e, AudioFormatError | EndpointingError):
+            self._fail(RecognitionError(Code.INVALID_ARGUMENT, f"{e.field}: {e}", e.field))
+        else:  # a bug of ours: fail this stream only, loudly
+            log.exception(what, extra={"fields": {"stream_id": self.id}})
+            self._fail(internal(e))
 
     def drain(self) -> None:
         """Server shutdown: tell the client to reconnect, finish what was heard, end with OK. The event's
         offset is how much audio was heard (all of it is transcribed; later audio is not): the client
         continues the call on a new stream from there, losing nothing and repeating nothing."""
-        self._put(speech_event(EventType.RECONNECT, self._received_s, 0))
+        self._put(Reconnect(self._received_s))
         self._finish_input(flush=True)
 
     def abandon(self) -> None:
         """The call is over: free every engine slot it held and stop its tasks, at once (sync, so that
-        it can run from the RPC's done callback whatever state the handler's generator is in)."""
+        it can run from a door's callback when its client is gone, whatever the door's handler is doing)."""
         if not self._become(StreamState.CLOSED):
             return
         self._speculations.cancel_all()
@@ -263,13 +348,13 @@ class StreamSession:
 
     @property
     def backlog_bytes(self) -> int:
-        """Serialized bytes of the responses queued for the client and not yet handed to gRPC."""
+        """Bytes (event_size) of the events queued for the client and not yet taken by the door."""
         return self._backlog
 
-    def _put(self, response: Response, on_sent: Callable[[], None] | None = None) -> None:
+    def _put(self, event: CallEvent, on_sent: Callable[[], None] | None = None) -> None:
         if self.state is StreamState.CLOSED:
             return  # the call is over (or was shed for its backlog): nothing more goes out
-        item = _Out(response, on_sent, response.ByteSize())
+        item = _Out(event, on_sent, event_size(event))
         self._out.put_nowait(item)
         self._count_backlog(item.size)
         if self._backlog > self.config.max_response_backlog_bytes:
@@ -283,14 +368,14 @@ class StreamSession:
         """The client has fallen --max-response-backlog-bytes behind reading: stop its work at once (engine
         requests, tasks), drop what is queued, and end the stream RESOURCE_EXHAUSTED. The status reaches the
         client after what HTTP/2 already carries, once it reads again."""
-        self._end_status = StreamError(
-            grpc.StatusCode.RESOURCE_EXHAUSTED,
+        self._end_status = RecognitionError(
+            Code.RESOURCE_EXHAUSTED,
             f"the client is {self._backlog} bytes of responses behind reading, over the limit of "
             f"{self.config.max_response_backlog_bytes} bytes (max_response_backlog_bytes); read responses as "
             "they come",
         )
         self.abandon()
-        self._out.put_nowait(None)  # the writer ends the call with the status once gRPC takes it
+        self._out.put_nowait(None)  # the writer ends the call with the error once the door takes it
 
     def _drop_queued(self) -> None:
         while not self._out.empty():
@@ -298,46 +383,13 @@ class StreamSession:
             if item is not None:
                 self._count_backlog(-item.size)
 
-    def _fail(self, error: StreamError) -> None:
+    def _fail(self, error: RecognitionError) -> None:
         """End the stream with an error status: nothing more is read or sent after what is queued."""
         if self._become(StreamState.FAILED):
             self._end_status = error
             self._out.put_nowait(None)
 
-    # --- the reader ---
-
-    async def _read(self, requests: AsyncIterator[asr_pb2.StreamingRecognizeRequest]) -> None:
-        try:
-            async for request in requests:
-                kind = request.WhichOneof("streaming_request")
-                if kind == "streaming_config":
-                    raise StreamError(
-                        grpc.StatusCode.INVALID_ARGUMENT,
-                        "streaming_config may only be sent in the first request; later requests carry "
-                        "audio_content",
-                    )
-                if kind != "audio_content":
-                    continue
-                chunk = request.audio_content
-                if len(chunk) > self.config.max_chunk_bytes:
-                    raise StreamError(
-                        grpc.StatusCode.INVALID_ARGUMENT,
-                        f"audio_content of {len(chunk)} bytes is over the limit of "
-                        f"{self.config.max_chunk_bytes} bytes per request (max_chunk_bytes); send smaller chunks",
-                    )
-                if not self.state.takes_audio:
-                    continue  # single utterance or draining: later audio is ignored
-                if chunk:
-                    self._last_audio = time.monotonic()
-                self._process(chunk)
-            self._finish_input(flush=True)  # the client half-closed
-        except StreamError as e:
-            self._fail(e)
-        except (AudioFormatError, EndpointingError) as e:
-            self._fail(StreamError(grpc.StatusCode.INVALID_ARGUMENT, f"{e.field}: {e}"))
-        except Exception as e:  # a bug of ours: fail this stream only, loudly
-            log.exception("stream reader failed", extra={"fields": {"stream_id": self.id}})
-            self._fail(StreamError(grpc.StatusCode.INTERNAL, f"internal error: {type(e).__name__}: {e}"))
+    # --- audio in ---
 
     def _check_idle(self) -> None:
         """--idle-audio-timeout: a stream that sends no audio for that long, and does not half-close, is
@@ -352,24 +404,23 @@ class StreamSession:
             self._idle_timer = asyncio.get_running_loop().call_later(timeout - idle, self._check_idle)
             return
         if self._end_status is None:
-            self._end_status = StreamError(
-                grpc.StatusCode.OUT_OF_RANGE,
+            self._end_status = RecognitionError(
+                Code.OUT_OF_RANGE,
                 f"Audio Timeout Error: no audio for {timeout:g} s (idle_audio_timeout); send audio close to "
                 "real time, silence too, and half-close the stream when the call ends",
             )
         try:
             self._finish_input(flush=True)
-        except Exception as e:  # a bug of ours: fail this stream only, loudly
-            log.exception("stream idle timeout failed", extra={"fields": {"stream_id": self.id}})
-            self._fail(StreamError(grpc.StatusCode.INTERNAL, f"internal error: {type(e).__name__}: {e}"))
+        except Exception as e:
+            self._fail_with(e, "stream idle timeout failed")
 
     def _process(self, chunk: bytes) -> None:
         frames = len(chunk) // self.decoder.frame_bytes
         seconds = frames / self.decoder.rate
         if self._received_s + seconds > self.config.max_stream_seconds:
             # Finals for what was heard still go out; the status tells the client to open a new stream.
-            self._end_status = StreamError(
-                grpc.StatusCode.OUT_OF_RANGE,
+            self._end_status = RecognitionError(
+                Code.OUT_OF_RANGE,
                 f"stream is longer than the limit of {self.config.max_stream_seconds:g} s of audio "
                 "(max_stream_seconds); open a new stream to continue",
             )
@@ -414,11 +465,8 @@ class StreamSession:
             self._release_held_finals()
             if self.state.takes_audio:
                 self._check_buffer()
-        except StreamError as e:
-            self._fail(e)
-        except Exception as e:  # a bug of ours: fail this stream only, loudly
-            log.exception("stream endpointing failed", extra={"fields": {"stream_id": self.id}})
-            self._fail(StreamError(grpc.StatusCode.INTERNAL, f"internal error: {type(e).__name__}: {e}"))
+        except Exception as e:
+            self._fail_with(e, "stream endpointing failed")
 
     def _endpoint(self, probs: list[np.ndarray]) -> None:
         """Each channel's state machine over its scored windows -> events (and interims)."""
@@ -432,37 +480,40 @@ class StreamSession:
             if self.settings.interim_results:
                 self._maybe_interim(ch)
 
-    def _on_event(self, ch: _Channel, event: Event) -> None:
+    def _on_event(self, ch: _Channel, event: Event, ended_by: EndReason | None = None) -> None:
+        """`ended_by`: what ends an utterance this event completes, when not the endpointer's silence or
+        cut (a finalize, the end of the audio)."""
         if isinstance(event, SpeculativeEnd):
             # submitted now, held until the end is confirmed (_submit). The interim in flight is left alone
             # until then, as without speculation: on a miss the utterance goes on and the interim is still
             # wanted (cancelling it at each offer starved interims on a busy engine)
-            self._speculations.offer(ch.tag, event.utterance, time.monotonic())
+            self._speculations.offer(ch.tag, event.utterance, ch.options, time.monotonic())
         elif isinstance(event, SpeculationCancelled):
             self._speculations.cancel(ch.tag)
         elif isinstance(event, SpeechStarted):
+            ch.options = self.settings.options  # keyterms changed mid-stream apply from this utterance on
             ch.speech_start_s = event.offset_s
             ch.speech_start_wall = time.monotonic()
-            self._put(speech_event(EventType.SPEECH_ACTIVITY_BEGIN, event.offset_s, ch.tag))
+            self._put(SpeechStartedEvent(ch.tag, event.offset_s))
         elif isinstance(event, SpeechEnded):
-            self._put(speech_event(EventType.SPEECH_ACTIVITY_END, event.offset_s, ch.tag))
+            self._put(SpeechEndedEvent(ch.tag, event.offset_s))
         else:
-            self._submit(ch, event)
+            self._submit(ch, event, ended_by or end_reason(event))
             if not self.state.takes_audio:
                 return  # refused: the stream ends once what was admitted has its final
             if event.forced_cut:  # speech goes on: the next utterance starts at the cut
                 ch.speech_start_s = event.end_s
                 ch.speech_start_wall = time.monotonic()
             if self.settings.single_utterance:
-                self._put(speech_event(EventType.END_OF_SINGLE_UTTERANCE, event.end_s, ch.tag))
+                self._put(EndOfSingleUtterance(ch.tag, event.end_s))
                 self._finish_input(flush=False)
 
-    def _submit(self, ch: _Channel, utterance: Utterance) -> None:
+    def _submit(self, ch: _Channel, utterance: Utterance, ended_by: EndReason) -> None:
         ready = time.monotonic()
         try:
             handle = self._speculations.take(ch.tag, utterance) or self.engine.submit(
                 utterance.audio,
-                self.settings.options,
+                ch.options,
                 ready_time=ready,
                 request_id=f"{self.id}-{ch.tag}-{utterance.index}",
             )
@@ -472,12 +523,12 @@ class StreamSession:
             self._end_after_admitted(engine_refusal(e))
             return
         ch.interim.cancel()  # the final covers everything the interim in flight was asked about
-        pending = _Pending(utterance, handle, ready)
+        pending = _Pending(utterance, handle, ready, ended_by)
         ch.unsettled.append(pending)
         ch.next_index = utterance.index + 1
         ch.finals.put_nowait(pending)
 
-    def _end_after_admitted(self, error: StreamError) -> None:
+    def _end_after_admitted(self, error: RecognitionError) -> None:
         """Stop taking audio; every utterance already admitted, on every channel, gets its final (and every
         final a redacting channel holds back is sent), then the first such `error` ends the stream."""
         if self._end_status is None:
@@ -496,8 +547,8 @@ class StreamSession:
                 self._endpoint(self._vad.score_now(self._endpointers))  # no wait for the tick
                 for ch in self.channels:
                     for event in ch.endpointer.flush() if self.state.takes_audio else []:
-                        self._on_event(ch, event)
-            except StreamError as e:
+                        self._on_event(ch, event, ended_by=EndReason.END_OF_AUDIO)
+            except RecognitionError as e:
                 self._fail(e)
                 return
             if not self.state.takes_audio:
@@ -517,11 +568,16 @@ class StreamSession:
 
     def _update_buffer(self) -> float:
         """How far the audio received runs ahead of transcription: from the end of the oldest utterance
-        still being transcribed to the newest sample (about latency + min silence in a live call)."""
+        still being transcribed to the newest sample (about latency + min silence in a live call). A turn
+        the client has not cut yet counts from its start (the endpointer bounds its own by
+        max_utterance_duration)."""
         oldest = min(
             (ch.unsettled[0].utterance.end_s for ch in self.channels if ch.unsettled),
             default=self._received_s,
         )
+        for ch in self.channels:
+            if isinstance(ch.endpointer, ManualTurns) and ch.endpointer.in_speech:
+                oldest = min(oldest, ch.endpointer.held_from_s)
         buffered = self._received_s - oldest
         self._set_buffer(buffered)
         return buffered
@@ -529,11 +585,15 @@ class StreamSession:
     def _check_buffer(self) -> None:
         buffered = self._update_buffer()
         if buffered > self.config.max_buffer_seconds:
-            raise StreamError(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
+            raise RecognitionError(
+                Code.RESOURCE_EXHAUSTED,
                 f"{buffered:.0f} s of audio is waiting to be transcribed, over the limit of "
-                f"{self.config.max_buffer_seconds:g} s (max_buffer_seconds); send audio no faster than "
-                "the server transcribes it",
+                f"{self.config.max_buffer_seconds:g} s (max_buffer_seconds); "
+                + (
+                    "end turns (commit) sooner"
+                    if self.settings.endpointing is None
+                    else "send audio no faster than the server transcribes it"
+                ),
             )
 
     def _set_buffer(self, seconds: float) -> None:
@@ -556,7 +616,7 @@ class StreamSession:
             except EngineStopped as e:
                 self._settle(ch, pending, "error", None)
                 self._end_after_admitted(
-                    StreamError(grpc.StatusCode.UNAVAILABLE, f"recognition engine stopped: {e}")
+                    RecognitionError(Code.UNAVAILABLE, f"recognition engine stopped: {e}")
                 )
                 continue
             except (EngineOverloaded, ValueError) as e:  # an engine in another process refuses on the future
@@ -567,8 +627,8 @@ class StreamSession:
                 log.exception("utterance failed", extra={"fields": {"stream_id": self.id, "channel": ch.tag}})
                 self._settle(ch, pending, "error", None)
                 self._end_after_admitted(
-                    StreamError(
-                        grpc.StatusCode.INTERNAL,
+                    RecognitionError(
+                        Code.INTERNAL,
                         f"recognition failed on utterance {u.index} (channel {ch.tag}): {type(e).__name__}: {e}",
                     )
                 )
@@ -577,11 +637,13 @@ class StreamSession:
                 outcome = "final" if t.is_speech and t.text.strip() else "empty"
             self._settle(ch, pending, outcome, t)
             if t is not None and outcome == "final":
-                ready = ch.results.final(t, u, functools.partial(_observe_since, pending.ready_time))
+                ready = ch.results.final(
+                    t, u, pending.ended_by, functools.partial(_observe_since, pending.ready_time)
+                )
             else:
                 ready = ch.results.release()
             for result, on_sent in ready:
-                self._put(Response(results=[result]), on_sent=on_sent)
+                self._put(result, on_sent=on_sent)
             if self.state is not StreamState.CLOSED:
                 self._update_buffer()
         self._send_held(ch)  # the channel is over: nothing more to wait for
@@ -590,15 +652,15 @@ class StreamSession:
         """Send the finals a redacting channel still holds back (a final the client finished is never
         lost, even when the stream then ends with an error)."""
         for result, on_sent in ch.results.release():
-            self._put(Response(results=[result]), on_sent=on_sent)
+            self._put(result, on_sent=on_sent)
 
     def _release_held_finals(self) -> None:
         """A redacting stream holds back a final that ends in digits until the next (see
-        service/redaction.py); once enough audio passed with no next utterance, it goes out."""
+        service/pipeline/redaction.py); once enough audio passed with no next utterance, it goes out."""
         for ch in self.channels:
             if ch.results.holding and not ch.unsettled and not ch.endpointer.in_speech:
                 for result, on_sent in ch.results.release(heard_s=self._received_s):
-                    self._put(Response(results=[result]), on_sent=on_sent)
+                    self._put(result, on_sent=on_sent)
 
     def _settle(self, ch: _Channel, pending: _Pending, outcome: str, t: Transcript | None) -> None:
         if ch.unsettled and ch.unsettled[0] is pending:
@@ -647,7 +709,7 @@ class StreamSession:
         audio = ch.endpointer.partial()
         if audio is None or not ch.interim.enough_audio(len(audio), TARGET_RATE):
             return
-        options = dataclasses.replace(self.settings.options, interim=True, timestamps=False)
+        options = dataclasses.replace(ch.options, interim=True, timestamps=False)
         try:
             handle = self.engine.submit(audio, options, ready_time=now)
         except EngineOverloaded:
@@ -668,11 +730,11 @@ class StreamSession:
         finally:
             ch.interim.answered(handle)
         text = t.text.strip()
-        if ch.settled > index or not text:
-            return  # the final overtook it: an interim must never follow its final
+        if ch.settled > index or index < ch.cleared or not text:
+            return  # the final overtook it (an interim must never follow its final), or it was cleared
         stability, first = ch.interim.accept(index, text)
         result = ch.results.interim(t, index, start_s, end_s, stability, after_unknown=ch.settled < index)
         on_sent = None
         if first:
             on_sent = functools.partial(_observe_since, ch.speech_start_wall, metrics.TIME_TO_FIRST_INTERIM)
-        self._put(Response(results=[result]), on_sent=on_sent)
+        self._put(result, on_sent=on_sent)

@@ -58,7 +58,7 @@ from text_to_num import find_numbers
 
 
 class FormattableWord(Protocol):
-    """A word as service/redaction.py's Word has it: a dataclass with these fields (text with its leading
+    """A word as service/pipeline/redaction.py's Word has it: a dataclass with these fields (text with its leading
     space, as Whisper writes it); a rewritten word is the first word of its run with `text`, `end_s` and
     `probability` replaced, so its other fields (the segment it belongs to) are kept."""
 

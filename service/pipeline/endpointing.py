@@ -8,7 +8,7 @@ silence is long enough to confirm it).
 
 Who computes the probabilities is separate from what the state machine does with them: `feed()` scores
 one channel on its own (tools, Recognize, tests), while a stream server pushes audio
-(`push()`), lets service/vad_batch.py score the `windows()` of every channel of every stream in one
+(`push()`), lets service/pipeline/vad_batch.py score the `windows()` of every channel of every stream in one
 batched call per event-loop tick, and hands the probabilities back (`advance()`). The VAD runs at the
 stream's own rate where silero has a model for it: 8 kHz telephone audio is scored as it came (256-sample
 windows, the same 32 ms), without being resampled first; utterance audio stays 16 kHz for the engine.
@@ -53,7 +53,7 @@ def vad_rate_for(sample_rate_hertz: int) -> int:
 
 
 class EndpointingError(ValueError):
-    """Bad endpointing settings; `field` is the proto field to blame (as AudioFormatError)."""
+    """Bad endpointing settings; `field` is the setting to blame (as AudioFormatError)."""
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)
@@ -445,6 +445,23 @@ class Endpointer:
         self._trim_idle()
         return events
 
+    def clear(self) -> list[Event]:
+        """Drop the utterance in progress and everything scored so far, as if it was never heard; the
+        channel goes on from the next audio. Its index is not reused (an interim of it may be out)."""
+        events: list[Event] = []
+        self._cancel_speculation(events)
+        if self._confirmed:
+            self._index += 1
+        self._speaking = self._confirmed = False
+        self._kept_from = self._scored
+        self._trim_idle()
+        return events
+
+    @property
+    def next_index(self) -> int:
+        """The index the next utterance will get."""
+        return self._index
+
     # --- state machine, one 32 ms window at a time ---
 
     def _step(self, prob: float, rms: float, events: list[Event]) -> None:
@@ -582,3 +599,72 @@ class Endpointer:
         drop_windows = max(0, sample // WINDOW - self._win0)
         del self._win_probs[:drop_windows], self._win_rms[:drop_windows]
         self._win0 += drop_windows
+
+
+class ManualTurns:
+    """A channel the client cuts itself (StreamSettings.endpointing None: OpenAI Realtime without turn
+    detection): everything since the last cut is one utterance, which `flush()` (the client's commit, or
+    the end of the stream) ends; no speech events. It offers the VAD no windows, so it rides a stream's VAD
+    pass at no cost; what it holds is bounded by the stream's --max-buffer-seconds (pipeline/session.py)."""
+
+    vad_rate = RATE
+
+    def __init__(self) -> None:
+        self.vad_state = VadState()  # never advanced: there is nothing to score
+        self._buf = np.zeros(RATE, dtype=np.float32)
+        self._len = 0
+        self._start = 0  # stream sample where the turn in progress began
+        self._index = 0
+
+    @property
+    def in_speech(self) -> bool:
+        return self._len > 0
+
+    @property
+    def unscored_s(self) -> float:
+        return 0.0
+
+    @property
+    def held_from_s(self) -> float:
+        """Where the turn in progress began (seconds from the stream's start)."""
+        return self._start / RATE
+
+    @property
+    def next_index(self) -> int:
+        return self._index
+
+    def partial(self) -> np.ndarray | None:
+        return self._buf[: self._len].copy() if self._len else None
+
+    def push(self, samples: np.ndarray, native: np.ndarray | None = None) -> None:
+        need = self._len + len(samples)
+        if need > len(self._buf):
+            grown = np.zeros(max(need, 2 * len(self._buf)), dtype=np.float32)
+            grown[: self._len] = self._buf[: self._len]
+            self._buf = grown
+        self._buf[self._len : need] = samples
+        self._len = need
+
+    def windows(self) -> np.ndarray:
+        return self._buf[:0].reshape(0, WINDOW)
+
+    def advance(self, probs: np.ndarray) -> list[Event]:
+        return []
+
+    def flush(self) -> list[Event]:
+        """The turn so far as one utterance (none when no audio came since the last cut)."""
+        if not self._len:
+            return []
+        end = self._start + self._len
+        audio = self._buf[: self._len].copy()
+        utterance = Utterance(audio, self._start / RATE, end / RATE, self._index, forced_cut=False)
+        self._index += 1
+        self._start, self._len = end, 0
+        return [utterance]
+
+    def clear(self) -> list[Event]:
+        """Drop the turn so far; its index is not reused."""
+        if self._len:
+            self._index += 1
+        self._start, self._len = self._start + self._len, 0
+        return []

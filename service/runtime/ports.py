@@ -1,5 +1,5 @@
 """A free loopback port for tests and benchmark scripts that start servers (one helper, not one copy
-per script). The server itself reserves its ports with service.supervisor.reserve_port."""
+per script). The server itself reserves its ports with service.runtime.supervisor.reserve_port."""
 
 from __future__ import annotations
 

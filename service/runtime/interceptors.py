@@ -17,7 +17,7 @@ import grpc
 from grpc import aio
 
 from service import metrics
-from service.auth import Refusal
+from service.runtime.auth import Refusal
 
 _TYPES = {
     (False, False): "unary",

@@ -1,11 +1,12 @@
 """The OpenAI-compatible HTTP door: `POST /v1/audio/transcriptions` (and `GET /v1/models`).
 
-Served by aiohttp in the same event loop as the grpc.aio server, and through the same path as gRPC
-`Recognize`: the same bearer tokens (service/auth.py TokenStore), the same limits (the upload may be
-at most --max-recognize-bytes; every Recognize check applies to the audio), the same engine, and the
-same metrics (asr_recognize_seconds, asr_utterances_total, asr_audio_seconds_total) plus
-asr_http_requests_total{code}. Refusals use OpenAI's error body, {"error": {"message", "type",
-"param", "code"}}, with a message naming the field and the limit.
+Routes on the HTTP port (service/runtime/http_server.py), in the same event loop as the grpc.aio server,
+and a translation onto the core's `recognize()` (service/core/recognizer.py), as gRPC `Recognize` is: the
+same bearer tokens (service/runtime/auth.py TokenStore), the same limits (the upload may be at most
+--max-recognize-bytes; every recording check applies to the audio), the same engine, and the same
+metrics (asr_recognize_seconds, asr_utterances_total, asr_audio_seconds_total, asr_door_calls_total
+{door="openai-http"}) plus asr_http_requests_total{code}. Refusals use OpenAI's error body, {"error":
+{"message", "type", "param", "code"}}, with a message naming the field and the limit.
 
 Form fields (multipart/form-data, as OpenAI's SDKs send them):
 - `file`: a WAV or FLAC recording (the header says rate and channels; channels are mixed down).
@@ -21,8 +22,7 @@ Form fields (multipart/form-data, as OpenAI's SDKs send them):
 - `redact` (repeatable or comma-separated: pci, ssn, numbers): as RecognitionConfig.redact.
 - `temperature` and fields this server does not know are ignored (decoding is greedy, temperature 0).
 
-`word` granularity and `redact` pass straight into RecognitionConfig's `enable_word_time_offsets` and
-`redact`.
+`word` granularity and `redact` pass straight into the core's RecognitionSettings (`word_times`, `redact`).
 """
 
 from __future__ import annotations
@@ -31,46 +31,48 @@ import asyncio
 import json
 import logging
 import math
-import ssl
-import time
 import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import grpc
 from aiohttp import BodyPartReader, web
-from asr.v1 import asr_pb2
 
-from service import metrics
-from service.auth import TokenStore, bearer_token
 from service.config import ServerConfig
-from service.recognizer import RecognizerServicer, whisper_language
-from service.session import StreamError
-from service.subtitles import Cue, srt, vtt
+from service.core.errors import Code, RecognitionError
+from service.core.recognizer import Recognizer
+from service.core.types import AudioFormat, Identity, RecognitionSettings, RecognizeResult, Redaction
+from service.pipeline.options import whisper_language
+from service.pipeline.subtitles import Cue, srt, vtt
+from service.runtime.auth import TokenStore, bearer_token, identity
+from service.runtime.http_server import BODY_OVERHEAD_BYTES
 
-log = logging.getLogger("service.http_api")
+log = logging.getLogger("service.doors.openai_http")
 T = TypeVar("T")
+
+DOOR = "openai-http"
 
 TRANSCRIPTIONS_PATH = "/v1/audio/transcriptions"
 MODELS_PATH = "/v1/models"
 RESPONSE_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
 GRANULARITIES = ("segment", "word")
 MAX_FIELD_BYTES = 64 << 10  # a text form field (prompt, language, ...): far above any real one
-FORM_OVERHEAD_BYTES = 1 << 20  # multipart boundaries and text fields on top of the file itself
+FORM_OVERHEAD_BYTES = BODY_OVERHEAD_BYTES  # multipart boundaries and text fields on top of the file itself
 READ_CHUNK_BYTES = 1 << 16
 
-# A gRPC status from the shared Recognize core -> the HTTP status OpenAI's clients expect for it.
+# The core's code -> the HTTP status OpenAI's clients expect for it.
 HTTP_STATUS = {
-    grpc.StatusCode.INVALID_ARGUMENT: 400,
-    grpc.StatusCode.OUT_OF_RANGE: 413,  # a recording longer than the Recognize bound
-    grpc.StatusCode.UNAUTHENTICATED: 401,
-    grpc.StatusCode.PERMISSION_DENIED: 403,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
-    grpc.StatusCode.UNAVAILABLE: 503,
-    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
-    grpc.StatusCode.CANCELLED: 499,
+    Code.INVALID_ARGUMENT: 400,
+    Code.OUT_OF_RANGE: 413,  # a recording longer than the recording bound
+    Code.UNAUTHENTICATED: 401,
+    Code.PERMISSION_DENIED: 403,
+    Code.RESOURCE_EXHAUSTED: 429,
+    Code.UNAVAILABLE: 503,
+    Code.DEADLINE_EXCEEDED: 504,
+    Code.CANCELLED: 499,
 }
+# The core's names of the settings this door's form fields carry, where they differ.
+FIELD_NAMES = {"language_code": "language"}
 _ERROR_TYPE = {
     401: "invalid_request_error",
     408: "invalid_request_error",
@@ -267,12 +269,12 @@ async def read_form(
     return form
 
 
-def encoding_of(audio: bytes | bytearray) -> int:
+def encoding_of(audio: bytes | bytearray) -> str:
     """The file's container from its first bytes (the server reads rate and channels from the header)."""
     if audio[:4] == b"fLaC":
-        return asr_pb2.FLAC
+        return "FLAC"
     if audio[:4] == b"RIFF" and audio[8:12] == b"WAVE":
-        return asr_pb2.WAV
+        return "WAV"
     raise ApiError(
         400,
         f"file: unsupported audio format (first bytes {bytes(audio[:4])!r}); send a WAV or FLAC recording",
@@ -280,46 +282,45 @@ def encoding_of(audio: bytes | bytearray) -> int:
     )
 
 
-def recognition_config(form: TranscriptionRequest, language_code: str) -> asr_pb2.RecognitionConfig:
-    """The RecognitionConfig that gRPC Recognize would get for this form."""
-    config = asr_pb2.RecognitionConfig(
-        encoding=encoding_of(form.audio),  # type: ignore[arg-type]
-        language_code=language_code,
-        prompt=form.prompt,
-        # segments for verbose_json and captions; plain text needs none
-        enable_segment_time_offsets=form.response_format in ("verbose_json", "srt", "vtt"),
-    )
-    if "word" in form.granularities:
-        config.enable_word_time_offsets = True
+def recognition_settings(form: TranscriptionRequest, language: str) -> RecognitionSettings:
+    """The core's settings for this form."""
+    redact = set()
     for name in form.redact:
         try:
-            value = asr_pb2.Redaction.Value(name.upper())
-        except ValueError:
+            redact.add(Redaction[name.upper()])
+        except KeyError:
             raise ApiError(400, f"redact must be pci, ssn or numbers, got {name!r}", "redact") from None
-        config.redact.append(value)
-    return config
+    return RecognitionSettings(
+        format=AudioFormat(encoding_of(form.audio)),
+        language=language,
+        prompt=form.prompt,
+        # segments for verbose_json and captions; plain text needs none
+        segments=form.response_format in ("verbose_json", "srt", "vtt"),
+        word_times="word" in form.granularities,
+        redact=frozenset(redact),
+    )
 
 
-# --- rendering a RecognizeResponse ---
+# --- rendering the core's RecognizeResult ---
 
 
-def _s(d: Any) -> float:
-    return round(d.seconds + d.nanos / 1e9, 3)
+def _s(seconds: float) -> float:
+    """Seconds as the asr.v1 door's Durations carry them (whole nanoseconds), to the millisecond."""
+    return round(round(seconds * 1e9) / 1e9, 3)
 
 
-def transcript_text(response: asr_pb2.RecognizeResponse) -> str:
-    return " ".join(r.alternatives[0].transcript for r in response.results if r.alternatives).strip()
+def transcript_text(response: RecognizeResult) -> str:
+    return " ".join(r.transcript for r in response.results).strip()
 
 
-def cues(response: asr_pb2.RecognizeResponse) -> list[Cue]:
+def cues(response: RecognizeResult) -> list[Cue]:
     """Whisper's segments where the results carry them, else one cue per utterance."""
     out: list[Cue] = []
     for r in response.results:
-        alt = r.alternatives[0]
-        if alt.segments:
-            out.extend(Cue(_s(s.start_offset), _s(s.end_offset), s.text) for s in alt.segments if s.text)
+        if r.segments:
+            out.extend(Cue(_s(s.start_s), _s(s.end_s), s.text) for s in r.segments if s.text)
         else:
-            out.append(Cue(_s(r.start_offset), _s(r.end_offset), alt.transcript))
+            out.append(Cue(_s(r.start_s), _s(r.end_s), r.transcript))
     return out
 
 
@@ -328,7 +329,7 @@ def _compression_ratio(text: str) -> float:
     return round(len(data) / len(zlib.compress(data)), 3) if data else 0.0
 
 
-def verbose_json(response: asr_pb2.RecognizeResponse, with_words: bool) -> dict[str, Any]:
+def verbose_json(response: RecognizeResult, with_words: bool) -> dict[str, Any]:
     """OpenAI's verbose_json. Per segment: times, text, the utterance's avg_logprob (Whisper's mean token
     log-probability) and compression_ratio; `tokens` and `no_speech_prob` are left out (the server's VAD,
     not Whisper's no-speech token, decides what is speech)."""
@@ -336,11 +337,10 @@ def verbose_json(response: asr_pb2.RecognizeResponse, with_words: bool) -> dict[
     words: list[dict[str, Any]] = []
     language = ""
     for r in response.results:
-        alt = r.alternatives[0]
-        language = language or r.language_code
-        avg_logprob = round(math.log(alt.confidence), 4) if alt.confidence > 0 else None
-        parts = [(s.text, _s(s.start_offset), _s(s.end_offset)) for s in alt.segments] or [
-            (alt.transcript, _s(r.start_offset), _s(r.end_offset))
+        language = language or r.language
+        avg_logprob = round(math.log(r.confidence), 4) if r.confidence > 0 else None
+        parts = [(s.text, _s(s.start_s), _s(s.end_s)) for s in r.segments] or [
+            (r.transcript, _s(r.start_s), _s(r.end_s))
         ]
         for text, start, end in parts:
             segments.append(
@@ -356,12 +356,13 @@ def verbose_json(response: asr_pb2.RecognizeResponse, with_words: bool) -> dict[
                 }
             )
         if with_words:
-            for w in alt.words:
-                words.append({"word": w.word, "start": _s(w.start_offset), "end": _s(w.end_offset)})
+            for w in r.words:
+                if w.start_s is not None and w.end_s is not None:
+                    words.append({"word": w.text, "start": _s(w.start_s), "end": _s(w.end_s)})
     body: dict[str, Any] = {
         "task": "transcribe",
         "language": language_name(language),
-        "duration": _s(response.total_audio_duration),
+        "duration": _s(response.duration_s),
         "text": transcript_text(response),
         "segments": segments,
         "usage": usage(response),
@@ -378,126 +379,55 @@ def language_name(code: str) -> str:
     return str(LANGUAGES.get(code, code))
 
 
-def usage(response: asr_pb2.RecognizeResponse) -> dict[str, Any]:
-    return {"type": "duration", "seconds": math.ceil(_s(response.total_audio_duration))}
+def usage(response: RecognizeResult) -> dict[str, Any]:
+    return {"type": "duration", "seconds": math.ceil(_s(response.duration_s))}
 
 
 def _sse(event: dict[str, Any]) -> bytes:
     return f"data: {json.dumps(event, ensure_ascii=False)}\n\n".encode()
 
 
-# --- the app ---
+# --- the door ---
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-class HttpApi:
-    """The aiohttp application and its site, bound to `config.host:config.http_port`."""
+class OpenAIHttpDoor:
+    """The door's routes, registered on the HTTP port's application (runtime/http_server.py)."""
 
-    def __init__(
-        self,
-        config: ServerConfig,
-        recognizer: RecognizerServicer,
-        tokens: TokenStore,
-        *,
-        reuse_port: bool = False,
-    ) -> None:
+    def __init__(self, config: ServerConfig, recognizer: Recognizer, tokens: TokenStore) -> None:
         self.config = config
         self.recognizer = recognizer
         self.tokens = tokens
-        self.reuse_port = reuse_port
-        self.port = 0
-        self._runner: web.AppRunner | None = None
-        self.app = web.Application(
-            middlewares=[self._count, self._errors],
-            client_max_size=config.max_recognize_bytes + FORM_OVERHEAD_BYTES,
-        )
-        self.app.router.add_post(TRANSCRIPTIONS_PATH, self.transcriptions)
-        self.app.router.add_get(MODELS_PATH, self.models)
 
-    # --- lifecycle ---
+    def register(self, app: web.Application) -> None:
+        app.router.add_post(TRANSCRIPTIONS_PATH, self._errors(self.transcriptions))
+        app.router.add_get(MODELS_PATH, self._errors(self.models))
 
-    async def start(self) -> int:
-        # handler_cancellation: a client that hangs up cancels its recognition (the engine frees its slots)
-        self._runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
-        await self._runner.setup()
-        host: str | None = self.config.host.strip("[]")
-        if host in ("", "::", "0.0.0.0"):
-            # Every interface, IPv4 too: asyncio binds "::" IPv6-only (IPV6_V6ONLY), so a pod's IPv4
-            # address would never reach the door; None makes one socket per address family.
-            host = None
-        # asr-server's frontend processes share the port (SO_REUSEPORT), as they share the gRPC port;
-        # the supervisor checked it was free first (service/supervisor.py reserve_port).
-        site = web.TCPSite(
-            self._runner, host, self.config.http_port, ssl_context=self._ssl(), reuse_port=self.reuse_port
-        )
-        await site.start()
-        self.port = self.config.http_port  # never 0 here: 0 turns the door off
-        log.info(
-            "HTTP listening",
-            extra={
-                "fields": {
-                    "port": self.port,
-                    "path": TRANSCRIPTIONS_PATH,
-                    "tls": site.name.startswith("https"),
-                }
-            },
-        )
-        return self.port
+    def _errors(self, handler: Handler) -> Handler:
+        """Refusals in OpenAI's error shape."""
 
-    def _ssl(self) -> ssl.SSLContext | None:
-        """HTTPS with the gRPC port's certificate (and client CA: mutual TLS) when TLS is configured."""
-        c = self.config
-        if not c.tls_cert:
-            return None
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(c.tls_cert, c.tls_key)
-        if c.tls_client_ca:
-            context.load_verify_locations(c.tls_client_ca)
-            context.verify_mode = ssl.CERT_REQUIRED
-        return context
+        async def handle(request: web.Request) -> web.StreamResponse:
+            try:
+                return await handler(request)
+            except ApiError as e:
+                return e.response()
+            except web.HTTPRequestEntityTooLarge as e:
+                limit = self.config.max_recognize_bytes
+                return ApiError(
+                    413, f"file is over the limit of {limit} bytes (max_recognize_bytes) ({e.text})", "file"
+                ).response()
+            except web.HTTPException as e:
+                if e.status < 400:
+                    raise
+                return ApiError(e.status, f"{request.method} {request.path}: {e.reason}").response()
 
-    async def stop(self, grace: float) -> None:
-        """Stop listening; requests still running after `grace` seconds are cancelled."""
-        if self._runner is not None:
-            # aiohttp reads it at cleanup; it takes 0 as "no limit", so a grace of 0 becomes 1 ms
-            self._runner._shutdown_timeout = max(grace, 0.001)
-            await self._runner.cleanup()
-            self._runner = None
+        return handle
 
-    # --- middlewares ---
-
-    @web.middleware
-    async def _count(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        status = 500
-        try:
-            response = await handler(request)
-            status = response.status
-            return response
-        except web.HTTPException as e:
-            status = e.status
-            raise
-        finally:
-            metrics.HTTP_REQUESTS.labels(str(status)).inc()
-
-    @web.middleware
-    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        try:
-            return await handler(request)
-        except ApiError as e:
-            return e.response()
-        except web.HTTPRequestEntityTooLarge as e:
-            limit = self.config.max_recognize_bytes
-            return ApiError(
-                413, f"file is over the limit of {limit} bytes (max_recognize_bytes) ({e.text})", "file"
-            ).response()
-        except web.HTTPException as e:  # 404, 405: OpenAI's shape too
-            return ApiError(e.status, f"{request.method} {request.path}: {e.reason}").response()
-
-    def _authenticate(self, request: web.Request) -> None:
-        if not self.tokens.enabled:
-            return
+    def _authenticate(self, request: web.Request) -> Identity:
         token = bearer_token(request.headers.items())
+        if not self.tokens.enabled:
+            return identity(None, request.remote or "")
         if token is None:
             reason = "missing credentials: send the header 'Authorization: Bearer <token>'"
         elif not token:
@@ -505,48 +435,41 @@ class HttpApi:
         elif not self.tokens.check(token):
             reason = "invalid bearer token"
         else:
-            return
+            return identity(token, request.remote or "")
         raise ApiError(401, reason, code="invalid_api_key")
 
     # --- handlers ---
 
     async def models(self, request: web.Request) -> web.Response:
         self._authenticate(request)
-        engine = self.recognizer.engine
-        data = (
-            []
-            if engine is None
-            else [{"id": engine.info.name, "object": "model", "owned_by": "callcenter-asr"}]
-        )
+        model = self.recognizer.model
+        data = [] if model is None else [{"id": model.name, "object": "model", "owned_by": "callcenter-asr"}]
         return web.json_response({"object": "list", "data": data})
 
     async def transcriptions(self, request: web.Request) -> web.StreamResponse:
-        self._authenticate(request)  # before a byte of the body is read
+        caller = self._authenticate(request)  # before a byte of the body is read
         c = self.config
         form = await read_form(request, c.max_recognize_bytes, c.http_read_timeout, c.http_min_upload_rate)
-        engine = self.recognizer.engine
-        language_code = form.language.strip()
-        if engine is not None and language_code:
+        model = self.recognizer.model
+        language = form.language.strip()
+        if model is not None and language:
             try:
-                language_code = whisper_language(language_code, engine.info) or ""
+                language = whisper_language(language, model) or ""
             except ValueError as e:
                 raise ApiError(400, str(e).replace("language_code", "language", 1), "language") from e
-        config = recognition_config(form, language_code)
-        started = time.perf_counter()
+        settings = recognition_settings(form, language)
         try:
-            # The gRPC Recognize core itself: same checks, engine, metrics. It reads the upload where
-            # read_form put it: one copy in memory, not a RecognizeRequest's besides.
-            response = await self.recognizer._recognize(config, form.audio)
-        except StreamError as e:
+            # The core reads the upload where read_form put it: one copy in memory.
+            response = await self.recognizer.recognize(form.audio, settings, door=DOOR, identity=caller)
+        except RecognitionError as e:
             status = HTTP_STATUS.get(e.code, 500)
-            raise ApiError(status, e.message, "file" if status in (400, 413) else None) from e
-        finally:
-            metrics.RECOGNIZE_SECONDS.observe(time.perf_counter() - started)
+            param = FIELD_NAMES.get(e.field or "") or ("file" if status in (400, 413) else None)
+            raise ApiError(status, e.message_for(FIELD_NAMES), param) from e
         if form.stream:
             return await self._stream(request, response)
         return self._render(form, response)
 
-    def _render(self, form: TranscriptionRequest, response: asr_pb2.RecognizeResponse) -> web.Response:
+    def _render(self, form: TranscriptionRequest, response: RecognizeResult) -> web.Response:
         fmt = form.response_format
         if fmt == "json":
             return web.json_response({"text": transcript_text(response), "usage": usage(response)})
@@ -558,12 +481,12 @@ class HttpApi:
             return web.Response(text=vtt(cues(response)), content_type="text/vtt")
         return web.Response(text=transcript_text(response) + "\n", content_type="text/plain")
 
-    async def _stream(self, request: web.Request, response: asr_pb2.RecognizeResponse) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, response: RecognizeResult) -> web.StreamResponse:
         sse = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await sse.prepare(request)
         first = True
         for r in response.results:
-            text = r.alternatives[0].transcript
+            text = r.transcript
             if not text:
                 continue
             await sse.write(_sse({"type": "transcript.text.delta", "delta": text if first else " " + text}))

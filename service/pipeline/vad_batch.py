@@ -3,7 +3,7 @@
 A stream's reader pushes each chunk's audio into its channels' endpointers and asks for a pass; the first
 request of a tick schedules one VAD_GATHER_S later, so that the chunks of every stream that arrive
 meanwhile share it. The pass scores the new windows of every channel that asked in one
-batched model call per window depth (service/endpointing.py SileroVad.score), and hands each stream its
+batched model call per window depth (service/pipeline/endpointing.py SileroVad.score), and hands each stream its
 probabilities. The stream's endpointers then run their state machines (Endpointer.advance).
 """
 
@@ -14,13 +14,14 @@ import logging
 import time
 import weakref
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import numpy as np
 
 from service import metrics
-from service.endpointing import Endpointer, SileroVad, load_vad
+from service.pipeline.endpointing import SileroVad, VadState, load_vad
 
-log = logging.getLogger("service.vad_batch")
+log = logging.getLogger("service.pipeline.vad_batch")
 
 # How long a pass waits for more streams' chunks. Without it a pass held 1.3-3.9 channels on average
 # with 32 real-time calls in 20 ms chunks (the event loop turns faster than chunks arrive), with 10 ms
@@ -28,6 +29,16 @@ log = logging.getLogger("service.vad_batch")
 # docs/benchmarks.md). It delays an utterance's end being detected by at most this, against the 0.5 s
 # of silence that detection waits for anyway.
 VAD_GATHER_S = 0.01
+
+
+class Scored(Protocol):
+    """What a pass scores: a channel's windows and its model state (pipeline/endpointing.py Endpointer;
+    ManualTurns offers none)."""
+
+    vad_state: VadState
+
+    def windows(self) -> np.ndarray: ...
+
 
 # probabilities per endpointer, in the order asked, or the error the pass raised
 OnScored = Callable[[list[np.ndarray] | Exception], None]
@@ -38,10 +49,10 @@ class VadBatcher:
         """`gather_s`: 0 runs each pass in the loop's next turn (tests); the server's is VAD_GATHER_S."""
         self._vad = vad or load_vad()
         self.gather_s = gather_s
-        self._waiting: dict[object, tuple[Sequence[Endpointer], OnScored]] = {}
+        self._waiting: dict[object, tuple[Sequence[Scored], OnScored]] = {}
         self._scheduled = False
 
-    def request(self, owner: object, endpointers: Sequence[Endpointer], on_scored: OnScored) -> None:
+    def request(self, owner: object, endpointers: Sequence[Scored], on_scored: OnScored) -> None:
         """Score what `endpointers` hold unscored in this tick's pass, then call `on_scored`. Asking
         again before the pass runs changes nothing: the pass scores whatever is pushed by then."""
         if owner not in self._waiting:
@@ -58,7 +69,7 @@ class VadBatcher:
         """`owner` asked for this tick's pass, which has not run yet."""
         return owner in self._waiting
 
-    def score_now(self, endpointers: Sequence[Endpointer]) -> list[np.ndarray]:
+    def score_now(self, endpointers: Sequence[Scored]) -> list[np.ndarray]:
         """Score one stream's pending windows at once, outside the tick (its end, a drain, or a stream
         that sends faster than the passes come)."""
         return self._score(list(endpointers))
@@ -81,7 +92,7 @@ class VadBatcher:
             except Exception:  # one stream's bug must not keep the others from their probabilities
                 log.exception("VAD result handler failed")
 
-    def _score(self, endpointers: list[Endpointer]) -> list[np.ndarray]:
+    def _score(self, endpointers: list[Scored]) -> list[np.ndarray]:
         windows = [ep.windows() for ep in endpointers]
         scored = sum(1 for w in windows if len(w))
         if not scored:

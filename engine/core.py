@@ -1,0 +1,351 @@
+"""The engine core: the loop that owns the device (vLLM v1's EngineCore).
+
+One thread runs `step()` over and over: schedule -> execute -> update.
+
+    schedule  the scheduler (engine/scheduler.py, no model) turns the policy's plan into a
+              SchedulerOutput: cancelled requests leave, an encoder batch takes its KV-cache rows
+    execute   the model runner (engine/runner.py) runs it: ONE encoder pass (or, with encoder batching
+              off, the baseline loop of per-utterance calls), the window prompts, their prefill and
+              first-token rules, then one decode step for every decoding sequence, each followed by the
+              choice of the next tokens through the decoding rules' logit processors
+    update    the scheduler decides what came out means: a window ended, looped (fallback to the full
+              context), goes on to its next 30 s, or the request is done (word timings first, while its
+              row still holds its audio); rows of requests that left are given back (`settle`)
+
+Each stage runs under engine/isolation.py: an ordinary error fails the requests at fault (a batch is
+run again request by request to find them) and the engine goes on; an error that leaves the engine
+unknown stops it. Test seams come in as one EngineHooks object (engine/hooks.py).
+
+Apart from the decisions: the thread, its inbox (submits and cancels from any thread, taken at the top
+of each turn) and the stop. `loop_iterations` is the engine process's heartbeat (engine/core_process.py):
+it grows while the loop runs, idle (it wakes every IDLE_POLL_S) or busy; a hung loop stops it.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from engine import metrics as m
+from engine import outcome
+from engine.config import EngineConfig
+from engine.errors import EngineStopped, ModelInfo
+from engine.hooks import EngineHooks
+from engine.isolation import Stages, leaves_engine_unknown
+from engine.request import DecodeOptions, Request, RequestStatus
+from engine.scheduler import Scheduler, SchedulerOutput, WindowEnd
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from engine.decoding import Choice
+    from engine.runner import FirstTokens, ModelRunner
+
+log = logging.getLogger("engine.core")
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, hooks: EngineHooks, runner: ModelRunner | None = None) -> None:
+        if runner is None:
+            from engine.runner import ModelRunner  # torch and the weights: only when an engine is built
+
+            runner = ModelRunner.load(config)
+        self.config = config
+        self.hooks = hooks
+        self.runner = runner
+        self.rules = runner.rules
+        self.scheduler = Scheduler(config, self.rules, runner.full_audio_ctx)
+        self.stages: Stages[Request] = Stages(hooks, self.scheduler.fail)
+        vocab = self.rules.vocab
+        self.model_info = ModelInfo(
+            name=runner.name,
+            device=str(runner.device),
+            dtype=str(runner.dtype).removeprefix("torch."),
+            multilingual=vocab.multilingual,
+            languages=frozenset(vocab.languages) if vocab.multilingual else frozenset({"en"}),
+            kv_cache_bytes=runner.cache.nbytes,
+            prompts=runner.prompts,
+        )
+        m.KV_CACHE_BYTES.set(runner.cache.nbytes)
+        self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        # Set (under _lock) when the loop drains its inbox for the last time: a submit either enqueues
+        # before that drain (and is failed by it) or sees this flag and is refused.
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._dead: BaseException | None = None
+        self._on_failure: Callable[[BaseException], None] | None = None
+        self.loop_iterations = 0
+        self.scheduler.update_gauges()
+
+    # --- any thread ---
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self._dead is None
+
+    def validate(self, options: DecodeOptions) -> None:
+        self.rules.validate(options)
+
+    def start(self, on_failure: Callable[[BaseException], None] | None) -> None:
+        self._on_failure = on_failure
+        self._thread = threading.Thread(target=self._run, name="asr-engine-core", daemon=True)
+        self._thread.start()
+
+    def submit(self, req: Request) -> None:
+        if self._dead is not None or self._stopping.is_set():
+            raise EngineStopped("the engine is not running")
+        # On the caller's thread, once per distinct prompt (engine/prompt.py), never per window or fallback.
+        req.prompt_ids = self.rules.previous_text(req.options, self.runner.prompts.encode(req.options.prompt))
+        with self._lock:
+            self.scheduler.admit(req)  # raises EngineOverloaded
+            try:
+                if self.hooks.enqueue is not None:
+                    self.hooks.enqueue(req)
+                if self._closed:
+                    raise EngineStopped("the engine is not running")
+            except BaseException:
+                self.scheduler.withdraw(req)
+                raise
+            self._inbox.put(("submit", req))
+
+    def cancel(self, request_id: str) -> None:
+        self._inbox.put(("cancel", request_id))
+
+    def stats(self) -> dict[str, int]:
+        return self.scheduler.stats()
+
+    def stop(self, timeout: float) -> None:
+        self._stopping.set()
+        self._inbox.put(("wake", None))
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # --- the loop thread ---
+    def _run(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                self.loop_iterations += 1  # the engine process's heartbeat reads it (engine/core_process.py)
+                self._take_inbox(block=self.scheduler.idle_wait(time.monotonic()))
+                self.step()
+        except BaseException as exc:
+            log.exception("engine loop died")
+            self._dead = exc
+            if self._on_failure is not None:
+                self._on_failure(exc)
+        finally:
+            self._close(EngineStopped("the engine stopped"))
+
+    def _take_inbox(self, block: float) -> None:
+        try:
+            item = self._inbox.get(timeout=block) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            kind, payload = item
+            if kind == "submit":
+                self.scheduler.add(payload)
+            elif kind == "cancel":
+                self.scheduler.cancel(payload)
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def step(self) -> None:
+        """One turn: schedule -> execute -> update."""
+        self._settle()  # rows of what the inbox cancelled
+        output = self.scheduler.schedule(time.monotonic())
+        if output.encode:
+            self._admit(output)
+        if output.step and self.scheduler.rows.used:
+            self._decode_step(self.scheduler.decoding)
+        self.scheduler.update_gauges()
+
+    def _settle(self) -> None:
+        self.scheduler.settle(self.runner.move_row)
+
+    # --- execute: a new window's encoder pass, prompt and prefill ---
+    def _admit(self, output: SchedulerOutput) -> None:
+        batch = list(output.encode)
+        start = time.perf_counter()
+        self.stages.run("encoder", batch, self._encode, together=self.config.encoder_batching)
+        m.SCHEDULER_BLOCKED_SECONDS.observe(time.perf_counter() - start if output.blocked else 0.0)
+        encoded = [r for r in batch if r.status is RequestStatus.ENCODING]
+        prompted = [rs[0] for rs, _ in self.stages.run("prompt", encoded, self._prompt, together=False)]
+        # The rows of those that failed go: the rows after them move into their place, so the survivors
+        # still fill the block at the end of the cache that this pass was given (rows below it never
+        # move), no longer in admission order. Prefill addresses that block in row order.
+        self._settle()
+        if prompted:
+            prompted.sort(key=lambda r: r.kv_row)
+            first = prompted[0].kv_row
+            if [r.row for r in prompted] != list(range(first, first + len(prompted))):
+                raise RuntimeError(
+                    f"KV-cache rows of an admitted window are not dense: {[r.row for r in prompted]}"
+                )
+            for reqs, (last, sot) in self.stages.run("prefill", prompted, self._prefill):
+                self._first_tokens(reqs, last, sot)
+        self._settle()
+
+    def _encode(self, reqs: list[Request]) -> None:
+        if self.hooks.fault is not None:
+            for req in reqs:
+                self.hooks.fault(req)
+        start = time.perf_counter()
+        timings = self.runner.encode(
+            [r.window_audio() for r in reqs], [r.kv_row for r in reqs], [r.audio_ctx for r in reqs]
+        )
+        elapsed = time.perf_counter() - start
+        m.ENCODER_SECONDS.observe(elapsed)
+        m.ENCODER_BATCH_SIZE.observe(len(reqs))
+        m.FEATURE_SECONDS.observe(timings.features_s)
+        m.CROSS_KV_SECONDS.observe(timings.cross_kv_s)
+        self.scheduler.observe_encoder(elapsed, reqs)
+
+    def _prompt(self, reqs: list[Request]) -> None:
+        """The window's prompt tokens (later windows keep the language of the first), its token budget,
+        and the rules' per-window state."""
+        (req,) = reqs
+        self.rules.build_prompt(
+            req, self.config.max_tokens, language=req.language if req.window > 0 else None
+        )
+        self.scheduler.token_budget(req)
+        self.rules.start_window(req)
+
+    def _prefill(self, reqs: list[Request]) -> tuple[Tensor, Tensor]:
+        """reqs hold consecutive rows (in row order)."""
+        rows = slice(reqs[0].kv_row, reqs[-1].kv_row + 1)
+        start = time.perf_counter()
+        last, sot = self.runner.prefill([r.prompt_tokens for r in reqs], [r.sot_index for r in reqs], rows)
+        m.PREFILL_SECONDS.observe(time.perf_counter() - start)
+        self.scheduler.prefilled(reqs)
+        return last, sot
+
+    def _first_tokens(self, reqs: list[Request], last: Tensor, sot: Tensor) -> None:
+        """No-speech probability and language detection, then the first token of those that know their
+        language; row i of the prefill logits `last` and `sot` is reqs[i]."""
+        position = {id(r): i for i, r in enumerate(reqs)}
+
+        def first_tokens(rs: list[Request]) -> FirstTokens:
+            if len(rs) == len(reqs):
+                return self.runner.first_tokens(last, sot, rs)
+            index = [position[id(r)] for r in rs]
+            return self.runner.first_tokens(last[index], sot[index], rs)
+
+        for rs, first in self.stages.run("rules", reqs, first_tokens):
+            for req, no_speech, language in zip(rs, first.no_speech, first.language, strict=True):
+                if req.window == 0:
+                    req.no_speech_prob = no_speech
+                if language is not None:
+                    req.language = self.rules.language_code(language)
+                    req.generated.append(language)
+        # Those that detected their language took it as this turn's token.
+        rest = [i for i, r in enumerate(reqs) if r.status is RequestStatus.DECODING and not r.detect_language]
+        if rest:
+            self._choose([reqs[i] for i in rest], last if len(rest) == len(reqs) else last[rest])
+        self._end_windows(reqs)
+
+    # --- execute: the decode step ---
+    def _decode_step(self, active: list[Request]) -> None:
+        # A step runs rows 0..n-1 together: no request can take it alone.
+        for reqs, logits in self.stages.run("decode_step", active, self._step, alone=False):
+            self._choose(reqs, logits)
+            self._end_windows(reqs)
+        self._settle()
+
+    def _step(self, reqs: list[Request]) -> Tensor:
+        start = time.perf_counter()
+        logits = self.runner.step([r.generated[-1] for r in reqs], [r.length for r in reqs])
+        m.DECODE_STEP_SECONDS.observe(time.perf_counter() - start)
+        m.DECODE_BATCH_SIZE.observe(len(reqs))
+        self.scheduler.stepped(reqs)
+        return logits
+
+    def _choose(self, reqs: list[Request], logits: Tensor) -> None:
+        """Append each request's next token: forced ones first, else greedy under the rules (row i of
+        logits is reqs[i])."""
+        free = [i for i, r in enumerate(reqs) if not r.forced]
+        for r in reqs:
+            if r.forced:
+                r.generated.append(r.forced.pop(0))
+        if not free:
+            return
+        rows = [reqs[i] for i in free]
+        position = {id(reqs[i]): i for i in free}
+
+        def sample(rs: list[Request]) -> Choice:
+            # A copy either way: the rules edit in place, and `logits` stays untouched for a request's run
+            # alone. clone() when every row is free, since indexing by a list copies the index to the device.
+            if len(rs) == len(rows):
+                return self.runner.sample(logits.clone() if len(free) == len(reqs) else logits[free], rs)
+            return self.runner.sample(logits[[position[id(r)] for r in rs]], rs)
+
+        taken = 0
+        for rs, choice in self.stages.run("rules", rows, sample):
+            failed = self.rules.take(rs, choice)
+            taken += len(rs) - len(failed)
+            for req, error in failed:
+                self.stages.failed("rules", req, error)
+        m.TOKENS_GENERATED.inc(taken)
+
+    # --- update: what finished windows lead to ---
+    def _end_windows(self, reqs: Sequence[Request]) -> None:
+        ended = self.scheduler.ended(reqs)
+        ends = [end for _, end in self.stages.run("loop_check", ended, self._window_end, together=False)]
+        # Word timings need the rows' cross-attention K/V: before the rows are given back.
+        self._align_words(
+            [
+                e.request
+                for e in ends
+                if e.action != "fallback"
+                and e.request.options.word_timestamps
+                and not e.request.options.interim
+            ]
+        )
+        for end in ends:
+            self.scheduler.close_window(end)
+            if end.action == "publish":
+                self.stages.run("result", [end.request], self._publish, together=False)
+
+    def _window_end(self, reqs: list[Request]) -> WindowEnd:
+        (req,) = reqs
+        return self.scheduler.window_end(req)
+
+    def _align_words(self, reqs: list[Request]) -> None:
+        if not reqs:
+            return
+        try:
+            self.runner.align(reqs)
+        except Exception as exc:  # words are extra: the transcript still goes out
+            if leaves_engine_unknown(exc):
+                raise
+            log.exception("word timings failed for %d utterances", len(reqs))
+
+    def _publish(self, reqs: list[Request]) -> None:
+        (req,) = reqs
+        self.scheduler.finish(req, outcome.transcript(req, self.rules))
+
+    # --- the stop ---
+    def _close(self, exc: BaseException) -> None:
+        if self.hooks.closing is not None:
+            try:
+                self.hooks.closing()
+            except Exception:
+                log.exception("the closing hook failed")
+        self.scheduler.fail_all(exc)
+        with self._lock:
+            self._closed = True
+        # Nothing can enter the inbox from here on (submit checks _closed under the lock).
+        while True:
+            try:
+                kind, payload = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if kind == "submit":
+                self.scheduler.fail(payload, exc)
+        self.scheduler.update_gauges()

@@ -1,0 +1,363 @@
+"""The recognition core: what every door calls, whatever protocol it speaks.
+
+    recognizer = Recognizer(config, engine)          # runtime/server.py makes one per process
+    stream = recognizer.open_stream(settings, door="asr.v1", identity=identity)
+    stream.audio(chunk) ... stream.finish()           # from the door's reader
+    async for event in stream.events(): ...           # Result, SpeechStarted, ..., Reconnect
+    await stream.close()                              # always, however the call ended
+    result = await recognizer.recognize(recording, recognition_settings, door="openai-http")
+
+Handled here once for every door: availability (a model still loading, a drain), the server's
+--max-streams (shared by every frontend process) and --max-recognize-calls, the checks of every setting
+(RecognitionError INVALID_ARGUMENT naming it), the priority class (live streams: finals first, then
+interims and speculation; recordings: after live work), and the metrics, each call counted by door.
+A door translates its protocol into these calls and the events and errors back into its protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+
+from engine.api import ModelInfo
+from engine.request import Priority
+from service import metrics
+from service.config import ServerConfig
+from service.core.engine import RecognitionEngine
+from service.core.errors import Code, RecognitionError
+from service.core.stream_limit import StreamLimit
+from service.core.types import CallEvent, Identity, RecognitionSettings, RecognizeResult, StreamSettings
+from service.pipeline.audio import EncodedAudio, probe_recording
+from service.pipeline.endpointing import EndpointSettings
+from service.pipeline.options import decode_options, plan_stream, result_options, with_keyterms
+from service.pipeline.recording import RecordingCutter, recognize_recording, too_long
+from service.pipeline.session import StreamSession
+
+log = logging.getLogger("service.core.recognizer")
+
+STREAM, RECOGNIZE = "stream", "recognize"  # the `kind` label of the per-door metrics
+
+
+class Stream:
+    """One live stream, as a door holds it. Every method is called from the event loop.
+
+    Audio and controls go in (`audio`, `finish`, `finalize`, `clear`, `update_keyterms`, `fail`); events
+    come out of `events()`, which ends normally (every final sent) or raises RecognitionError. The door
+    must `await close()` once the call is over, however it ended; `cancel()` frees everything at once
+    from a callback (the client went away) and may come before or after."""
+
+    def __init__(self, recognizer: Recognizer, session: StreamSession, door: str, identity: Identity) -> None:
+        self._recognizer = recognizer
+        self._session = session
+        self.door = door
+        self.identity = identity
+        self._outcome: Code | None = None  # how events() ended
+        self._released = False
+
+    @property
+    def id(self) -> str:
+        """Unique in the server's lifetime, safe to show the client and to log."""
+        return self._session.id
+
+    @property
+    def heard_s(self) -> float:
+        """Seconds of audio (per channel) received so far: what a drain's Reconnect says was heard."""
+        return self._session.heard_s
+
+    @property
+    def takes_audio(self) -> bool:
+        """False once the stream takes no more audio (half-close, single utterance, drain, an error, a
+        limit): later chunks are ignored, so a door may stop reading them."""
+        return self._session.state.takes_audio
+
+    def audio(self, chunk: bytes) -> None:
+        """The next chunk, whole frames (every channel of each sample) in the stream's format. Never raises:
+        bad audio (or a limit: --max-chunk-bytes, --max-stream-seconds, --max-buffer-seconds) ends the
+        stream, after the finals of what was admitted, and `events()` raises why."""
+        self._session.audio(chunk)
+
+    def finish(self) -> None:
+        """The client half-closed: the utterance in progress ends (ended_by END_OF_AUDIO), every pending
+        final follows, then `events()` ends normally."""
+        self._session.finish()
+
+    def finalize(self) -> None:
+        """End each channel's utterance in progress now and go on listening (Deepgram's Finalize, OpenAI
+        Realtime's commit): its final comes with ended_by FINALIZE. Nothing in progress: nothing happens."""
+        self._session.finalize()
+
+    def clear(self) -> None:
+        """Drop the audio of each channel's utterance in progress: no final comes for it (OpenAI Realtime's
+        input_audio_buffer.clear). Utterances that already ended keep their finals."""
+        self._session.clear()
+
+    def update_keyterms(self, terms: Sequence[str]) -> None:
+        """Keyterms for the utterances that end from now on. Raises RecognitionError INVALID_ARGUMENT
+        (field `keyterms`) past their bounds, and then nothing changes."""
+        try:
+            options = with_keyterms(self._session.settings.options, tuple(terms), self._session.engine)
+        except ValueError as e:
+            raise RecognitionError.invalid(e) from e
+        self._session.update_options(options)
+
+    def fail(self, error: RecognitionError) -> None:
+        """End the stream with `error` (a protocol error the door found): what is queued goes out first,
+        then `events()` raises it."""
+        self._session.fail(error)
+
+    async def events(self) -> AsyncIterator[CallEvent]:
+        """The stream's events in order, at the pace the door takes them (at most
+        --max-response-backlog-bytes wait for it: past that the stream ends RESOURCE_EXHAUSTED)."""
+        try:
+            async for event in self._session.events():
+                yield event
+        except RecognitionError as e:
+            self._outcome = e.code
+            raise
+        self._outcome = Code.OK
+
+    def cancel(self, code: Code = Code.CANCELLED) -> None:
+        """The call is over before its end (client gone, deadline): free its place and its engine work
+        at once. Synchronous, idempotent, safe from any callback."""
+        if self._released:
+            return
+        self._released = True
+        self._recognizer._release(self._session, self.door, code)
+
+    async def close(self, code: Code | None = None) -> None:
+        """The call is over: record how it ended (`code`, else how `events()` ended, else CANCELLED), free
+        what it holds and wait for its tasks to stop."""
+        self.cancel(code or self._outcome or Code.CANCELLED)
+        await self._session.close()
+
+
+class Recognizer:
+    """The core of one frontend process (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        engine: RecognitionEngine | None = None,
+        stream_limit: StreamLimit | None = None,
+    ) -> None:
+        self.config = config
+        self.engine = engine  # None while the model loads: calls are refused UNAVAILABLE
+        # --max-streams, shared by every frontend process of asr-server (service/core/stream_limit.py)
+        self.stream_limit = stream_limit or StreamLimit(config.max_streams)
+        self.draining = False
+        self.sessions: set[StreamSession] = set()
+        self._reserved = 0  # streams of this process admitted (and holding a place under the limit)
+        self._recognizing = 0  # recordings under way
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._ids = itertools.count()
+        self._prefix = f"{os.getpid():x}"
+
+    @property
+    def model(self) -> ModelInfo | None:
+        """The model served (name, languages, ...); None while it loads."""
+        return None if self.engine is None else self.engine.info
+
+    # --- lifecycle (runtime/server.py) ---
+
+    def drain(self) -> None:
+        """Refuse new calls; every open stream emits Reconnect, finishes what it heard and ends normally."""
+        self.draining = True
+        for session in list(self.sessions):
+            session.drain()
+
+    async def wait_idle(self, seconds: float) -> bool:
+        """Wait until no stream is open, at most `seconds`; True if none is."""
+        try:
+            async with asyncio.timeout(seconds):
+                await self._idle.wait()
+            return True
+        except TimeoutError:
+            return False
+
+    def _check_available(self) -> RecognitionEngine:
+        if self.draining:
+            raise RecognitionError(Code.UNAVAILABLE, "server is draining; retry on another replica")
+        if self.engine is None:
+            raise RecognitionError(Code.UNAVAILABLE, "model is still loading; retry shortly")
+        return self.engine
+
+    def refused(self, door: str, error: RecognitionError) -> None:
+        """Count a stream the door refused itself, before it could open one (a request its protocol does
+        not allow), as the streams the core refuses are counted."""
+        self._count(door, STREAM, error.code)
+
+    @staticmethod
+    def _count(door: str, kind: str, code: Code) -> None:
+        metrics.DOOR_CALLS.labels(door, kind, code.name).inc()
+        if kind == STREAM:
+            metrics.STREAMS.labels(code.name).inc()
+
+    # --- streams ---
+
+    def open_stream(
+        self,
+        settings: StreamSettings | Callable[[], StreamSettings],
+        *,
+        door: str,
+        identity: Identity | None = None,
+    ) -> Stream:
+        """A new live stream. Raises RecognitionError: UNAVAILABLE (loading, draining), RESOURCE_EXHAUSTED
+        (--max-streams), INVALID_ARGUMENT naming the setting, in that order. `settings` may be a function
+        that translates them from the door's request, called once the stream is admitted: a server that
+        cannot take the stream says so before what is wrong with the request (as asr.v1 always has), and
+        a RecognitionError the function raises is counted as the core's own refusals are."""
+        identity = identity or Identity()
+        try:
+            engine = self._check_available()
+            if not self.stream_limit.try_acquire():
+                raise RecognitionError(
+                    Code.RESOURCE_EXHAUSTED,
+                    f"server is at its limit of {self.stream_limit.limit} concurrent streams (max_streams)",
+                )
+        except RecognitionError as e:
+            self._count(door, STREAM, e.code)
+            raise
+        self._reserved += 1
+        self._idle.clear()
+        metrics.ACTIVE_STREAMS.inc()
+        metrics.DOOR_ACTIVE_CALLS.labels(door, STREAM).inc()
+        try:
+            plan = plan_stream(settings() if callable(settings) else settings, engine)
+        except RecognitionError as e:
+            self._give_back(door, e.code)
+            raise
+        except ValueError as e:  # AudioFormatError and EndpointingError are ValueErrors naming the field
+            error = RecognitionError.invalid(e)
+            self._give_back(door, error.code)
+            raise error from e
+        session = StreamSession(f"s{self._prefix}-{next(self._ids)}", plan, engine, self.config)
+        self.sessions.add(session)
+        session.start()
+        log.debug(
+            "stream started",
+            extra={
+                "fields": {
+                    "stream_id": session.id,
+                    "door": door,
+                    "principal": identity.principal,
+                    "peer": identity.peer,
+                }
+            },
+        )
+        return Stream(self, session, door, identity)
+
+    def _release(self, session: StreamSession, door: str, code: Code) -> None:
+        self.sessions.discard(session)
+        session.abandon()
+        self._give_back(door, code)
+
+    def _give_back(self, door: str, code: Code) -> None:
+        """A stream's place under --max-streams, and its count by how it ended."""
+        self.stream_limit.release()
+        self._reserved -= 1
+        metrics.ACTIVE_STREAMS.dec()
+        metrics.DOOR_ACTIVE_CALLS.labels(door, STREAM).dec()
+        if self._reserved == 0:
+            self._idle.set()
+        self._count(door, STREAM, code)
+
+    # --- recordings ---
+
+    async def recognize(
+        self,
+        recording: EncodedAudio,
+        settings: RecognitionSettings | Callable[[], RecognitionSettings],
+        *,
+        door: str,
+        identity: Identity | None = None,
+    ) -> RecognizeResult:
+        """A whole recording (at most --max-recognize-bytes, --max-recognize-seconds), recorded work to the
+        engine: after live calls. Raises RecognitionError: UNAVAILABLE, RESOURCE_EXHAUSTED
+        (--max-recognize-calls, an engine queue full of other calls), INVALID_ARGUMENT naming the setting,
+        OUT_OF_RANGE (too long). `recording` is read in place, never copied (an HTTP upload's buffer).
+        `settings` may be a function, called once the call is admitted and its size checked (open_stream)."""
+        started = time.perf_counter()
+        code = Code.OK
+        active = metrics.DOOR_ACTIVE_CALLS.labels(door, RECOGNIZE)
+        active.inc()
+        try:
+            return await self._recognize(recording, settings)
+        except RecognitionError as e:
+            code = e.code
+            raise
+        except asyncio.CancelledError:
+            code = Code.CANCELLED
+            raise
+        except Exception:
+            code = Code.UNKNOWN
+            raise
+        finally:
+            active.dec()
+            metrics.DOOR_CALLS.labels(door, RECOGNIZE, code.name).inc()
+            metrics.RECOGNIZE_SECONDS.observe(time.perf_counter() - started)
+
+    async def _recognize(
+        self, data: EncodedAudio, settings: RecognitionSettings | Callable[[], RecognitionSettings]
+    ) -> RecognizeResult:
+        engine = self._check_available()
+        if self._recognizing >= self.config.max_recognize_calls:
+            raise RecognitionError(
+                Code.RESOURCE_EXHAUSTED,
+                f"server is at its limit of {self.config.max_recognize_calls} concurrent Recognize calls "
+                "(max_recognize_calls); recorded work waits for live calls, retry with backoff",
+            )
+        self._recognizing += 1
+        try:
+            return await self._recognize_recording(engine, data, settings)
+        finally:
+            self._recognizing -= 1
+
+    async def _recognize_recording(
+        self,
+        engine: RecognitionEngine,
+        data: EncodedAudio,
+        settings: RecognitionSettings | Callable[[], RecognitionSettings],
+    ) -> RecognizeResult:
+        c = self.config
+        if not data:
+            raise RecognitionError(Code.INVALID_ARGUMENT, "audio_content is empty", "audio_content")
+        if len(data) > c.max_recognize_bytes:
+            raise RecognitionError(
+                Code.INVALID_ARGUMENT,
+                f"audio_content of {len(data)} bytes is over the limit of "
+                f"{c.max_recognize_bytes} bytes (max_recognize_bytes); use StreamingRecognize",
+                "audio_content",
+            )
+        limit_s = c.max_recognize_seconds
+        if callable(settings):
+            settings = settings()
+        f = settings.format
+        try:
+            # Recorded work: served after live calls, in its own share of the engine (engine/policy.py).
+            options = decode_options(settings, engine, Priority.RECORDED)
+            result_opts = result_options(settings)
+            # The header (or the byte count) says how long the recording is: a small FLAC of silence
+            # can hold hours, so the length is checked before anything is decoded.
+            info = probe_recording(data, f.encoding, f.sample_rate_hertz, f.channels)
+        except ValueError as e:
+            raise RecognitionError.invalid(e) from e
+        if info.seconds > limit_s:
+            raise too_long(f"audio_content holds {info.seconds:.0f} s of audio", limit_s)
+        separate = settings.separate_channels and info.channels > 1
+        mode = "mono" if info.channels == 1 else ("separate" if separate else "mixdown")
+        cutter = RecordingCutter(data, info, separate, EndpointSettings(), limit_s)
+        del data  # the cutter holds the one reference it reads from
+        return await recognize_recording(
+            engine,
+            cutter,
+            options,
+            result_opts,
+            inflight=c.recognize_inflight,
+            limit_s=limit_s,
+            mode=mode,
+        )

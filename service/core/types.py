@@ -1,0 +1,178 @@
+"""The core's domain types: what a door hands the recognition core, and what it hands back.
+
+No protocol here (no grpc, aiohttp or generated messages): each door translates its own requests into
+these and these into its own responses. Times are seconds (floats) from the start of the stream or
+recording; channels are tagged 1..N when recognized separately, else 0 (one mixed-down channel).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from service.pipeline.endpointing import EndpointSettings
+from service.pipeline.redaction import Kind as Redaction
+
+__all__ = [
+    "AudioFormat",
+    "CallEvent",
+    "EndOfSingleUtterance",
+    "EndReason",
+    "EndpointSettings",
+    "Identity",
+    "RecognitionSettings",
+    "RecognizeResult",
+    "Reconnect",
+    "Redaction",
+    "Result",
+    "Segment",
+    "SpeechEnded",
+    "SpeechStarted",
+    "StreamSettings",
+    "Word",
+]
+
+
+# --- what a door asks for ---
+
+
+@dataclass(frozen=True)
+class AudioFormat:
+    """How the audio is encoded. `encoding`: LINEAR16 (signed 16-bit little-endian PCM), MULAW or ALAW
+    (G.711) for streams and recordings; FLAC or WAV for recordings only (their header gives rate and
+    channels, so those two fields are ignored). Anything else, "" included, is refused naming
+    `encoding`; a rate outside 8000-48000 names `sample_rate_hertz`, channels outside 1-8 (0 means 1)
+    `audio_channel_count`."""
+
+    encoding: str = ""
+    sample_rate_hertz: int = 0
+    channels: int = 1
+
+
+@dataclass(frozen=True)
+class RecognitionSettings:
+    """What every recognition (a stream or a recording) is asked for."""
+
+    format: AudioFormat = field(default_factory=AudioFormat)
+    # one transcript per channel (channel tags 1..N); else the channels are mixed down (tag 0)
+    separate_channels: bool = False
+    # BCP-47 ("en-US") or Whisper's code ("en"); "" the model's own (English-only) or detection
+    language: str = ""
+    prompt: str = ""  # previous text for Whisper: names, products, jargon (bounded: engine/prompt.py)
+    # names and jargon the caller may say, boosted in decoding (bounded: engine/request.py)
+    keyterms: tuple[str, ...] = ()
+    segments: bool = False  # results carry Whisper's timed segments
+    word_times: bool = False  # results carry words with start and end times
+    word_confidence: bool = False  # results carry words with their confidence
+    redact: frozenset[Redaction] = frozenset()  # masked in everything that leaves (pipeline/redaction.py)
+
+
+@dataclass(frozen=True)
+class StreamSettings:
+    """A live stream: its recognition, how it is cut into utterances, and what comes back as it runs."""
+
+    recognition: RecognitionSettings = field(default_factory=RecognitionSettings)
+    # None: no endpointing; the client ends each utterance with Stream.finalize (OpenAI Realtime without
+    # turn detection), the stream's end ends the last one, and no speech events come
+    endpointing: EndpointSettings | None = field(default_factory=EndpointSettings)
+    interim_results: bool = False  # re-transcriptions of the utterance in progress, superseded by its final
+    single_utterance: bool = False  # the stream stops taking audio after its first utterance
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who a call is for, as the door authenticated it (runtime/auth.py `identity`), and where it came
+    from. Both are safe to log: `principal` is never a token."""
+
+    principal: str = "anonymous"
+    peer: str = ""  # the client's address as the door's transport names it
+
+
+# --- what comes back ---
+
+
+class EndReason(enum.Enum):
+    """What ended a final's utterance."""
+
+    SILENCE = "silence"  # the endpointer heard min_silence_duration of silence (the speaker stopped)
+    MAX_LENGTH = "max_length"  # cut at max_utterance_duration while speech went on (the next continues it)
+    FINALIZE = "finalize"  # the client asked (Stream.finalize)
+    END_OF_AUDIO = "end_of_audio"  # the audio ended (half-close, drain, a limit, the end of a recording)
+
+
+@dataclass(frozen=True)
+class Word:
+    """A word of a result. Times and confidence are None unless the settings asked for them."""
+
+    text: str
+    start_s: float | None = None
+    end_s: float | None = None
+    confidence: float | None = None
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One of Whisper's timed segments (RecognitionSettings.segments)."""
+
+    text: str
+    start_s: float
+    end_s: float
+
+
+@dataclass(frozen=True)
+class Result:
+    """A transcript of one utterance of one channel: a final (one per utterance, in order per channel) or
+    an interim (is_final False: the utterance so far, always superseded by its final)."""
+
+    channel: int
+    utterance_index: int  # per channel, from 0
+    is_final: bool
+    transcript: str  # redacted as the settings ask
+    confidence: float  # Whisper's mean token probability (finals and interims alike)
+    start_s: float  # speech start (interims: where the utterance began)
+    end_s: float  # speech end (interims: the audio heard so far)
+    language: str = ""  # Whisper's code of the language it heard
+    stability: float = 0.0  # interims only: 0.5 for a fresh guess up to 0.9 as it repeats the last one
+    words: tuple[Word, ...] = ()  # finals, when the settings ask for word times or confidence
+    segments: tuple[Segment, ...] = ()  # finals, when the settings ask for segments
+    ended_by: EndReason | None = None  # finals only
+
+
+@dataclass(frozen=True)
+class SpeechStarted:
+    channel: int
+    offset_s: float
+
+
+@dataclass(frozen=True)
+class SpeechEnded:
+    channel: int
+    offset_s: float
+
+
+@dataclass(frozen=True)
+class EndOfSingleUtterance:
+    """single_utterance: the first utterance ended; the stream takes no more audio, its final follows."""
+
+    channel: int
+    offset_s: float
+
+
+@dataclass(frozen=True)
+class Reconnect:
+    """The server is draining: finals for what was heard still follow, then the stream ends normally.
+    `offset_s` is how much audio was heard (all of it is transcribed): continue the call on a new stream
+    from there, losing nothing and repeating nothing."""
+
+    offset_s: float
+
+
+CallEvent = Result | SpeechStarted | SpeechEnded | EndOfSingleUtterance | Reconnect
+
+
+@dataclass(frozen=True)
+class RecognizeResult:
+    """A whole recording: its finals in time order (then by channel), and how much audio it held."""
+
+    results: tuple[Result, ...]
+    duration_s: float

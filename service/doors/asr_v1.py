@@ -1,0 +1,330 @@
+"""The asr.v1 door: the project's own gRPC protocol (asr.v1.Recognizer: StreamingRecognize, Recognize).
+
+A translation layer and nothing more: requests -> the core's settings and calls (service/core/), the
+core's events, results and errors -> asr.v1 messages and gRPC statuses. Every refusal is a gRPC status
+whose message names the field and the limit; nothing one call does can fail another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+from asr.v1 import asr_pb2, asr_pb2_grpc
+from google.protobuf.duration_pb2 import Duration
+from grpc import aio
+
+from service.core.errors import Code, RecognitionError
+from service.core.recognizer import Recognizer, Stream
+from service.core.types import (
+    AudioFormat,
+    CallEvent,
+    EndOfSingleUtterance,
+    EndpointSettings,
+    Identity,
+    RecognitionSettings,
+    RecognizeResult,
+    Reconnect,
+    Redaction,
+    Result,
+    SpeechEnded,
+    SpeechStarted,
+    StreamSettings,
+)
+from service.doors.grpc_status import core_code, grpc_code
+from service.runtime.auth import bearer_token, identity
+
+log = logging.getLogger("service.doors.asr_v1")
+
+DOOR = "asr.v1"
+STREAM_ID_HEADER = "asr-stream-id"  # initial metadata of an accepted stream (see StreamingRecognize)
+FIRST_REQUEST_TIMEOUT_S = 10.0  # a stream that sends no config is not kept waiting for it
+MAX_REDACT_VALUES = 8  # three kinds exist; a repeat is harmless, a million of them is not
+EventType = asr_pb2.StreamingRecognizeResponse.SpeechEventType
+
+
+# --- requests -> the core's settings ---
+
+
+def encoding_name(value: int) -> str:
+    """The proto enum as the core spells it ("" when unset; an unknown number is named as such, so that
+    the refusal says what the client sent)."""
+    if value == asr_pb2.ENCODING_UNSPECIFIED:
+        return ""
+    if value not in asr_pb2.AudioEncoding.values():
+        return f"unknown value {value}"
+    return asr_pb2.AudioEncoding.Name(value)
+
+
+def _seconds(d: Duration) -> float:
+    return d.seconds + d.nanos / 1e9
+
+
+def redaction(config: asr_pb2.RecognitionConfig) -> frozenset[Redaction]:
+    if len(config.redact) > MAX_REDACT_VALUES:
+        raise RecognitionError(
+            Code.INVALID_ARGUMENT,
+            f"redact has {len(config.redact)} values, over the limit of {MAX_REDACT_VALUES} (PCI, SSN, NUMBERS)",
+            "redact",
+        )
+    kinds = set()
+    for value in config.redact:
+        if value == asr_pb2.REDACTION_UNSPECIFIED:
+            continue
+        if value not in asr_pb2.Redaction.values():
+            raise RecognitionError(
+                Code.INVALID_ARGUMENT,
+                f"config.redact: unknown value {value} (known: PCI, SSN, NUMBERS)",
+                "redact",
+            )
+        kinds.add(Redaction[asr_pb2.Redaction.Name(value)])
+    return frozenset(kinds)
+
+
+def recognition_settings(config: asr_pb2.RecognitionConfig) -> RecognitionSettings:
+    return RecognitionSettings(
+        format=AudioFormat(
+            encoding_name(config.encoding), config.sample_rate_hertz, config.audio_channel_count
+        ),
+        separate_channels=config.enable_separate_recognition_per_channel,
+        language=config.language_code,
+        prompt=config.prompt,
+        segments=config.enable_segment_time_offsets,
+        word_times=config.enable_word_time_offsets,
+        word_confidence=config.enable_word_confidence,
+        redact=redaction(config),
+    )
+
+
+def endpoint_settings(ep: asr_pb2.EndpointingConfig) -> EndpointSettings:
+    """Zero fields mean the defaults (raises EndpointingError naming the field)."""
+    return EndpointSettings.from_overrides(
+        speech_start_threshold=ep.speech_start_threshold,
+        speech_end_threshold=ep.speech_end_threshold,
+        min_silence_s=_seconds(ep.min_silence_duration),
+        max_utterance_s=_seconds(ep.max_utterance_duration),
+        min_speech_s=_seconds(ep.min_speech_duration),
+    )
+
+
+def first_settings(first: asr_pb2.StreamingRecognizeRequest | None) -> StreamSettings:
+    """The stream's settings from its first request, which must carry the config."""
+    if first is None or first.WhichOneof("streaming_request") != "streaming_config":
+        raise RecognitionError(
+            Code.INVALID_ARGUMENT,
+            "first request must carry streaming_config (then audio_content in later requests)",
+        )
+    return stream_settings(first.streaming_config)
+
+
+def stream_settings(sc: asr_pb2.StreamingRecognitionConfig) -> StreamSettings:
+    if not sc.HasField("config"):
+        raise RecognitionError(
+            Code.INVALID_ARGUMENT,
+            "streaming_config.config: streaming_config.config is required (encoding, rate)",
+        )
+    try:
+        endpointing = endpoint_settings(sc.endpointing)
+    except ValueError as e:
+        raise RecognitionError.invalid(e) from e
+    return StreamSettings(
+        recognition=recognition_settings(sc.config),
+        endpointing=endpointing,
+        interim_results=sc.interim_results,
+        single_utterance=sc.single_utterance,
+    )
+
+
+# --- the core's events and results -> responses ---
+
+
+def duration(seconds: float) -> Duration:
+    d = Duration()
+    d.FromNanoseconds(round(seconds * 1e9))
+    return d
+
+
+def alternative(r: Result) -> asr_pb2.SpeechRecognitionAlternative:
+    words = []
+    for w in r.words:
+        info = asr_pb2.WordInfo(word=w.text)
+        if w.start_s is not None and w.end_s is not None:
+            info.start_offset.CopyFrom(duration(w.start_s))
+            info.end_offset.CopyFrom(duration(w.end_s))
+        if w.confidence is not None:
+            info.confidence = w.confidence
+        words.append(info)
+    return asr_pb2.SpeechRecognitionAlternative(
+        transcript=r.transcript,
+        confidence=r.confidence,
+        segments=[
+            asr_pb2.WordOrSegment(text=s.text, start_offset=duration(s.start_s), end_offset=duration(s.end_s))
+            for s in r.segments
+        ],
+        words=words,
+    )
+
+
+def _speech_event(kind: int, offset_s: float, channel: int) -> asr_pb2.StreamingRecognizeResponse:
+    return asr_pb2.StreamingRecognizeResponse(
+        speech_event_type=kind,  # type: ignore[arg-type]
+        speech_event_offset=duration(offset_s),
+        speech_event_channel_tag=channel,
+    )
+
+
+def response(event: CallEvent) -> asr_pb2.StreamingRecognizeResponse:
+    if isinstance(event, Result):
+        result = asr_pb2.StreamingRecognitionResult(
+            alternatives=[alternative(event)],
+            is_final=event.is_final,
+            stability=event.stability,
+            start_offset=duration(event.start_s),
+            end_offset=duration(event.end_s),
+            channel_tag=event.channel,
+            language_code=event.language,
+            utterance_index=event.utterance_index,
+        )
+        return asr_pb2.StreamingRecognizeResponse(results=[result])
+    if isinstance(event, SpeechStarted):
+        return _speech_event(EventType.SPEECH_ACTIVITY_BEGIN, event.offset_s, event.channel)
+    if isinstance(event, SpeechEnded):
+        return _speech_event(EventType.SPEECH_ACTIVITY_END, event.offset_s, event.channel)
+    if isinstance(event, EndOfSingleUtterance):
+        return _speech_event(EventType.END_OF_SINGLE_UTTERANCE, event.offset_s, event.channel)
+    if isinstance(event, Reconnect):
+        return _speech_event(EventType.RECONNECT, event.offset_s, 0)
+    raise TypeError(f"no asr.v1 response for {event!r}")
+
+
+def recognize_response(result: RecognizeResult) -> asr_pb2.RecognizeResponse:
+    return asr_pb2.RecognizeResponse(
+        results=[
+            asr_pb2.SpeechRecognitionResult(
+                alternatives=[alternative(r)],
+                channel_tag=r.channel,
+                start_offset=duration(r.start_s),
+                end_offset=duration(r.end_s),
+                language_code=r.language,
+            )
+            for r in result.results
+        ],
+        total_audio_duration=duration(result.duration_s),
+    )
+
+
+def _caller(context: aio.ServicerContext) -> Identity:
+    return identity(bearer_token(context.invocation_metadata()), context.peer())
+
+
+# --- the servicer ---
+
+
+class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
+    def __init__(self, recognizer: Recognizer) -> None:
+        self.recognizer = recognizer
+
+    async def StreamingRecognize(
+        self,
+        request_iterator: AsyncIterator[asr_pb2.StreamingRecognizeRequest],
+        context: aio.ServicerContext,
+    ) -> AsyncIterator[asr_pb2.StreamingRecognizeResponse]:
+        code = grpc.StatusCode.OK
+        stream: Stream | None = None
+        reader: asyncio.Task[None] | None = None
+
+        def rpc_done(ctx: aio.ServicerContext) -> None:
+            # A cancel or deadline that lands while the generator is parked at `yield` (gRPC sending a
+            # response) ends the RPC without resuming the generator: its `finally` would only run when
+            # it is garbage-collected, and until then the stream would hold its place and its slots.
+            remaining = ctx.time_remaining()
+            expired = remaining is not None and remaining <= 0
+            if reader is not None:
+                reader.cancel()
+            if stream is not None:
+                stream.cancel(Code.DEADLINE_EXCEEDED if expired else Code.CANCELLED)
+
+        try:
+            first = await self._first_request(request_iterator)
+            # translated once admitted: a loading, draining or full server says so first
+            stream = self.recognizer.open_stream(
+                lambda: first_settings(first), door=DOOR, identity=_caller(context)
+            )
+            context.add_done_callback(rpc_done)  # type: ignore[arg-type]
+            # Headers now, not with the first result: they tell the client its stream was accepted, so it
+            # starts sending audio only then. A client still writing when a refusal arrives gets INTERNAL
+            # instead of the refusal from grpc.aio (grpc/grpc#36066); RecognizerClient waits for this.
+            await context.send_initial_metadata(((STREAM_ID_HEADER, stream.id),))
+            reader = asyncio.create_task(self._read(request_iterator, stream))
+            async for event in stream.events():
+                yield response(event)
+        except RecognitionError as e:
+            code = grpc_code(e.code)
+            await context.abort(code, e.message)
+        except asyncio.CancelledError:
+            code = grpc.StatusCode.CANCELLED
+            raise
+        except Exception:
+            code = grpc.StatusCode.UNKNOWN
+            raise
+        finally:
+            if reader is not None:
+                reader.cancel()
+            if stream is not None:
+                await stream.close(core_code(code))
+
+    async def _first_request(
+        self, requests: AsyncIterator[asr_pb2.StreamingRecognizeRequest]
+    ) -> asr_pb2.StreamingRecognizeRequest | None:
+        """The stream's first request (None: the client half-closed at once). Refusals come after it is
+        read, never before: a grpc.aio client whose first write races a status reports INTERNAL instead
+        of it (grpc/grpc#36066). The config is the first thing any client sends, so this is still at once."""
+        try:
+            async with asyncio.timeout(FIRST_REQUEST_TIMEOUT_S):
+                return await anext(aiter(requests), None)
+        except TimeoutError:
+            error = RecognitionError(
+                Code.INVALID_ARGUMENT,
+                f"first request must carry streaming_config; none came within {FIRST_REQUEST_TIMEOUT_S:g} s",
+            )
+            self.recognizer.refused(DOOR, error)
+            raise error from None
+
+    async def _read(self, requests: AsyncIterator[asr_pb2.StreamingRecognizeRequest], stream: Stream) -> None:
+        """The requests after the config: their audio into the stream, the half-close as its end."""
+        try:
+            async for request in requests:
+                kind = request.WhichOneof("streaming_request")
+                if kind == "streaming_config":
+                    stream.fail(
+                        RecognitionError(
+                            Code.INVALID_ARGUMENT,
+                            "streaming_config may only be sent in the first request; later requests carry "
+                            "audio_content",
+                        )
+                    )
+                    return
+                if kind == "audio_content":
+                    stream.audio(request.audio_content)
+            stream.finish()  # the client half-closed
+        except Exception as e:  # a bug of ours: fail this stream only, loudly
+            log.exception("stream reader failed", extra={"fields": {"stream_id": stream.id}})
+            stream.fail(RecognitionError(Code.INTERNAL, f"internal error: {type(e).__name__}: {e}"))
+
+    async def Recognize(
+        self, request: asr_pb2.RecognizeRequest, context: aio.ServicerContext
+    ) -> asr_pb2.RecognizeResponse:
+        try:
+            # audio_content read once: each read of a bytes field is a fresh copy (upb)
+            result = await self.recognizer.recognize(
+                request.audio_content,
+                lambda: recognition_settings(request.config),
+                door=DOOR,
+                identity=_caller(context),
+            )
+        except RecognitionError as e:
+            await context.abort(grpc_code(e.code), e.message)
+            raise  # unreachable: abort raises
+        return recognize_response(result)

@@ -1,0 +1,1 @@
+"""The per-stream work: audio decoding, endpointing, VAD, speculation, interims, results, redaction."""

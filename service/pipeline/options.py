@@ -1,0 +1,119 @@
+"""Domain settings -> what the engine and the result builder are asked for, every bound checked here.
+
+The checks run in the frontend before any audio is read: the audio format, the prompt in characters and
+then in tokens with the engine's own tokenizer (ModelInfo.prompts), the language against the model's,
+keyterms, and the endpointing knobs. Each failure is a ValueError whose message names the setting
+(AudioFormatError and EndpointingError also carry it as `field`); the core turns them into
+RecognitionError(INVALID_ARGUMENT).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from engine import DecodeOptions
+from engine.api import ModelInfo
+from engine.prompt import check_prompt_chars
+from engine.request import Priority
+from service.core.engine import RecognitionEngine
+from service.core.types import RecognitionSettings, StreamSettings
+from service.pipeline.audio import validate_stream_format
+from service.pipeline.endpointing import EndpointSettings
+from service.pipeline.results import ResultOptions
+
+# BCP-47 tags: RFC 5646 asks for at least 35 characters; only the primary subtag is read.
+MAX_LANGUAGE_CODE_CHARS = 64
+
+# BCP-47 primary subtags that Whisper spells differently.
+_BCP47_TO_WHISPER = {"iw": "he", "jv": "jw", "nb": "no", "fil": "tl"}
+
+
+def whisper_language(code: str, info: ModelInfo) -> str | None:
+    """ "en-US" / "en" / "" -> Whisper's code (None: the model's default or detection)."""
+    if len(code) > MAX_LANGUAGE_CODE_CHARS:
+        raise ValueError(
+            f"language_code has {len(code)} characters, over the limit of {MAX_LANGUAGE_CODE_CHARS} "
+            "(a BCP-47 tag such as en-US, or Whisper's code)"
+        )
+    if not code.strip():
+        return None
+    primary = code.strip().replace("_", "-").split("-")[0].lower()
+    lang = _BCP47_TO_WHISPER.get(primary, primary)
+    if lang not in info.languages:
+        hint = "only en" if info.languages == {"en"} else f"{len(info.languages)} Whisper languages"
+        raise ValueError(f"language_code {code!r} is not supported by model {info.name} ({hint})")
+    return lang
+
+
+def decode_options(
+    settings: RecognitionSettings, engine: RecognitionEngine, priority: Priority = Priority.LIVE
+) -> DecodeOptions:
+    """The engine's options for these settings (raises ValueError naming the setting)."""
+    check_prompt_chars(settings.prompt)
+    if engine.info.prompts is not None:
+        engine.info.prompts.encode(settings.prompt)  # remembered: an in-process engine finds it tokenized
+    options = DecodeOptions(
+        language=whisper_language(settings.language, engine.info),
+        prompt=settings.prompt or None,
+        timestamps=settings.segments,
+        word_timestamps=settings.word_times or settings.word_confidence,
+        keyterms=tuple(settings.keyterms),
+        priority=priority,
+    )
+    engine.validate(options)
+    return options
+
+
+def with_keyterms(
+    options: DecodeOptions, keyterms: tuple[str, ...], engine: RecognitionEngine
+) -> DecodeOptions:
+    """`options` with another keyterm list, checked by the engine (raises ValueError naming keyterms)."""
+    changed = dataclasses.replace(options, keyterms=tuple(keyterms))
+    engine.validate(changed)
+    return changed
+
+
+def result_options(settings: RecognitionSettings) -> ResultOptions:
+    return ResultOptions(
+        segments=settings.segments,
+        word_times=settings.word_times,
+        word_confidence=settings.word_confidence,
+        redact=settings.redact,
+    )
+
+
+@dataclass(frozen=True)
+class StreamPlan:
+    """A stream's settings, checked and resolved for the pipeline (pipeline/session.py)."""
+
+    encoding: str
+    sample_rate_hertz: int
+    channels: int
+    separate_channels: bool
+    options: DecodeOptions
+    endpointing: EndpointSettings | None  # None: the client cuts utterances (Stream.finalize)
+    interim_results: bool
+    single_utterance: bool
+    results: ResultOptions = field(default_factory=ResultOptions)
+
+
+def plan_stream(settings: StreamSettings, engine: RecognitionEngine) -> StreamPlan:
+    """Check a stream's settings in the order a client fixes them (format, decoding, endpointing);
+    raises AudioFormatError, EndpointingError or ValueError naming the setting."""
+    r = settings.recognition
+    rate, channels = validate_stream_format(r.format.encoding, r.format.sample_rate_hertz, r.format.channels)
+    options = decode_options(r, engine)
+    if settings.endpointing is not None:
+        settings.endpointing.validate()
+    return StreamPlan(
+        encoding=r.format.encoding,
+        sample_rate_hertz=rate,
+        channels=channels,
+        separate_channels=r.separate_channels and channels > 1,
+        options=options,
+        endpointing=settings.endpointing,
+        interim_results=settings.interim_results,
+        single_utterance=settings.single_utterance,
+        results=result_options(r),
+    )

@@ -1,0 +1,174 @@
+"""A whole recording: decoded, resampled and endpointed a block at a time, its utterances fed to the engine
+through a bounded window, its finals built and redacted per channel.
+
+The core (service/core/recognizer.py Recognizer.recognize) checks the call's limits first; everything here
+raises RecognitionError (or AudioFormatError, naming the field) for what goes wrong.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+
+import numpy as np
+
+from engine import DecodeOptions, EngineOverloaded, Transcript, UtteranceHandle
+from engine.api import EngineStopped
+from service import metrics
+from service.core.engine import RecognitionEngine
+from service.core.errors import Code, RecognitionError
+from service.core.types import RecognizeResult, Result
+from service.pipeline.audio import (
+    TARGET_RATE,
+    AudioFormatError,
+    AudioTooLong,
+    EncodedAudio,
+    RecordingInfo,
+    decode_blocks,
+    mixdown,
+)
+from service.pipeline.endpointing import Endpointer, EndpointSettings, Utterance
+from service.pipeline.results import ResultOptions, recognize_results
+from service.pipeline.session import await_transcript, engine_refusal
+
+log = logging.getLogger("service.pipeline.recording")
+
+
+def cut_utterances(audio: np.ndarray, settings: EndpointSettings) -> list[Utterance]:
+    """A whole channel through the endpointer, as if streamed (tools and tests)."""
+    endpointer = Endpointer(settings)
+    events = endpointer.feed(audio) + endpointer.flush()
+    return [e for e in events if isinstance(e, Utterance)]
+
+
+class RecordingCutter:
+    """A recording, a block at a time: decoded, resampled and endpointed per channel (or the mixdown), so
+    that memory follows the block, not the file (service/pipeline/audio.py decode_blocks)."""
+
+    def __init__(
+        self,
+        data: EncodedAudio,
+        info: RecordingInfo,
+        separate: bool,
+        settings: EndpointSettings,
+        max_seconds: float | None = None,
+    ) -> None:
+        self.separate = separate
+        self.samples = 0  # decoded so far, per channel, at 16 kHz
+        self._blocks = decode_blocks(data, info, max_seconds=max_seconds)
+        self._endpointers = [Endpointer(settings) for _ in range(info.channels if separate else 1)]
+        self._done = False
+        self.at_end: list[Utterance] = []  # the utterances the end of the recording cut
+
+    def _tag(self, i: int) -> int:
+        return i + 1 if self.separate else 0
+
+    def step(self) -> list[tuple[int, Utterance]] | None:
+        """The utterances (channel tag, utterance) that end in the next block; None once all is done."""
+        if self._done:
+            return None
+        block = next(self._blocks, None)
+        found: list[tuple[int, Utterance]] = []
+        if block is None:
+            self._done = True
+            for i, endpointer in enumerate(self._endpointers):
+                found += [(self._tag(i), e) for e in endpointer.flush() if isinstance(e, Utterance)]
+            self.at_end = [u for _, u in found]
+            return found
+        self.samples += block.shape[1]
+        per_channel = block if self.separate else mixdown(block)[None]
+        for i, (endpointer, x) in enumerate(zip(self._endpointers, per_channel, strict=True)):
+            found += [(self._tag(i), e) for e in endpointer.feed(x) if isinstance(e, Utterance)]
+        return found
+
+
+def too_long(what: str, limit_s: float) -> RecognitionError:
+    return RecognitionError(
+        Code.OUT_OF_RANGE,
+        f"{what}, over the limit of {limit_s:g} s (max_recognize_seconds); "
+        "split the recording or use StreamingRecognize",
+        "audio_content",
+    )
+
+
+async def recognize_recording(
+    engine: RecognitionEngine,
+    cutter: RecordingCutter,
+    options: DecodeOptions,
+    result_opts: ResultOptions,
+    *,
+    inflight: int,
+    limit_s: float,
+    mode: str,
+) -> RecognizeResult:
+    """Every utterance of the recording through the engine, at most `inflight` at once: a recording of
+    any length is fed to the engine as it is decoded, and one long file cannot fill the engine's queue
+    ahead of live calls."""
+    window: collections.deque[tuple[int, Utterance, UtteranceHandle]] = collections.deque()
+    jobs: list[tuple[int, Utterance]] = []
+    transcripts: list[Transcript] = []
+
+    async def settle_oldest() -> None:
+        tag, u, handle = window[0]
+        while True:
+            try:
+                transcripts.append(await await_transcript(handle))
+                break
+            except EngineOverloaded:
+                # An engine in another process refuses on the future, not in submit(): once one of
+                # our own later utterances is done (a place freed), this one goes in again.
+                pending = [asyncio.wrap_future(h.future) for _, _, h in window if not h.future.done()]
+                if not pending:
+                    raise  # nothing of ours to wait for: the server is busy with other calls
+                await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                handle = engine.submit(u.audio, options, ready_time=time.monotonic())
+                window[0] = (tag, u, handle)
+        window.popleft()
+        jobs.append((tag, u))
+
+    async def submit(u: Utterance) -> UtteranceHandle:
+        while True:
+            try:
+                return engine.submit(u.audio, options, ready_time=time.monotonic())
+            except EngineOverloaded:
+                if not window:
+                    raise  # nothing of ours to wait for: the server is busy with other calls
+                await settle_oldest()  # a recording can wait: our oldest frees a place first
+
+    try:
+        while (found := await asyncio.to_thread(cutter.step)) is not None:
+            for tag, u in found:
+                while len(window) >= inflight:
+                    await settle_oldest()
+                window.append((tag, u, await submit(u)))
+        while window:
+            await settle_oldest()
+    except AudioTooLong as e:  # the header claimed less than the file holds
+        raise too_long(str(e), limit_s) from e
+    except ValueError as e:
+        if isinstance(e, AudioFormatError):
+            raise RecognitionError.invalid(e) from e
+        raise engine_refusal(e) from e
+    except (EngineOverloaded, EngineStopped) as e:
+        raise engine_refusal(e) from e
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:
+        log.exception("recognize failed")
+        raise RecognitionError(Code.INTERNAL, f"recognition failed: {type(e).__name__}: {e}") from e
+    finally:
+        for _, _, h in window:  # frees their slots if the call failed or the client went away
+            if not h.future.done():
+                h.cancel()
+                metrics.UTTERANCES.labels("cancelled").inc()
+    metrics.AUDIO_SECONDS.labels(mode).inc(cutter.samples / TARGET_RATE)
+    # Each channel's utterances are redacted together (a card number may span two of them).
+    results: list[Result] = []
+    for result in recognize_results(jobs, transcripts, result_opts, cutter.at_end):
+        metrics.UTTERANCES.labels("empty" if result is None else "final").inc()
+        if result is not None:
+            results.append(result)
+    results.sort(key=lambda r: (round(r.start_s * 1e9), r.channel))
+    return RecognizeResult(results=tuple(results), duration_s=cutter.samples / TARGET_RATE)

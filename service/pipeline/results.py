@@ -1,0 +1,231 @@
+"""Engine transcripts -> the core's Result events, for streams and recordings alike.
+
+Everything a result carries (transcript, segments, words with offsets and confidence) is built here, with
+redaction (service/pipeline/redaction.py) applied before anything leaves the server: finals, interims and
+the transcript text in logs. Offsets count from the stream's start; the engine's times count from the
+utterance audio's first sample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+
+from engine import Transcript
+from service.core.types import EndReason, Result, Segment
+from service.core.types import Word as ResultWord
+from service.pipeline.endpointing import Utterance
+from service.pipeline.redaction import Kind, StreamRedactor, Word, join, redact_utterances, words_of_text
+
+
+@dataclass(frozen=True)
+class ResultOptions:
+    """What the recognition settings ask results to carry."""
+
+    segments: bool = False
+    word_times: bool = False
+    word_confidence: bool = False
+    redact: frozenset[Kind] = frozenset()
+
+    @property
+    def words(self) -> bool:
+        return self.word_times or self.word_confidence
+
+
+def transcript_words(t: Transcript, opts: ResultOptions) -> list[Word]:
+    """The utterance as words: the engine's timed words when it computed them, else the text's words
+    (segment by segment when segments are asked for, so that their texts can be rebuilt)."""
+    starts = [s.start_s for s in t.segments] if opts.segments else []
+
+    def part(start_s: float) -> int:
+        return max(0, sum(1 for s in starts if s <= start_s) - 1)
+
+    if t.words:
+        return [Word(w.word, w.start_s, w.end_s, w.probability, part(w.start_s)) for w in t.words]
+    if opts.segments and t.segments:
+        return [
+            w for i, s in enumerate(t.segments) for w in words_of_text((" " if i else "") + s.text.strip(), i)
+        ]
+    return words_of_text(t.text.strip())
+
+
+@dataclass(frozen=True)
+class _Text:
+    transcript: str
+    words: tuple[ResultWord, ...]
+    segments: tuple[Segment, ...]
+
+
+def _text(t: Transcript, words: Sequence[Word], audio_start_s: float, opts: ResultOptions) -> _Text:
+    """`words`: transcript_words(t), redacted when the stream redacts."""
+    segments = []
+    if opts.segments:
+        for i, s in enumerate(t.segments):
+            text = join([w for w in words if w.part == i]) if opts.redact else s.text.strip()
+            segments.append(Segment(text, audio_start_s + s.start_s, audio_start_s + s.end_s))
+    infos = []
+    if opts.words:
+        for w in words:
+            if w.start_s is None or w.end_s is None:
+                continue  # words without times: the engine computed none
+            timed = opts.word_times
+            infos.append(
+                ResultWord(
+                    w.text.strip(),
+                    audio_start_s + w.start_s if timed else None,
+                    audio_start_s + w.end_s if timed else None,
+                    w.probability if opts.word_confidence else None,
+                )
+            )
+    return _Text(join(words) if opts.redact else t.text.strip(), tuple(infos), tuple(segments))
+
+
+# --- Recognize: a whole recording ----------------------------------------------------------------
+
+
+def recognize_results(
+    jobs: Sequence[tuple[int, Utterance]],
+    transcripts: Sequence[Transcript],
+    opts: ResultOptions,
+    at_end: Collection[Utterance] = (),
+) -> list[Result | None]:
+    """One result per job (None where the utterance held no speech). Each channel's utterances are
+    redacted together, in order, so that a number split across two of them is still found. `at_end`:
+    the utterances the end of the recording cut."""
+    spoken = [t.is_speech and bool(t.text.strip()) for t in transcripts]
+    words: list[list[Word]] = [
+        transcript_words(t, opts) if ok else [] for t, ok in zip(transcripts, spoken, strict=True)
+    ]
+    if opts.redact:
+        for tag in {tag for tag, _ in jobs}:
+            indexes = [i for i, (jt, _) in enumerate(jobs) if jt == tag and spoken[i]]
+            indexes.sort(key=lambda i: jobs[i][1].start_s)
+            for i, redacted in zip(
+                indexes, redact_utterances([words[i] for i in indexes], opts.redact), strict=True
+            ):
+                words[i] = redacted
+    results: list[Result | None] = []
+    for (tag, u), t, ok, w in zip(jobs, transcripts, spoken, words, strict=True):
+        if not ok:
+            results.append(None)
+            continue
+        text = _text(t, w, u.audio_start_s, opts)
+        results.append(
+            Result(
+                channel=tag,
+                utterance_index=u.index,
+                is_final=True,
+                transcript=text.transcript,
+                confidence=t.confidence,
+                start_s=u.start_s,
+                end_s=u.end_s,
+                language=t.language,
+                words=text.words,
+                segments=text.segments,
+                ended_by=end_reason(u, at_end=any(u is e for e in at_end)),
+            )
+        )
+    return results
+
+
+def end_reason(u: Utterance, *, at_end: bool = False, finalized: bool = False) -> EndReason:
+    if finalized:
+        return EndReason.FINALIZE
+    if u.forced_cut:
+        return EndReason.MAX_LENGTH
+    return EndReason.END_OF_AUDIO if at_end else EndReason.SILENCE
+
+
+# --- a stream: one channel of it ---------------------------------------------------------------
+
+
+OnSent = Callable[[], None] | None
+
+
+@dataclass
+class _Final:
+    transcript: Transcript
+    utterance: Utterance
+    ended_by: EndReason
+    on_sent: OnSent
+
+
+class ChannelResults:
+    """One channel's results as they leave the stream: finals in order (a redacting stream may hold one
+    back until the next, see service/pipeline/redaction.py), interims and log text redacted in context."""
+
+    def __init__(self, opts: ResultOptions, tag: int) -> None:
+        self.opts = opts
+        self.tag = tag
+        self._redactor: StreamRedactor[_Final] = StreamRedactor(opts.redact)
+
+    @property
+    def holding(self) -> bool:
+        return bool(self._redactor.held)
+
+    def final(
+        self, t: Transcript, u: Utterance, ended_by: EndReason, on_sent: OnSent
+    ) -> list[tuple[Result, OnSent]]:
+        """The finals ready to send now (none while this one is held back; two when it releases one)."""
+        return self._build(
+            self._redactor.final(transcript_words(t, self.opts), _Final(t, u, ended_by, on_sent), u.end_s)
+        )
+
+    def release(self, heard_s: float | None = None) -> list[tuple[Result, OnSent]]:
+        """The held final, if any: always (None: no next utterance is coming), or once `heard_s` of the
+        channel's audio is far enough past it."""
+        ready = self._redactor.release() if heard_s is None else self._redactor.release_if_stale(heard_s)
+        return self._build(ready)
+
+    def _build(self, ready: list[tuple[_Final, list[Word]]]) -> list[tuple[Result, OnSent]]:
+        out = []
+        for f, words in ready:
+            u, t = f.utterance, f.transcript
+            text = _text(t, words, u.audio_start_s, self.opts)
+            result = Result(
+                channel=self.tag,
+                utterance_index=u.index,
+                is_final=True,
+                transcript=text.transcript,
+                confidence=t.confidence,
+                start_s=u.start_s,
+                end_s=u.end_s,
+                language=t.language,
+                words=text.words,
+                segments=text.segments,
+                ended_by=f.ended_by,
+            )
+            out.append((result, f.on_sent))
+        return out
+
+    def interim(
+        self,
+        t: Transcript,
+        index: int,
+        start_s: float,
+        end_s: float,
+        stability: float,
+        *,
+        after_unknown: bool = False,
+    ) -> Result:
+        """An interim hypothesis of utterance `index` (audio from start_s to end_s of the stream);
+        `after_unknown`: an earlier utterance's final is not in yet (its text is no context yet)."""
+        text = t.text.strip()
+        if self.opts.redact:
+            text = join(self._redactor.interim(words_of_text(text), after_unknown=after_unknown))
+        return Result(
+            channel=self.tag,
+            utterance_index=index,
+            is_final=False,
+            transcript=text,
+            confidence=t.confidence,
+            start_s=start_s,
+            end_s=end_s,
+            language=t.language,
+            stability=stability,
+        )
+
+    def log_text(self, t: Transcript) -> str:
+        if not self.opts.redact:
+            return t.text
+        return self._redactor.for_log(words_of_text(t.text.strip()))

@@ -1,0 +1,1 @@
+"""Process plumbing: supervisor, gRPC and HTTP servers, ports, TLS, auth, logging."""

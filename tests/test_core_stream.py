@@ -1,0 +1,259 @@
+"""The recognition core's Stream as a door sees it (service/core/recognizer.py), driven by a fake door on the
+real tiny.en: the controls the WebSocket doors need (finalize, clear, keyterms mid-stream), the refusals
+every door maps to its own terms, and the per-door metrics. The asr.v1 and HTTP doors' own suites prove
+the rest through real servers."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from prometheus_client import REGISTRY
+
+from engine import Engine
+from service.config import ServerConfig
+from service.core.errors import Code, RecognitionError
+from service.core.recognizer import Recognizer, Stream
+from service.core.types import (
+    AudioFormat,
+    CallEvent,
+    EndReason,
+    RecognitionSettings,
+    Result,
+    SpeechStarted,
+    StreamSettings,
+)
+from tests.support.audio import silence, speak, speech_bounds, to_linear16_bytes
+
+pytestmark = pytest.mark.slow
+
+PCM16 = StreamSettings(RecognitionSettings(AudioFormat("LINEAR16", 16000)))
+CHUNK = 640  # 20 ms of 16 kHz LINEAR16
+
+
+def spoken(text: str) -> np.ndarray:
+    """espeak speech with its own trailing silence cut off: the utterance is still going on at its end."""
+    audio = speak(text)
+    start, end = speech_bounds(audio)
+    return audio[round(start * 16000) : round(end * 16000)]
+
+
+def feed(stream: Stream, audio: np.ndarray) -> None:
+    data = to_linear16_bytes(audio)
+    for i in range(0, len(data), CHUNK):
+        stream.audio(data[i : i + CHUNK])
+
+
+async def wait_for(events: list[CallEvent], predicate: Any, within_s: float, what: str) -> None:
+    deadline = time.monotonic() + within_s
+    while not any(predicate(e) for e in events):
+        assert time.monotonic() < deadline, f"not within {within_s:g} s: {what}"
+        await asyncio.sleep(0.02)
+
+
+async def collect(stream: Stream, events: list[CallEvent]) -> None:
+    async for event in stream.events():
+        events.append(event)
+
+
+def finals(events: list[CallEvent]) -> list[Result]:
+    return [e for e in events if isinstance(e, Result) and e.is_final]
+
+
+class RecordingEngine:
+    """The real engine, with the options of every request submitted to it noted."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self.submitted: list[Any] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def submit(self, audio: np.ndarray, options: Any = None, **kwargs: Any) -> Any:
+        self.submitted.append(options)
+        return self._engine.submit(audio, options, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def order() -> np.ndarray:
+    return spoken("I would like to check the status of my order.")
+
+
+@pytest.fixture(scope="module")
+def thanks() -> np.ndarray:
+    return spoken("Thank you very much for your help.")
+
+
+@pytest.fixture
+def recognizer(service_engine: Engine) -> Iterator[Recognizer]:
+    yield Recognizer(ServerConfig(), service_engine)
+
+
+async def test_finalize_ends_the_utterance_in_progress_and_the_stream_goes_on(
+    recognizer: Recognizer, order: np.ndarray, thanks: np.ndarray
+) -> None:
+    stream = recognizer.open_stream(PCM16, door="test")
+    events: list[CallEvent] = []
+    reading = asyncio.create_task(collect(stream, events))
+    try:
+        feed(stream, np.concatenate([silence(0.5), order]))  # no silence after it: nothing ends it but us
+        stream.finalize()
+        await wait_for(events, lambda e: isinstance(e, Result) and e.is_final, 60, "the finalized final")
+        assert stream.takes_audio
+        feed(stream, np.concatenate([silence(0.5), thanks, silence(1.0)]))
+        stream.finish()
+        await asyncio.wait_for(reading, 120)
+    finally:
+        await stream.close()
+    first, second = finals(events)
+    assert first.ended_by is EndReason.FINALIZE and "order" in first.transcript.lower()
+    assert first.end_s == pytest.approx(0.5 + len(order) / 16000, abs=0.1)
+    assert second.ended_by is EndReason.SILENCE and "help" in second.transcript.lower()
+    assert (first.utterance_index, second.utterance_index) == (0, 1)
+
+
+async def test_clear_drops_the_utterance_in_progress_and_keeps_the_next(
+    recognizer: Recognizer, order: np.ndarray, thanks: np.ndarray
+) -> None:
+    stream = recognizer.open_stream(PCM16, door="test")
+    events: list[CallEvent] = []
+    reading = asyncio.create_task(collect(stream, events))
+    try:
+        feed(stream, np.concatenate([silence(0.5), order]))
+        stream.clear()
+        feed(stream, np.concatenate([silence(1.0), thanks, silence(1.0)]))
+        stream.finish()
+        await asyncio.wait_for(reading, 120)
+    finally:
+        await stream.close()
+    (only,) = finals(events)  # none for the cleared utterance
+    assert "help" in only.transcript.lower() and "order" not in only.transcript.lower()
+    assert only.utterance_index == 1  # the cleared one's index is not given again
+    assert len([e for e in events if isinstance(e, SpeechStarted)]) == 2
+
+
+async def test_keyterms_change_from_the_next_utterance_and_bad_ones_change_nothing(
+    service_engine: Engine, order: np.ndarray, thanks: np.ndarray
+) -> None:
+    engine = RecordingEngine(service_engine)
+    recognizer = Recognizer(ServerConfig(), engine)  # type: ignore[arg-type]
+    settings = StreamSettings(RecognitionSettings(AudioFormat("LINEAR16", 16000), keyterms=("Kestoria",)))
+    stream = recognizer.open_stream(settings, door="test")
+    events: list[CallEvent] = []
+    reading = asyncio.create_task(collect(stream, events))
+    try:
+        feed(stream, np.concatenate([silence(0.5), order]))
+        await wait_for(events, lambda e: isinstance(e, SpeechStarted), 30, "speech of the first utterance")
+        with pytest.raises(RecognitionError) as refused:
+            stream.update_keyterms(["x" * 51])
+        assert refused.value.code is Code.INVALID_ARGUMENT and refused.value.field == "keyterms"
+        assert "keyterms[0] is 51 characters long" in refused.value.message
+        stream.update_keyterms(["Moxilar"])  # the utterance under way keeps the list it started with
+        feed(stream, np.concatenate([silence(1.0), thanks, silence(1.0)]))
+        stream.finish()
+        await asyncio.wait_for(reading, 120)
+    finally:
+        await stream.close()
+    assert len(finals(events)) == 2
+    # each utterance's requests for its final (speculative offers too) carry the list its speech began with
+    lists = [o.keyterms for o in engine.submitted if not o.interim]
+    assert [k for i, k in enumerate(lists) if i == 0 or lists[i - 1] != k] == [("Kestoria",), ("Moxilar",)]
+
+
+async def test_without_endpointing_the_client_cuts_each_utterance(
+    recognizer: Recognizer, order: np.ndarray, thanks: np.ndarray
+) -> None:
+    manual = StreamSettings(RecognitionSettings(AudioFormat("LINEAR16", 16000)), endpointing=None)
+    stream = recognizer.open_stream(manual, door="test")
+    events: list[CallEvent] = []
+    reading = asyncio.create_task(collect(stream, events))
+    first_turn = np.concatenate([silence(0.5), order, silence(1.0)])  # a pause the endpointer would cut at
+    try:
+        feed(stream, first_turn)
+        stream.finalize()  # the client's commit
+        feed(stream, np.concatenate([silence(0.3), thanks]))
+        stream.finish()
+        await asyncio.wait_for(reading, 120)
+    finally:
+        await stream.close()
+    first, second = finals(events)
+    assert (first.start_s, first.end_s) == (0.0, pytest.approx(len(first_turn) / 16000, abs=0.02))
+    assert first.ended_by is EndReason.FINALIZE and "order" in first.transcript.lower()
+    assert second.ended_by is EndReason.END_OF_AUDIO and "help" in second.transcript.lower()
+    assert second.start_s == pytest.approx(first.end_s, abs=0.02)
+    assert not [e for e in events if not isinstance(e, Result)]  # no speech events without endpointing
+
+
+async def test_a_turn_never_cut_is_bounded_by_the_buffer_limit(service_engine: Engine) -> None:
+    recognizer = Recognizer(ServerConfig(max_buffer_seconds=3.0), service_engine)
+    manual = StreamSettings(RecognitionSettings(AudioFormat("LINEAR16", 16000)), endpointing=None)
+    stream = recognizer.open_stream(manual, door="test")
+    try:
+        feed(stream, silence(5.0))
+        with pytest.raises(RecognitionError) as over:
+            async with asyncio.timeout(60):  # a stream the limit missed would wait for audio for ever
+                async for _ in stream.events():
+                    pass
+    finally:
+        await stream.close()
+    assert over.value.code is Code.RESOURCE_EXHAUSTED
+    assert "over the limit of 3 s (max_buffer_seconds); end turns (commit) sooner" in over.value.message
+
+
+def door_calls(door: str, code: str) -> float:
+    labels = {"door": door, "kind": "stream", "code": code}
+    return REGISTRY.get_sample_value("asr_door_calls_total", labels) or 0.0
+
+
+async def test_refusals_name_the_setting_and_every_stream_is_counted_by_its_door(
+    service_engine: Engine,
+) -> None:
+    recognizer = Recognizer(ServerConfig(max_streams=1), service_engine)
+    before = {code: door_calls("fake", code) for code in ("OK", "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED")}
+    bad_rate = StreamSettings(RecognitionSettings(AudioFormat("LINEAR16", 4000)))
+    with pytest.raises(RecognitionError) as bad:
+        recognizer.open_stream(bad_rate, door="fake")
+    assert (bad.value.code, bad.value.field) == (Code.INVALID_ARGUMENT, "sample_rate_hertz")
+    # a door whose protocol spells the field otherwise names it its own way
+    assert bad.value.message_for({"sample_rate_hertz": "sample_rate"}).startswith(
+        "sample_rate must be between"
+    )
+
+    stream = recognizer.open_stream(PCM16, door="fake")
+    with pytest.raises(RecognitionError) as full:
+        recognizer.open_stream(PCM16, door="fake")
+    assert full.value.code is Code.RESOURCE_EXHAUSTED and "(max_streams)" in full.value.message
+    stream.finish()
+    assert [e async for e in stream.events()] == []  # nothing said, nothing to send
+    await stream.close()
+    again = recognizer.open_stream(PCM16, door="fake")  # its place came back
+    again.cancel()
+    await again.close()
+
+    recognizer.drain()
+    with pytest.raises(RecognitionError) as draining:
+        recognizer.open_stream(PCM16, door="fake")
+    assert draining.value.code is Code.UNAVAILABLE
+    assert door_calls("fake", "OK") == before["OK"] + 1
+    assert door_calls("fake", "INVALID_ARGUMENT") == before["INVALID_ARGUMENT"] + 1
+    assert door_calls("fake", "RESOURCE_EXHAUSTED") == before["RESOURCE_EXHAUSTED"] + 1
+    assert door_calls("fake", "CANCELLED") >= 1
+
+
+def test_a_door_names_a_field_in_its_own_words_and_only_that_field() -> None:
+    error = RecognitionError.invalid(
+        ValueError("language_code 'xx' is not supported by model tiny.en (only en)")
+    )
+    assert (error.code, error.field) == (Code.INVALID_ARGUMENT, "language_code")
+    assert (
+        error.message_for({"language_code": "language"})
+        == "language 'xx' is not supported by model tiny.en (only en)"
+    )
+    assert error.message_for({"prompt": "context"}) == error.message
+    unnamed = RecognitionError(Code.UNAVAILABLE, "server is draining; retry on another replica")
+    assert unnamed.message_for({"language_code": "language"}) == unnamed.message
