@@ -189,6 +189,54 @@ async def test_without_endpointing_the_client_cuts_each_utterance(
     assert not [e for e in events if not isinstance(e, Result)]  # no speech events without endpointing
 
 
+async def test_empty_finals_answer_every_turn_and_finalize_and_clear_say_what_they_cut(
+    recognizer: Recognizer, thanks: np.ndarray
+) -> None:
+    """A door that answers every turn the client ends (OpenAI Realtime's commit): with empty_finals a turn
+    of silence gets its final too, and finalize / clear say whether there was a turn to end or drop."""
+    settings = StreamSettings(
+        RecognitionSettings(AudioFormat("LINEAR16", 16000)), endpointing=None, empty_finals=True
+    )
+    stream = recognizer.open_stream(settings, door="test")
+    events: list[CallEvent] = []
+    reading = asyncio.create_task(collect(stream, events))
+    try:
+        assert not stream.finalize()  # nothing heard yet: no turn
+        feed(stream, silence(1.0))
+        assert stream.finalize()  # a turn of silence
+        feed(stream, silence(0.5))
+        assert stream.clear() and not stream.clear()  # dropped once; then nothing is left to drop
+        feed(stream, np.concatenate([silence(0.3), thanks]))
+        assert stream.finalize()
+        stream.finish()
+        await asyncio.wait_for(reading, 120)
+    finally:
+        await stream.close()
+    quiet, spoken_turn = finals(events)
+    assert (quiet.transcript, quiet.utterance_index, quiet.ended_by) == ("", 0, EndReason.FINALIZE)
+    assert (quiet.start_s, quiet.end_s) == (0.0, pytest.approx(1.0, abs=0.02))
+    assert spoken_turn.utterance_index == 2 and "help" in spoken_turn.transcript.lower()
+
+
+async def test_with_endpointing_finalize_says_whether_speech_was_in_progress(
+    recognizer: Recognizer, order: np.ndarray
+) -> None:
+    stream = recognizer.open_stream(PCM16, door="test")
+    events: list[CallEvent] = []
+    reading = asyncio.create_task(collect(stream, events))
+    try:
+        feed(stream, silence(0.5))
+        assert not stream.finalize() and not stream.clear()  # silence: no speech to end or drop
+        feed(stream, order)
+        assert stream.finalize()
+        stream.finish()
+        await asyncio.wait_for(reading, 120)
+    finally:
+        await stream.close()
+    (only,) = finals(events)  # without empty_finals the silence has none
+    assert only.ended_by is EndReason.FINALIZE and "order" in only.transcript.lower()
+
+
 async def test_a_turn_never_cut_is_bounded_by_the_buffer_limit(service_engine: Engine) -> None:
     recognizer = Recognizer(ServerConfig(max_buffer_seconds=3.0), service_engine)
     manual = StreamSettings(RecognitionSettings(AudioFormat("LINEAR16", 16000)), endpointing=None)

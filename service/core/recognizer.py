@@ -85,15 +85,17 @@ class Stream:
         final follows, then `events()` ends normally."""
         self._session.finish()
 
-    def finalize(self) -> None:
+    def finalize(self) -> bool:
         """End each channel's utterance in progress now and go on listening (Deepgram's Finalize, OpenAI
-        Realtime's commit): its final comes with ended_by FINALIZE. Nothing in progress: nothing happens."""
-        self._session.finalize()
+        Realtime's commit): its final comes with ended_by FINALIZE. Nothing in progress: nothing happens.
+        True if it ended an utterance (its final follows; with endpointing, its SpeechEnded first)."""
+        return self._session.finalize()
 
-    def clear(self) -> None:
+    def clear(self) -> bool:
         """Drop the audio of each channel's utterance in progress: no final comes for it (OpenAI Realtime's
-        input_audio_buffer.clear). Utterances that already ended keep their finals."""
-        self._session.clear()
+        input_audio_buffer.clear). Utterances that already ended keep their finals. True if it dropped
+        one (with endpointing: one whose SpeechStarted was sent)."""
+        return self._session.clear()
 
     def update_keyterms(self, terms: Sequence[str]) -> None:
         """Keyterms for the utterances that end from now on. Raises RecognitionError INVALID_ARGUMENT

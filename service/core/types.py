@@ -77,6 +77,9 @@ class StreamSettings:
     endpointing: EndpointSettings | None = field(default_factory=EndpointSettings)
     interim_results: bool = False  # re-transcriptions of the utterance in progress, superseded by its final
     single_utterance: bool = False  # the stream stops taking audio after its first utterance
+    # every utterance gets its final, with an empty transcript when nothing was recognized in it (a door
+    # whose protocol answers each turn the client ends, as OpenAI Realtime completes every committed item)
+    empty_finals: bool = False
 
 
 @dataclass(frozen=True)

@@ -95,6 +95,7 @@ class StreamPlan:
     endpointing: EndpointSettings | None  # None: the client cuts utterances (Stream.finalize)
     interim_results: bool
     single_utterance: bool
+    empty_finals: bool = False
     results: ResultOptions = field(default_factory=ResultOptions)
 
 
@@ -115,5 +116,6 @@ def plan_stream(settings: StreamSettings, engine: RecognitionEngine) -> StreamPl
         endpointing=settings.endpointing,
         interim_results=settings.interim_results,
         single_utterance=settings.single_utterance,
+        empty_finals=settings.empty_finals,
         results=result_options(r),
     )
