@@ -293,6 +293,21 @@ async def test_refusals_name_the_setting_and_every_stream_is_counted_by_its_door
     assert door_calls("fake", "CANCELLED") >= 1
 
 
+def test_check_refuses_what_open_stream_would_and_holds_nothing(service_engine: Engine) -> None:
+    recognizer = Recognizer(ServerConfig(max_streams=1), service_engine)
+    bad = StreamSettings(RecognitionSettings(AudioFormat("LINEAR16", 16000), prompt="x" * 5000))
+    with pytest.raises(RecognitionError) as refused:
+        recognizer.check(bad)
+    assert (refused.value.code, refused.value.field) == (Code.INVALID_ARGUMENT, "prompt")
+    with pytest.raises(RecognitionError) as opened:
+        recognizer.open_stream(bad, door="test")
+    assert (opened.value.code, opened.value.field) == (Code.INVALID_ARGUMENT, "prompt")
+    for _ in range(3):
+        recognizer.check(PCM16)
+    assert recognizer.stream_limit.try_acquire()  # its one place (max_streams 1) is still free
+    assert not recognizer.sessions
+
+
 def test_a_door_names_a_field_in_its_own_words_and_only_that_field() -> None:
     error = RecognitionError.invalid(
         ValueError("language_code 'xx' is not supported by model tiny.en (only en)")

@@ -201,6 +201,17 @@ class Recognizer:
 
     # --- streams ---
 
+    def check(self, settings: StreamSettings) -> None:
+        """Raise RecognitionError INVALID_ARGUMENT naming the setting if a stream could not open with
+        `settings` (UNAVAILABLE while the model loads), holding nothing: for a door whose protocol takes
+        settings before its audio (OpenAI Realtime's session.update) and answers them at once."""
+        if self.engine is None:
+            raise RecognitionError(Code.UNAVAILABLE, "model is still loading; retry shortly")
+        try:
+            plan_stream(settings, self.engine)
+        except ValueError as e:
+            raise RecognitionError.invalid(e) from e
+
     def open_stream(
         self,
         settings: StreamSettings | Callable[[], StreamSettings],
