@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import itertools
 import json
 import math
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,10 +48,8 @@ from clients.scoring import corpus_wer, normalize
 from engine import Engine
 from scripts.real_speech import real_clips
 from service.config import ServerConfig
-from service.doors.openai_realtime_protocol import TurnText
+from service.doors.openai_realtime.protocol import TurnText
 from tests.support.audio import (
-    JFK_FLAC,
-    JFK_TEXT,
     RATE,
     make_conversation,
     silence,
@@ -223,15 +223,26 @@ class Turn:
 
 
 async def turns_until(
-    conn: Any, done: Callable[[dict[str, Turn]], bool]
+    conn: Any, done: Callable[[dict[str, Turn]], bool], sender: asyncio.Task[None] | None = None
 ) -> tuple[dict[str, Turn], list[str]]:
-    """Events grouped by item_id (in the order items appeared) until `done`; also every event type seen."""
+    """Events grouped by item_id (in the order items appeared) until `done`; also every event type seen.
+    `done` is asked again when `sender` (the task appending the audio) ends, not only at each event."""
     turns: dict[str, Turn] = {}
     kinds: list[str] = []
     while not done(turns):
-        e = await recv(conn)
+        if sender is not None and not sender.done():
+            next_event = asyncio.ensure_future(recv(conn))
+            await asyncio.wait({next_event, sender}, return_when=asyncio.FIRST_COMPLETED)
+            if not next_event.done():
+                next_event.cancel()  # websockets' recv may be cancelled: the event stays queued
+                with contextlib.suppress(asyncio.CancelledError):
+                    await next_event
+                continue
+            e = next_event.result()
+        else:
+            e = await recv(conn)
         kinds.append(e["type"])
-        assert e["type"] != "error", e
+        assert e["type"] != "error", (e, kinds)
         if "item_id" in e:
             turns.setdefault(e["item_id"], Turn(e["item_id"])).events.append(e)
     return turns, kinds
@@ -242,10 +253,16 @@ def completed_count(n: int) -> Callable[[dict[str, Turn]], bool]:
         "conversation.item.input_audio_transcription.completed")) >= n  # fmt: skip
 
 
-def jfk() -> np.ndarray:
-    audio, rate = sf.read(JFK_FLAC, dtype="float32")
-    assert rate == RATE
-    return audio
+def librivox_call() -> tuple[np.ndarray, str]:
+    """Three sentences of real human speech (pocketsphinx's librivox clips), a second apart, after 0.4 s
+    of silence: one leg of a call, and what was said."""
+    parts, said = [silence(0.4)], []
+    for wav, reference in real_clips()[2:5]:
+        audio, rate = sf.read(wav, dtype="float32")
+        assert rate == RATE
+        parts += [audio, silence(1.0)]
+        said.append(reference)
+    return np.concatenate(parts), " ".join(said)
 
 
 # --- the session ---
@@ -299,10 +316,10 @@ async def test_session_created_first_then_update_answered_with_the_effective_ses
 async def test_real_speech_mulaw_call_with_deltas_turn_times_and_word_offsets(
     rt_server: ServerThread,
 ) -> None:
-    """jfk.flac as a phone leg sends it (8 kHz G.711 mu-law, 100 ms appends, in real time, then silence):
-    each turn gets speech_started / speech_stopped (its times in the call), committed (chained by
-    previous_item_id), deltas and completed with the transcript, its duration and its words' times."""
-    audio = np.concatenate([jfk(), silence(1.5)])
+    """Real speech as a phone leg sends it (8 kHz G.711 mu-law, 100 ms appends, in real time): each turn
+    gets speech_started / speech_stopped (its times in the call), committed (chained by previous_item_id),
+    deltas and completed with the transcript, its duration and its words' times."""
+    audio, reference = librivox_call()
     ulaw = to_mulaw_8k_bytes(audio)
     revisions = REGISTRY.get_sample_value("asr_realtime_delta_revisions_total") or 0.0
     async with connect(rt_server) as conn:
@@ -311,13 +328,13 @@ async def test_real_speech_mulaw_call_with_deltas_turn_times_and_word_offsets(
         )
         sender = asyncio.create_task(send_audio(conn, ulaw, 800, pace_s=0.1))
         turns, kinds = await turns_until(
-            conn, lambda t: sender.done() and completed_count(len(t))(t) and len(t) >= 3
+            conn, lambda t: sender.done() and completed_count(len(t))(t) and len(t) >= 3, sender
         )
         await sender
     assert kinds.count("input_audio_buffer.speech_started") == len(turns) >= 3, kinds
     text = " ".join(t.completed["transcript"] for t in turns.values())
-    assert "ask not what your country can do for you" in normalize(text), text
-    assert wer(JFK_TEXT, text) < 0.25, text
+    assert "ill disposed" in normalize(text), text
+    assert wer(reference, text) < 0.3, text
     previous: str | None = None
     last_end = 0
     for turn in turns.values():
@@ -345,7 +362,8 @@ async def test_real_speech_mulaw_call_with_deltas_turn_times_and_word_offsets(
         )
         # word offsets (this server's extension: the protocol has no place for them) within the turn
         words = done["words"]
-        assert [w["word"] for w in words] == done["transcript"].split(), done
+        # Whisper's words, which split some of the transcript's ("ill-disposed": "ill", "-disposed")
+        assert "".join(w["word"] for w in words) == done["transcript"].replace(" ", ""), done
         assert all(
             started["audio_start_ms"] / 1000 - 0.1
             <= w["start"]
@@ -355,11 +373,11 @@ async def test_real_speech_mulaw_call_with_deltas_turn_times_and_word_offsets(
         ), (words, started, stopped)
         assert all(a["start"] <= b["start"] for a, b in itertools.pairwise(words))
         # logprobs, one per word, as asked with include
-        assert [lp["token"].strip() for lp in done["logprobs"]] == done["transcript"].split()
+        assert [lp["token"].strip() for lp in done["logprobs"]] == [w["word"] for w in words]
         assert all(lp["logprob"] <= 0 for lp in done["logprobs"])
-    # the first sentence starts 0.35 s in: its speech_started is within the prefix padding of it
+    # the first sentence starts 0.4 s in: its speech_started is within the prefix padding of it
     first = next(iter(turns.values())).of("input_audio_buffer.speech_started")[0]
-    assert 0 <= first["audio_start_ms"] <= 700, first
+    assert 0 <= first["audio_start_ms"] <= 800, first
     # deltas: increments whose concatenation is the transcript (unless a final revised text the interims
     # had agreed on, which the server counts)
     revised = (REGISTRY.get_sample_value("asr_realtime_delta_revisions_total") or 0.0) - revisions
@@ -376,7 +394,7 @@ async def test_real_speech_mulaw_call_with_deltas_turn_times_and_word_offsets(
     assert early, [[e["type"] for e in t.events] for t in turns.values()]
 
 
-CUSTOMER = ["I would like to check the status of my order.", "It was placed last week."]
+CUSTOMER = ["My phone stopped working yesterday.", "I need help with my bill."]
 AGENT = ["Thank you for calling, how can I help you today?", "Let me look that up for you."]
 
 
@@ -436,7 +454,7 @@ async def test_clear_drops_the_uncommitted_audio(rt_server: ServerThread) -> Non
     """input_audio_buffer.clear (the core's clear): what was appended and not committed is never
     transcribed; what comes after is."""
     said, _ = make_conversation(["Please cancel my subscription."], pause_s=0.3)
-    kept, _ = make_conversation(["My order number is on the receipt."], pause_s=0.3)
+    kept, _ = make_conversation(["Thank you very much for your help."], pause_s=0.3)
     async with connect(rt_server) as conn:
         await open_session(conn, session_config(PCMU, None))
         await send_audio(conn, to_mulaw_8k_bytes(said), 8000)
@@ -449,7 +467,7 @@ async def test_clear_drops_the_uncommitted_audio(rt_server: ServerThread) -> Non
         turns, _ = await turns_until(conn, completed_count(1))
     (turn,) = turns.values()
     text = normalize(turn.completed["transcript"])
-    assert "receipt" in text and "cancel" not in text and "subscription" not in text, text
+    assert "help" in text and "cancel" not in text and "subscription" not in text, text
 
 
 # --- bad input ---
@@ -531,8 +549,8 @@ async def test_a_message_over_the_size_limit_closes_with_1009(rt_server: ServerT
     async with connect(rt_server) as conn:
         assert (await recv(conn))["type"] == "session.created"
         big = base64.b64encode(bytes(4 * rt_server.config.max_chunk_bytes)).decode()
-        await conn.send_raw(json.dumps({"type": "input_audio_buffer.append", "audio": big}))
-        with pytest.raises(websockets.ConnectionClosed) as closed:
+        with pytest.raises(websockets.ConnectionClosed) as closed:  # the send itself, or the next read
+            await conn.send_raw(json.dumps({"type": "input_audio_buffer.append", "audio": big}))
             while True:
                 await asyncio.wait_for(conn.recv_bytes(), STEP_S)
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
@@ -554,14 +572,20 @@ async def test_connect_without_the_transcription_intent_is_refused(rt_server: Se
 
 
 async def test_auth_bearer_header_refused_then_accepted(rt_server: ServerThread) -> None:
-    for token in ("wrong-token", ""):
-        with pytest.raises(websockets.InvalidStatus) as refused:
-            async with connect(rt_server, token=token):
-                pass
-        response = refused.value.response
-        assert response.status_code == 401
-        error = json.loads(response.body)["error"]
-        assert error["code"] == "invalid_api_key", error
+    with pytest.raises(websockets.InvalidStatus) as refused:
+        async with connect(rt_server, token="wrong-token"):
+            pass
+    response = refused.value.response
+    assert response.status_code == 401
+    error = json.loads(response.body)["error"]
+    assert error["code"] == "invalid_api_key" and "invalid" in error["message"], error
+    # no key at all (the official client will not connect without one)
+    url = rt_server.http_url.replace("http", "ws", 1) + "/v1/realtime?intent=transcription"
+    with pytest.raises(websockets.InvalidStatus) as missing:
+        async with websockets.connect(url, open_timeout=STEP_S):
+            pass
+    assert missing.value.response.status_code == 401
+    assert "Authorization: Bearer" in json.loads(missing.value.response.body)["error"]["message"]
     async with connect(rt_server) as conn:
         assert (await recv(conn))["type"] == "session.created"
 
@@ -588,7 +612,8 @@ async def test_auth_browser_subprotocol(rt_server: ServerThread) -> None:
 
 async def test_streams_are_labelled_with_the_door(rt_server: ServerThread) -> None:
     def opened() -> float:
-        return REGISTRY.get_sample_value("asr_door_streams_total", {"door": "openai-realtime"}) or 0.0
+        labels = {"door": "openai-realtime", "kind": "stream", "code": "OK"}
+        return REGISTRY.get_sample_value("asr_door_calls_total", labels) or 0.0
 
     before = opened()
     async with connect(rt_server) as conn:
@@ -597,6 +622,11 @@ async def test_streams_are_labelled_with_the_door(rt_server: ServerThread) -> No
         await send_audio(conn, to_mulaw_8k_bytes(said), 8000)
         await commit(conn)
         await turns_until(conn, completed_count(1))
+    # counted once the server has seen the socket close (it closed normally: OK)
+    deadline = time.monotonic() + STEP_S
+    while opened() < before + 1:
+        assert time.monotonic() < deadline, "the session was not counted"
+        await asyncio.sleep(0.05)
     assert opened() == before + 1
 
 

@@ -34,6 +34,7 @@ from service.core.recognizer import Recognizer
 from service.core.stream_limit import StreamLimit
 from service.doors.asr_v1 import RecognizerServicer
 from service.doors.openai_http import OpenAIHttpDoor
+from service.doors.openai_realtime.door import OpenAIRealtimeDoor
 from service.runtime.auth import ENV_VAR, AuthInterceptor, TokenStore
 from service.runtime.exits import EXIT_ENGINE_FAILED, EXIT_LOAD_FAILED, EXIT_OK
 from service.runtime.http_server import HttpServer
@@ -136,6 +137,7 @@ class AsrServer:
         if c.http_port:  # the HTTP doors: the same recognition core, tokens and TLS
             self.http = HttpServer(c, reuse_port=self.reuse_port)
             OpenAIHttpDoor(c, self.recognizer, tokens).register(self.http.app)
+            OpenAIRealtimeDoor(c, self.recognizer, tokens).register(self.http.app)
             self.http_port = await self.http.start()
         log.info(
             "listening",

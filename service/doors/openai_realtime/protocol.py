@@ -7,7 +7,7 @@ its path (`session.audio.input.format.rate`), as OpenAI's server answers. What t
 whose silent absence would change what a result means, is refused naming it; what is only a hint is
 accepted and the effective session (`session.updated`) says what is in force.
 
-Nothing here touches the recognition core or the socket: `service/doors/openai_realtime.py` does.
+Nothing here touches the recognition core or the socket: door.py does.
 """
 
 from __future__ import annotations

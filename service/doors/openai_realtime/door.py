@@ -1,6 +1,6 @@
 """The OpenAI Realtime transcription door: `GET /v1/realtime?intent=transcription`, a WebSocket on the HTTP
 port (service/runtime/http_server.py), translated onto one core stream per session
-(service/core/recognizer.py). The protocol's shapes and checks: service/doors/openai_realtime_protocol.py.
+(service/core/recognizer.py). The protocol's shapes and checks: protocol.py beside it.
 
 A session, as OpenAI's server runs it:
 - `session.created` as soon as the socket opens (a client may wait for it before its `session.update`);
@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import collections
 import contextlib
 import json
 import logging
@@ -57,11 +56,11 @@ from service.core.types import (
     SpeechStarted,
     StreamSettings,
 )
-from service.doors import openai_realtime_protocol as rt
-from service.doors.openai_realtime_protocol import ProtocolError, Session, TurnText
+from service.doors.openai_realtime import protocol as rt
+from service.doors.openai_realtime.protocol import ProtocolError, Session, TurnText
 from service.runtime.auth import TokenStore, bearer_token, identity
 
-log = logging.getLogger("service.doors.openai_realtime")
+log = logging.getLogger("service.doors.openai_realtime.door")
 
 DOOR = "openai-realtime"
 PATH = "/v1/realtime"
@@ -126,7 +125,9 @@ class OpenAIRealtimeDoor:
     def register(self, app: web.Application) -> None:
         app.router.add_get(PATH, self.handle)
 
-    def _refusal(self, status: int, message: str, param: str | None = None, code: str | None = None) -> web.Response:
+    def _refusal(
+        self, status: int, message: str, param: str | None = None, code: str | None = None
+    ) -> web.Response:
         kind = {401: "invalid_request_error", 503: "server_error"}.get(status, "invalid_request_error")
         body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
@@ -156,18 +157,21 @@ class OpenAIRealtimeDoor:
         if caller is None:
             return self._refusal(401, why or "", code="invalid_api_key")
         if request.query.get("intent") != "transcription":
-            return self._refusal(
-                400,
+            message = (
                 "this server serves transcription sessions only: connect with ?intent=transcription "
-                f"(got intent={request.query.get('intent')!r})",
-                "intent",
-                "invalid_value",
+                f"(got intent={request.query.get('intent')!r})"
             )
-        if self.recognizer.draining:
-            return self._refusal(503, "server is draining; connect again (to another replica)", code="unavailable")
+            self.recognizer.refused(DOOR, RecognitionError(Code.INVALID_ARGUMENT, message, "intent"))
+            return self._refusal(400, message, "intent", "invalid_value")
         model = self.recognizer.model
-        if model is None:
-            return self._refusal(503, "model is still loading; retry shortly", code="unavailable")
+        if self.recognizer.draining or model is None:
+            message = (
+                "server is draining; connect again (to another replica)"
+                if self.recognizer.draining
+                else "model is still loading; retry shortly"
+            )
+            self.recognizer.refused(DOOR, RecognitionError(Code.UNAVAILABLE, message))
+            return self._refusal(503, message, code="unavailable")
         ws = web.WebSocketResponse(
             protocols=(SUBPROTOCOL,),
             heartbeat=self.config.keepalive_time or None,
@@ -185,6 +189,7 @@ class _Item:
 
     id: str
     start_ms: float  # where its audio begins in the session (the buffer's start, or speech start - padding)
+    index: int = -1  # no turn detection: the core's utterance index of the turn
     speech_start_s: float = 0.0  # server VAD: where its speech began in the core's time (routes results)
     end_ms: float | None = None  # where it ends (committed)
     text: TurnText = field(default_factory=TurnText)
@@ -202,10 +207,13 @@ class _Connection:
     Items and the core's utterances: with server VAD an item is one speech span, from SpeechStarted to
     SpeechEnded (a span over max_utterance_duration is cut into utterances, each ended_by MAX_LENGTH but
     the last), and results are routed to the span whose speech they begin in; without turn detection an
-    item is the audio between two commits, which the core recognizes as one utterance, and finals come in
-    commit order. With `empty_finals` every utterance gets a final, so every committed item completes."""
+    item is the audio between two commits, which the core recognizes as one utterance (Stream.finalize),
+    and results are routed by its utterance index. The stream has `empty_finals`: every utterance gets a
+    final, so every committed item completes, silence too."""
 
-    def __init__(self, door: OpenAIRealtimeDoor, ws: web.WebSocketResponse, caller: Identity, model: str) -> None:
+    def __init__(
+        self, door: OpenAIRealtimeDoor, ws: web.WebSocketResponse, caller: Identity, model: str
+    ) -> None:
         self.door, self.ws, self.caller, self.model = door, ws, caller, model
         self.config = door.config
         self.session = Session()
@@ -218,7 +226,8 @@ class _Connection:
         self.buffer_start_ms = 0.0  # audio before this was committed (or cleared)
         self.pending: _Item | None = None  # the item the buffer's audio belongs to, not yet committed
         self.spans: list[_Item] = []  # server VAD: items by speech start, until their last final
-        self.turns: collections.deque[_Item] = collections.deque()  # no VAD: committed, awaiting their final
+        self.turns: dict[int, _Item] = {}  # no VAD: committed items by utterance index, awaiting their final
+        self.next_index = 0  # no VAD: the core's index of the turn in progress
         self.drop_next_speech = False  # server VAD: a clear dropped speech whose start is not pumped yet
         self.last_item_id: str | None = None
         self.last_speech_end_s = 0.0
@@ -271,7 +280,7 @@ class _Connection:
                             "input_audio_buffer.append",
                         )
                     )
-                else:  # CLOSE, CLOSING, CLOSED, ERROR: the client is gone
+                else:  # CLOSE, CLOSING, CLOSED, ERROR: the client is gone, or the pump closed the socket
                     return
         except asyncio.CancelledError:
             # the server stops (its grace spent): tell the client to go elsewhere
@@ -288,7 +297,10 @@ class _Connection:
                 self.pump.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await self.pump
-            await stream.close(None if pump_done else Code.OK)
+            # a session ends when the client closes the socket: normally (1000, 1001: finished or left the
+            # page) or not (1006: its connection broke)
+            ended = Code.OK if self.ws.close_code in (1000, 1001) else Code.CANCELLED
+            await stream.close(None if pump_done else ended)
 
     # --- client events ---
 
@@ -316,7 +328,9 @@ class _Connection:
             elif kind == "input_audio_buffer.clear":
                 rt.check_event(message)
                 await self.on_clear()
-            elif isinstance(kind, str) and kind.startswith(("response.", "conversation.", "output_audio_buffer.")):
+            elif isinstance(kind, str) and kind.startswith(
+                ("response.", "conversation.", "output_audio_buffer.")
+            ):
                 raise ProtocolError(
                     "invalid_value",
                     f"Invalid value: {kind!r}: a transcription session has no conversation or model "
@@ -335,20 +349,20 @@ class _Connection:
 
     async def on_session_update(self, update: Any) -> None:
         session = rt.apply_session_update(self.session, update)
-        settings = self._stream_settings(session)
         try:
-            self.door.recognizer.check(settings)
+            self.door.recognizer.check(self._stream_settings(session))
         except RecognitionError as e:
-            raise ProtocolError(
-                "invalid_value", e.message_for(FIELD_NAMES), FIELD_NAMES.get(e.field or "", e.field)
-            ) from None
-        if self.opened_with is not None and self.stream is not None:
+            param = FIELD_NAMES.get(e.field or "") or FIELD_NAMES.get((e.field or "").split(".")[0])
+            raise ProtocolError("invalid_value", e.message_for(FIELD_NAMES), param) from None
+        if self.stream is not None:
             self._check_unchanged(session)
             if session.keyterms != self.session.keyterms:
                 try:
                     self.stream.update_keyterms(session.keyterms)
                 except RecognitionError as e:
-                    raise ProtocolError("invalid_value", e.message_for(FIELD_NAMES), FIELD_NAMES["keyterms"]) from None
+                    raise ProtocolError(
+                        "invalid_value", e.message_for(FIELD_NAMES), FIELD_NAMES["keyterms"]
+                    ) from None
         self.session = session
         await self.send(rt.event("session.updated", session=self._session_object()))
 
@@ -416,13 +430,14 @@ class _Connection:
         if stream is None:
             return
         if not self.vad and self.pending is None:
-            self.pending = _Item(rt.new_id("item"), self.heard_ms)
+            self.pending = _Item(rt.new_id("item"), self.heard_ms, index=self.next_index)
         self.received_bytes += len(data)
         if self.session.encoding == "LINEAR16":
             data = self.odd_byte + data
             keep = len(data) - len(data) % 2
             data, self.odd_byte = data[:keep], data[keep:]
-        stream.audio(data)
+        if data:
+            stream.audio(data)
 
     async def _open_stream(self) -> Stream | None:
         try:
@@ -452,17 +467,18 @@ class _Connection:
             # speech in progress: the core ended it, and its SpeechEnded (on its way) commits its item;
             # else the buffer holds no speech: an item of silence, transcribed as such
             if not ended:
-                item = _Item(rt.new_id("item"), self.buffer_start_ms)
-                await self._commit(item, self.heard_ms)
-                await self._complete(item)
+                silent = _Item(rt.new_id("item"), self.buffer_start_ms)
+                await self._commit(silent, self.heard_ms)
+                await self._complete(silent)
             return
-        item, self.pending = self.pending, None
-        assert item is not None  # audio came since the last commit
-        await self._commit(item, self.heard_ms)
+        turn, self.pending = self.pending, None
+        assert turn is not None  # audio came since the last commit or clear
+        await self._commit(turn, self.heard_ms)
         if ended:
-            self.turns.append(item)
-        else:  # nothing reached the core (a clear took it): nothing to wait for
-            await self._complete(item)
+            self.turns[turn.index] = turn
+            self.next_index += 1
+        else:  # the stream takes no more audio (it is ending): nothing more will come for it
+            await self._complete(turn)
 
     async def on_clear(self) -> None:
         dropped = self.stream.clear() if self.stream is not None else False
@@ -474,6 +490,8 @@ class _Connection:
                 else:  # its SpeechStarted is still on its way
                     self.drop_next_speech = True
         else:
+            if dropped:
+                self.next_index += 1  # the core does not give a dropped turn's index again
             self.pending = None
         self.buffer_start_ms = self.heard_ms
         await self.send(rt.event("input_audio_buffer.cleared"))
@@ -492,9 +510,6 @@ class _Connection:
                     await self.on_result(event)
                 elif isinstance(event, Reconnect):
                     code, message = 1012, b"server draining: reconnect"
-            # every final is out: an item the stream's end committed (no VAD) is complete too
-            for item in list(self.turns):
-                await self._complete(item)
         except RecognitionError as e:
             await self._fail_items(e)
             kind, err = _error_code(e.code)
@@ -509,25 +524,33 @@ class _Connection:
             self.drop_next_speech = False
             item.dropped = True
             return
+        await self._start(item, e.offset_s)
+
+    async def _start(self, item: _Item, offset_s: float) -> None:
         assert self.session.turn_detection is not None
         pad = self.session.turn_detection.prefix_padding_ms
-        item.start_ms = max(e.offset_s * 1000 - pad, self.buffer_start_ms, 0.0)
+        item.start_ms = max(offset_s * 1000 - pad, self.buffer_start_ms, 0.0)
         self.pending = item
         await self.send(
-            rt.event("input_audio_buffer.speech_started", audio_start_ms=round(item.start_ms), item_id=item.id)
+            rt.event(
+                "input_audio_buffer.speech_started", audio_start_ms=round(item.start_ms), item_id=item.id
+            )
         )
 
     async def on_speech_ended(self, e: SpeechEnded) -> None:
         item = self.pending
         if item is None:
-            # speech the commit ended before it was long enough to announce (min_speech_duration)
-            item = _Item(rt.new_id("item"), self.buffer_start_ms, speech_start_s=self.last_speech_end_s + 1e-6)
+            # a commit ended speech shorter than the core announces (min_speech_duration)
+            item = _Item(rt.new_id("item"), 0.0, speech_start_s=self.last_speech_end_s + 1e-6)
             self.spans.append(item)
+            await self._start(item, self.buffer_start_ms / 1000)
         self.pending = None
         item.in_speech = False
         self.last_speech_end_s = e.offset_s
         end_ms = e.offset_s * 1000
-        await self.send(rt.event("input_audio_buffer.speech_stopped", audio_end_ms=round(end_ms), item_id=item.id))
+        await self.send(
+            rt.event("input_audio_buffer.speech_stopped", audio_end_ms=round(end_ms), item_id=item.id)
+        )
         await self._commit(item, end_ms)
 
     async def _commit(self, item: _Item, end_ms: float) -> None:
@@ -541,9 +564,10 @@ class _Connection:
     def _owner(self, r: Result) -> _Item | None:
         """The item a result belongs to (None: no item will take it)."""
         if not self.vad:
-            if r.is_final:
-                return self.turns[0] if self.turns else None
-            return self.pending
+            if r.utterance_index in self.turns:
+                return self.turns[r.utterance_index]
+            pending = self.pending
+            return pending if pending is not None and pending.index == r.utterance_index else None
         owner = None
         for item in self.spans:  # few: spans leave once their last final is in
             if item.speech_start_s <= r.start_s + 1e-6:
@@ -559,7 +583,7 @@ class _Connection:
             if self.vad:  # spans that a clear dropped before it get no final of their own: they go too
                 self.spans = [i for i in self.spans if i.speech_start_s > item.speech_start_s]
             else:
-                self.turns.remove(item)
+                self.turns.pop(r.utterance_index, None)
         if item.dropped:
             return
         if not r.is_final:
@@ -569,20 +593,28 @@ class _Connection:
             return
         delta = item.text.final(r.transcript)
         item.words += [
-            {"word": w.text, "start": round(w.start_s or 0.0, 3), "end": round(w.end_s or 0.0, 3)} for w in r.words
+            {"word": w.text, "start": round(w.start_s or 0.0, 3), "end": round(w.end_s or 0.0, 3)}
+            for w in r.words
         ]
-        item.logprobs += [(w.text, w.confidence if w.confidence is not None else r.confidence) for w in r.words]
+        item.logprobs += [
+            (w.text, w.confidence if w.confidence is not None else r.confidence) for w in r.words
+        ]
         if delta:
             await self._delta(item, delta)
         if last:
             if not item.committed:  # the stream's end cut it (drain): committed now
+                if item is self.pending:
+                    self.pending = None
                 await self._commit(item, r.end_s * 1000)
             await self._complete(item)
 
     async def _delta(self, item: _Item, delta: str) -> None:
         await self.send(
             rt.event(
-                "conversation.item.input_audio_transcription.delta", item_id=item.id, content_index=0, delta=delta
+                "conversation.item.input_audio_transcription.delta",
+                item_id=item.id,
+                content_index=0,
+                delta=delta,
             )
         )
 
@@ -590,8 +622,6 @@ class _Connection:
         if item.done:
             return
         item.done = True
-        if item in self.turns:
-            self.turns.remove(item)
         if item.text.revised:
             DELTA_REVISIONS.inc()
         end = item.end_ms if item.end_ms is not None else self.heard_ms
@@ -608,7 +638,7 @@ class _Connection:
 
     async def _fail_items(self, e: RecognitionError) -> None:
         kind, code = _error_code(e.code)
-        for item in [*self.spans, *self.turns]:
+        for item in [*self.spans, *self.turns.values()]:
             if not item.committed or item.dropped or item.done:
                 continue
             item.done = True
