@@ -29,6 +29,10 @@ wheels=(
     # the server's process model (ZeroMQ), HTTP door (aiohttp and its parts) and redaction (stdnum)
     pyzmq==27.3.0 aiohttp==3.14.5 aiohappyeyeballs==2.7.1 aiosignal==1.4.0 attrs==26.1.0
     frozenlist==1.8.0 multidict==7.2.1 propcache==0.5.4 yarl==1.25.1 idna==3.20 python-stdnum==2.2
+    # the OpenAI Realtime door reads events against openai's own types (pydantic), and their imports
+    openai==3.57.0 httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 h11==0.16.0 anyio==4.16.0 sniffio==1.3.1
+    jiter==0.19.0 pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
+    typing_extensions==4.16.0
 )
 download() {  # $1: python version (3.12), $2: folder
     local missing=()

@@ -463,6 +463,14 @@ async def test_clear_drops_the_uncommitted_audio(rt_server: ServerThread) -> Non
         await conn.input_audio_buffer.clear(event_id="clear-1")
         assert (await recv(conn))["type"] == "input_audio_buffer.cleared"
         await send_audio(conn, to_mulaw_8k_bytes(kept), 8000)
+        # once audio is being recognized, its format can no longer change; keywords can (next turn on)
+        await conn.send_raw(
+            json.dumps({"type": "session.update", "session": session_config(PCMA, None), "event_id": "u1"})
+        )
+        await expect_error(conn, "invalid_value", "session.audio.input.format", "u1")
+        await send_session_update(conn, session_config(PCMU, None, keywords=["Zorblax"]))
+        updated = await recv(conn)
+        assert updated["session"]["audio"]["input"]["transcription"]["keywords"] == ["Zorblax"], updated
         await commit(conn)
         turns, _ = await turns_until(conn, completed_count(1))
     (turn,) = turns.values()
