@@ -15,7 +15,6 @@ import math
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -45,7 +44,7 @@ from openai.types.websocket_reconnection import ReconnectingEvent, ReconnectingO
 from prometheus_client import REGISTRY
 
 from clients.scoring import corpus_wer, normalize
-from engine import Engine
+from engine import Engine, EngineConfig
 from scripts.real_speech import real_clips
 from service.config import ServerConfig
 from service.doors.openai_realtime.protocol import TurnText
@@ -638,15 +637,60 @@ async def test_streams_are_labelled_with_the_door(rt_server: ServerThread) -> No
     assert opened() == before + 1
 
 
+# --- a stream that ends in an error ---
+
+
+async def test_a_limit_ends_the_session_after_the_finals_with_an_error_and_close_1008(
+    service_engine: Engine,
+) -> None:
+    """Past --max-stream-seconds the turn heard so far still completes (nothing the client sent is lost),
+    then an `error` event names the limit and the socket closes 1008; a session that sends no audio for
+    --idle-audio-timeout gets `idle_timeout` and 1008 too."""
+    server = ServerThread(ServerConfig(max_stream_seconds=3, idle_audio_timeout=2), service_engine, http=True)
+    server.start()
+    said, _ = make_conversation(["Thank you very much for your help."], pause_s=0.3)
+    try:
+        async with connect(server) as conn:
+            await open_session(conn, session_config(PCMU, None))
+            ulaw = to_mulaw_8k_bytes(np.concatenate([said, silence(4.0)]))
+            await send_audio(conn, ulaw[: 8000 * 3], 8000)  # the first 3 s, within the limit
+            await send_audio(conn, ulaw[8000 * 3 :], 8000)  # past it
+            events: list[dict[str, Any]] = []
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                while True:
+                    events.append(await recv(conn))
+        kinds = [e["type"] for e in events]
+        assert kinds[:2] == [
+            "input_audio_buffer.committed",
+            "conversation.item.input_audio_transcription.delta",
+        ], kinds
+        done = next(e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed")
+        assert "help" in normalize(done["transcript"]), done
+        error = events[-1]["error"]
+        assert events[-1]["type"] == "error" and error["code"] == "out_of_range", events[-1]
+        assert "max_stream_seconds" in error["message"], error
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+        async with connect(server) as conn:
+            assert (await recv(conn))["type"] == "session.created"
+            with pytest.raises(websockets.ConnectionClosed) as idle:
+                error = (await recv(conn))["error"]
+                assert error["code"] == "idle_timeout" and "idle_audio_timeout" in error["message"], error
+                await recv(conn)
+        assert idle.value.rcvd is not None and idle.value.rcvd.code == 1008
+    finally:
+        server.stop()
+
+
 # --- drain ---
 
 
-async def test_drain_sends_the_finals_then_closes_1012_so_the_client_reconnects(
-    service_engine: Engine, tmp_path: Path
-) -> None:
+async def test_drain_sends_the_finals_then_closes_1012_so_the_client_reconnects() -> None:
     """The server drains with a turn ended and a session open: the turn's completed comes first, then close
-    1012 (service restart), which the official client's reconnection policy treats as "go elsewhere"."""
-    server = ServerThread(ServerConfig(drain_seconds=10), service_engine, http=True).start()
+    1012 (service restart), which the official client's reconnection policy treats as "go elsewhere".
+    AsrServer.drain (what SIGTERM runs) stops its engine too: this server has its own."""
+    engine = Engine(EngineConfig(model="tiny.en", threads=2))
+    engine.start()
+    server = ServerThread(ServerConfig(drain_seconds=10), engine, http=True).start()
     reconnects: list[ReconnectingEvent] = []
 
     def on_reconnecting(e: ReconnectingEvent) -> ReconnectingOverrides:
@@ -670,6 +714,7 @@ async def test_drain_sends_the_finals_then_closes_1012_so_the_client_reconnects(
         assert reconnects and reconnects[0].close_code == 1012, reconnects
     finally:
         server.stop()
+        engine.stop()
 
 
 async def _events(conn: Any) -> AsyncIterator[dict[str, Any]]:

@@ -599,13 +599,13 @@ class _Connection:
         item.logprobs += [
             (w.text, w.confidence if w.confidence is not None else r.confidence) for w in r.words
         ]
+        if last and not item.committed:  # the stream's end cut it (drain, a limit): committed now
+            if item is self.pending:
+                self.pending = None
+            await self._commit(item, r.end_s * 1000)
         if delta:
             await self._delta(item, delta)
         if last:
-            if not item.committed:  # the stream's end cut it (drain): committed now
-                if item is self.pending:
-                    self.pending = None
-                await self._commit(item, r.end_s * 1000)
             await self._complete(item)
 
     async def _delta(self, item: _Item, delta: str) -> None:
