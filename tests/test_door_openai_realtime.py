@@ -477,6 +477,35 @@ async def test_clear_drops_the_uncommitted_audio(rt_server: ServerThread) -> Non
     assert "help" in text and "cancel" not in text and "subscription" not in text, text
 
 
+async def test_with_server_vad_a_commit_ends_the_speech_in_progress_or_commits_silence(
+    rt_server: ServerThread,
+) -> None:
+    """A manual commit with server VAD on: over silence it makes an item of silence (completed, empty);
+    during speech it ends the turn there (speech_stopped, committed, completed) without waiting for
+    silence_duration_ms of silence."""
+    said, _ = make_conversation(["Thank you very much for your help."], pause_s=0.2)
+    async with connect(rt_server) as conn:
+        await open_session(conn, session_config(PCMU, SERVER_VAD))
+        await send_audio(conn, to_mulaw_8k_bytes(silence(0.5)), 8000)
+        await commit(conn)
+        quiet, _ = await turns_until(conn, completed_count(1))
+        await send_audio(conn, to_mulaw_8k_bytes(said), 8000)
+        await commit(conn)
+        turns, _ = await turns_until(conn, completed_count(1))
+    (silent,) = quiet.values()
+    assert [e["type"] for e in silent.events] == [
+        "input_audio_buffer.committed",
+        "conversation.item.input_audio_transcription.completed",
+    ]
+    assert silent.completed["transcript"] == ""
+    (spoken,) = turns.values()
+    kinds = [e["type"] for e in spoken.events]
+    assert kinds[0] == "input_audio_buffer.speech_started", kinds
+    assert kinds.index("input_audio_buffer.speech_stopped") < kinds.index("input_audio_buffer.committed")
+    assert spoken.of("input_audio_buffer.committed")[0]["previous_item_id"] == silent.item_id
+    assert "help" in normalize(spoken.completed["transcript"]), spoken.completed
+
+
 # --- bad input ---
 
 
