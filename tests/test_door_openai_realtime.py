@@ -604,6 +604,27 @@ async def test_connect_without_the_transcription_intent_is_refused(rt_server: Se
     assert error["param"] == "intent" and "transcription" in error["message"], error
 
 
+async def test_the_beta_protocol_is_refused_by_name(rt_server: ServerThread) -> None:
+    """openai's deprecated beta client (transcription_session.update, other fields) says so in its
+    `OpenAI-Beta: realtime=v1` header: refused before the upgrade, naming it and what to use instead."""
+    client = openai.AsyncOpenAI(  # the beta client takes wss:// unless told the socket's own URL
+        base_url=rt_server.http_url + "/v1",
+        websocket_base_url=rt_server.http_url.replace("http", "ws", 1) + "/v1",
+        api_key=TOKEN,
+        max_retries=0,
+    )
+    manager = client.beta.realtime.connect(
+        model="gpt-4o-transcribe",
+        extra_query={"intent": "transcription"},
+        websocket_connection_options={"open_timeout": STEP_S},
+    )
+    with pytest.raises(websockets.InvalidStatus) as refused:
+        await manager.__aenter__()
+    assert refused.value.response.status_code == 400
+    error = json.loads(refused.value.response.body)["error"]
+    assert error["param"] == "OpenAI-Beta" and "session.update" in error["message"], error
+
+
 # --- auth ---
 
 

@@ -163,6 +163,15 @@ class OpenAIRealtimeDoor:
             )
             self.recognizer.refused(DOOR, RecognitionError(Code.INVALID_ARGUMENT, message, "intent"))
             return self._refusal(400, message, "intent", "invalid_value")
+        if "realtime=v1" in request.headers.get("OpenAI-Beta", ""):
+            # the beta protocol (openai's client.beta.realtime: transcription_session.update, other
+            # session fields and events); its own client says so in this header
+            message = (
+                "the beta Realtime protocol (OpenAI-Beta: realtime=v1) is not served: connect with the GA "
+                "client (client.realtime.connect(extra_query={'intent': 'transcription'})) and session.update"
+            )
+            self.recognizer.refused(DOOR, RecognitionError(Code.INVALID_ARGUMENT, message))
+            return self._refusal(400, message, "OpenAI-Beta", "invalid_value")
         model = self.recognizer.model
         if self.recognizer.draining or model is None:
             message = (
