@@ -34,7 +34,6 @@ import base64
 import binascii
 import contextlib
 import json
-import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,8 +58,6 @@ from service.core.types import (
 from service.doors.openai_realtime import protocol as rt
 from service.doors.openai_realtime.protocol import ProtocolError, Session, TurnText
 from service.runtime.auth import TokenStore, bearer_token, identity
-
-log = logging.getLogger("service.doors.openai_realtime.door")
 
 DOOR = "openai-realtime"
 PATH = "/v1/realtime"
