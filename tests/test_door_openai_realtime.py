@@ -45,6 +45,7 @@ from prometheus_client import REGISTRY
 
 from clients.scoring import corpus_wer, normalize
 from engine import Engine, EngineConfig
+from engine.hooks import EngineHooks
 from scripts.real_speech import real_clips
 from service.config import ServerConfig
 from service.doors.openai_realtime.protocol import TurnText
@@ -729,6 +730,39 @@ async def test_a_limit_ends_the_session_after_the_finals_with_an_error_and_close
         assert idle.value.rcvd is not None and idle.value.rcvd.code == 1008
     finally:
         server.stop()
+
+
+async def test_a_turn_that_fails_gets_failed_then_error_and_close_1011(
+    rt_server: ServerThread, engine_hooks: EngineHooks
+) -> None:
+    """The engine fails the committed turn's recognition (an injected fault): the item gets `.failed`
+    with the reason, then an `error` event, then close 1011 (internal error); no completed for it."""
+
+    def fail(request: Any) -> None:
+        raise RuntimeError("injected recognition failure")
+
+    said, _ = make_conversation(["Thank you very much for your help."], pause_s=0.3)
+    events: list[dict[str, Any]] = []
+    async with connect(rt_server) as conn:
+        await open_session(conn, session_config(PCMU, None))
+        with engine_hooks.installed(fault=fail):
+            await send_audio(conn, to_mulaw_8k_bytes(said), 8000)
+            await commit(conn)
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                while True:
+                    events.append(await recv(conn))
+    kinds = [e["type"] for e in events if e["type"] != "conversation.item.input_audio_transcription.delta"]
+    assert kinds == [
+        "input_audio_buffer.committed",
+        "conversation.item.input_audio_transcription.failed",
+        "error",
+    ], kinds
+    (committed,) = (e for e in events if e["type"] == "input_audio_buffer.committed")
+    (failed,) = (e for e in events if e["type"] == "conversation.item.input_audio_transcription.failed")
+    assert failed["item_id"] == committed["item_id"]
+    assert failed["error"]["code"] == "internal" and "injected" in failed["error"]["message"], failed
+    assert events[-1]["error"]["type"] == "server_error", events[-1]
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1011
 
 
 # --- drain ---
