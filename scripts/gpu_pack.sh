@@ -37,6 +37,9 @@ wheels=(
     nvidia-riva-client==2.28.0
     # the Deepgram door's message types (deepgram-sdk's pydantic models; the SDK's HTTP parts are not imported)
     deepgram-sdk==7.17.0 pydantic==2.14.4 pydantic-core==2.50.5 typing-inspection==0.4.5 annotated-types==0.8.0
+    # the OpenAI Realtime door reads events against openai's own types (pydantic, listed above), and their imports
+    openai==3.57.0 httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 h11==0.16.0 anyio==4.16.0 sniffio==1.3.1
+    jiter==0.19.0
 )
 download() {  # $1: python version (3.12), $2: folder
     local missing=()

@@ -190,6 +190,54 @@ async def test_without_endpointing_the_client_cuts_each_utterance(
     assert not [e for e in events if not isinstance(e, Result)]  # no speech events without endpointing
 
 
+async def test_empty_finals_answer_every_turn_and_finalize_and_clear_say_what_they_cut(
+    recognizer: Recognizer, thanks: np.ndarray
+) -> None:
+    """A door that answers every turn the client ends (OpenAI Realtime's commit): with empty_finals a turn
+    of silence gets its final too, and finalize / clear say whether there was a turn to end or drop."""
+    settings = StreamSettings(
+        RecognitionSettings(AudioFormat("LINEAR16", 16000)), endpointing=None, empty_finals=True
+    )
+    stream = recognizer.open_stream(settings, door="test")
+    events: list[CallEvent] = []
+    reading = asyncio.create_task(collect(stream, events))
+    try:
+        assert not stream.finalize()  # nothing heard yet: no turn
+        feed(stream, silence(1.0))
+        assert stream.finalize()  # a turn of silence
+        feed(stream, silence(0.5))
+        assert stream.clear() and not stream.clear()  # dropped once; then nothing is left to drop
+        feed(stream, np.concatenate([silence(0.3), thanks]))
+        assert stream.finalize()
+        stream.finish()
+        await asyncio.wait_for(reading, 120)
+    finally:
+        await stream.close()
+    quiet, spoken_turn = finals(events)
+    assert (quiet.transcript, quiet.utterance_index, quiet.ended_by) == ("", 0, EndReason.FINALIZE)
+    assert (quiet.start_s, quiet.end_s) == (0.0, pytest.approx(1.0, abs=0.02))
+    assert spoken_turn.utterance_index == 2 and "help" in spoken_turn.transcript.lower()
+
+
+async def test_with_endpointing_finalize_says_whether_speech_was_in_progress(
+    recognizer: Recognizer, order: np.ndarray
+) -> None:
+    stream = recognizer.open_stream(PCM16, door="test")
+    events: list[CallEvent] = []
+    reading = asyncio.create_task(collect(stream, events))
+    try:
+        feed(stream, silence(0.5))
+        assert not stream.finalize() and not stream.clear()  # silence: no speech to end or drop
+        feed(stream, order)
+        assert stream.finalize()
+        stream.finish()
+        await asyncio.wait_for(reading, 120)
+    finally:
+        await stream.close()
+    (only,) = finals(events)  # without empty_finals the silence has none
+    assert only.ended_by is EndReason.FINALIZE and "order" in only.transcript.lower()
+
+
 async def test_a_turn_never_cut_is_bounded_by_the_buffer_limit(service_engine: Engine) -> None:
     recognizer = Recognizer(ServerConfig(max_buffer_seconds=3.0), service_engine)
     manual = StreamSettings(RecognitionSettings(AudioFormat("LINEAR16", 16000)), endpointing=None)
@@ -244,6 +292,21 @@ async def test_refusals_name_the_setting_and_every_stream_is_counted_by_its_door
     assert door_calls("fake", "INVALID_ARGUMENT") == before["INVALID_ARGUMENT"] + 1
     assert door_calls("fake", "RESOURCE_EXHAUSTED") == before["RESOURCE_EXHAUSTED"] + 1
     assert door_calls("fake", "CANCELLED") >= 1
+
+
+def test_check_refuses_what_open_stream_would_and_holds_nothing(service_engine: Engine) -> None:
+    recognizer = Recognizer(ServerConfig(max_streams=1), service_engine)
+    bad = StreamSettings(RecognitionSettings(AudioFormat("LINEAR16", 16000), prompt="x" * 5000))
+    with pytest.raises(RecognitionError) as refused:
+        recognizer.check(bad)
+    assert (refused.value.code, refused.value.field) == (Code.INVALID_ARGUMENT, "prompt")
+    with pytest.raises(RecognitionError) as opened:
+        recognizer.open_stream(bad, door="test")
+    assert (opened.value.code, opened.value.field) == (Code.INVALID_ARGUMENT, "prompt")
+    for _ in range(3):
+        recognizer.check(PCM16)
+    assert recognizer.stream_limit.try_acquire()  # its one place (max_streams 1) is still free
+    assert not recognizer.sessions
 
 
 def test_a_door_names_a_field_in_its_own_words_and_only_that_field() -> None:

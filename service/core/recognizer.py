@@ -87,8 +87,8 @@ class Stream:
 
     def finalize(self) -> bool:
         """End each channel's utterance in progress now and go on listening (Deepgram's Finalize, OpenAI
-        Realtime's commit): its final comes with ended_by FINALIZE. Nothing in progress: nothing happens,
-        and False says so (a door whose protocol answers every flush can answer this one itself)."""
+        Realtime's commit): its final comes with ended_by FINALIZE. Nothing in progress: nothing happens.
+        True if it ended an utterance (its final follows; with endpointing, its SpeechEnded first)."""
         return self._session.finalize()
 
     def keep_alive(self) -> None:
@@ -96,10 +96,11 @@ class Stream:
         not idle (--idle-audio-timeout counts from here)."""
         self._session.keep_alive()
 
-    def clear(self) -> None:
+    def clear(self) -> bool:
         """Drop the audio of each channel's utterance in progress: no final comes for it (OpenAI Realtime's
-        input_audio_buffer.clear). Utterances that already ended keep their finals."""
-        self._session.clear()
+        input_audio_buffer.clear). Utterances that already ended keep their finals. True if it dropped
+        one (with endpointing: one whose SpeechStarted was sent)."""
+        return self._session.clear()
 
     def update_keyterms(self, terms: Sequence[str]) -> None:
         """Keyterms for the utterances that end from now on. Raises RecognitionError INVALID_ARGUMENT
@@ -204,6 +205,17 @@ class Recognizer:
             metrics.STREAMS.labels(code.name).inc()
 
     # --- streams ---
+
+    def check(self, settings: StreamSettings) -> None:
+        """Raise RecognitionError INVALID_ARGUMENT naming the setting if a stream could not open with
+        `settings` (UNAVAILABLE while the model loads), holding nothing: for a door whose protocol takes
+        settings before its audio (OpenAI Realtime's session.update) and answers them at once."""
+        if self.engine is None:
+            raise RecognitionError(Code.UNAVAILABLE, "model is still loading; retry shortly")
+        try:
+            plan_stream(settings, self.engine)
+        except ValueError as e:
+            raise RecognitionError.invalid(e) from e
 
     def open_stream(
         self,

@@ -83,6 +83,9 @@ class StreamSettings:
     # stream emits SpeechTimeout and takes no more audio (the finals of what ended still follow)
     speech_start_timeout_s: float | None = None
     speech_end_timeout_s: float | None = None
+    # every utterance gets its final, with an empty transcript when nothing was recognized in it (a door
+    # whose protocol answers each turn the client ends, as OpenAI Realtime completes every committed item)
+    empty_finals: bool = False
 
 
 @dataclass(frozen=True)

@@ -95,6 +95,7 @@ class StreamPlan:
     endpointing: EndpointSettings | None  # None: the client cuts utterances (Stream.finalize)
     interim_results: bool
     single_utterance: bool
+    empty_finals: bool = False
     results: ResultOptions = field(default_factory=ResultOptions)
     speech_start_timeout_s: float | None = None  # StreamSettings' voice activity timeouts
     speech_end_timeout_s: float | None = None
@@ -125,6 +126,7 @@ def plan_stream(settings: StreamSettings, engine: RecognitionEngine) -> StreamPl
         endpointing=settings.endpointing,
         interim_results=settings.interim_results,
         single_utterance=settings.single_utterance,
+        empty_finals=settings.empty_finals,
         results=result_options(r),
         speech_start_timeout_s=settings.speech_start_timeout_s,
         speech_end_timeout_s=settings.speech_end_timeout_s,

@@ -198,6 +198,20 @@ class ChannelResults:
             out.append((result, f.on_sent))
         return out
 
+    def empty(self, t: Transcript | None, u: Utterance, ended_by: EndReason) -> Result:
+        """The final of an utterance in which nothing was recognized (StreamSettings.empty_finals)."""
+        return Result(
+            channel=self.tag,
+            utterance_index=u.index,
+            is_final=True,
+            transcript="",
+            confidence=0.0 if t is None else t.confidence,
+            start_s=u.start_s,
+            end_s=u.end_s,
+            language="" if t is None else t.language,
+            ended_by=ended_by,
+        )
+
     def interim(
         self,
         t: Transcript,

@@ -273,16 +273,19 @@ class StreamSession:
         clock starts again."""
         self._last_audio = time.monotonic()
 
-    def clear(self) -> None:
+    def clear(self) -> bool:
         """Drop the audio of each channel's utterance in progress (and its interim in flight): no final of
-        it comes. Utterances that already ended keep their finals."""
+        it comes. Utterances that already ended keep their finals. True if it dropped one in progress
+        (with endpointing: one whose SpeechStarted was sent)."""
         if not self.state.takes_audio:
-            return
+            return False
+        dropped = False
         try:
             self._endpoint(self._vad.score_now(self._endpointers))
             for ch in self.channels:
                 if not self.state.takes_audio:
-                    return
+                    return dropped
+                dropped = dropped or ch.endpointer.in_speech
                 for event in ch.endpointer.clear():
                     self._on_event(ch, event)
                 ch.interim.cancel()
@@ -291,6 +294,7 @@ class StreamSession:
                 self._next_manual_turn(ch)
         except Exception as e:
             self._fail_with(e, "stream clear failed")
+        return dropped
 
     def _next_manual_turn(self, ch: _Channel) -> None:
         """A channel the client cuts: its next utterance begins here (no SpeechStarted says so)."""
@@ -679,6 +683,8 @@ class StreamSession:
                 )
             else:
                 ready = ch.results.release()
+                if outcome == "empty" and self.settings.empty_finals:
+                    ready.append((ch.results.empty(t, u, pending.ended_by), None))
             for result, on_sent in ready:
                 self._put(result, on_sent=on_sent)
             if self.state is not StreamState.CLOSED:

@@ -39,6 +39,7 @@ from service.doors.deepgram.door import DeepgramDoor
 from service.doors.openai_http import OpenAIHttpDoor
 from service.doors.riva import SERVICE_NAME as RIVA_SERVICE_NAME
 from service.doors.riva import RivaServicer
+from service.doors.openai_realtime.door import OpenAIRealtimeDoor
 from service.runtime.auth import ENV_VAR, AuthInterceptor, TokenStore
 from service.runtime.exits import EXIT_ENGINE_FAILED, EXIT_LOAD_FAILED, EXIT_OK
 from service.runtime.http_server import HttpServer
@@ -146,6 +147,7 @@ class AsrServer:
             self.http = HttpServer(c, reuse_port=self.reuse_port)
             OpenAIHttpDoor(c, self.recognizer, tokens).register(self.http.app)
             DeepgramDoor(c, self.recognizer, tokens).register(self.http.app)
+            OpenAIRealtimeDoor(c, self.recognizer, tokens).register(self.http.app)
             self.http_port = await self.http.start()
         log.info(
             "listening",
