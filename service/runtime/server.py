@@ -37,9 +37,9 @@ from service.doors import google_speech
 from service.doors.asr_v1 import RecognizerServicer
 from service.doors.deepgram.door import DeepgramDoor
 from service.doors.openai_http import OpenAIHttpDoor
+from service.doors.openai_realtime.door import OpenAIRealtimeDoor
 from service.doors.riva import SERVICE_NAME as RIVA_SERVICE_NAME
 from service.doors.riva import RivaServicer
-from service.doors.openai_realtime.door import OpenAIRealtimeDoor
 from service.runtime.auth import ENV_VAR, AuthInterceptor, TokenStore
 from service.runtime.exits import EXIT_ENGINE_FAILED, EXIT_LOAD_FAILED, EXIT_OK
 from service.runtime.http_server import HttpServer
