@@ -341,6 +341,7 @@ class Recognizer:
             # Recorded work: served after live calls, in its own share of the engine (engine/policy.py).
             options = decode_options(settings, engine, Priority.RECORDED)
             result_opts = result_options(settings)
+            settings.call_metrics.validate()
             # The header (or the byte count) says how long the recording is: a small FLAC of silence
             # can hold hours, so the length is checked before anything is decoded.
             info = probe_recording(data, f.encoding, f.sample_rate_hertz, f.channels)
@@ -360,4 +361,5 @@ class Recognizer:
             inflight=c.recognize_inflight,
             limit_s=limit_s,
             mode=mode,
+            call_metrics=settings.call_metrics,
         )
