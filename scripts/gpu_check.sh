@@ -84,7 +84,7 @@ fi
 export PYTHONPATH=$site:$PWD:$PWD/proto
 modules=(torch transformers numpy prometheus_client engine harness.stats harness.usage)
 ((part == 2)) && modules+=(onnxruntime google.protobuf grpc grpc_health.v1 grpc_reflection.v1alpha
-    soundfile soxr jiwer rapidfuzz silero_vad zmq aiohttp stdnum asr.v1.asr_pb2 service.runtime.server service.runtime.supervisor
+    soundfile soxr jiwer rapidfuzz silero_vad zmq aiohttp stdnum text_to_num asr.v1.asr_pb2 service.runtime.server service.runtime.supervisor
     clients.loadgen clients.scoring harness.server)
 step preflight 60 python3 - "${modules[@]}" <<'EOF'
 import importlib, importlib.util, platform, subprocess, sys
