@@ -96,8 +96,9 @@ class Stream:
         self._session.clear()
 
     def update_keyterms(self, terms: Sequence[str]) -> None:
-        """Keyterms for the utterances that end from now on. Raises RecognitionError INVALID_ARGUMENT
-        (field `keyterms`) past their bounds, and then nothing changes."""
+        """Keyterms for the utterances whose speech starts from now on (at or after the audio received so
+        far; one under way keeps its list), every channel; () clears them. Raises RecognitionError
+        INVALID_ARGUMENT (field `keyterms`) past their bounds, and then nothing changes."""
         try:
             options = with_keyterms(self._session.settings.options, tuple(terms), self._session.engine)
         except ValueError as e:
