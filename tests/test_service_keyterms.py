@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
-from asr.v1 import asr_pb2
+from asr.v1 import asr_pb2, asr_pb2_grpc
 from grpc import aio
 
 from engine.request import MAX_KEYTERM_CHARS, MAX_KEYTERMS
@@ -217,3 +217,20 @@ async def test_a_bad_update_is_refused_naming_keyterms_update(
         outcome = await run_stream(channel, requests())
     assert outcome.code == grpc.StatusCode.INVALID_ARGUMENT, outcome
     assert "keyterms_update.keyterms" in outcome.details and message in outcome.details, outcome.details
+
+
+async def test_recognize_takes_keyterms_too(asr_server: ServerThread) -> None:
+    clip = NAMED[RECALLED_INDEX]
+    pause = to_mulaw_8k_bytes(silence(PAUSE_S))
+    data = pause + to_mulaw_8k_bytes(espeak_clip(clip)) + pause
+
+    async def text(keyterms: tuple[str, ...]) -> str:
+        config = asr_pb2.RecognitionConfig(encoding=asr_pb2.MULAW, sample_rate_hertz=8000, keyterms=keyterms)
+        async with aio.insecure_channel(asr_server.target) as channel:
+            response = await asr_pb2_grpc.RecognizerStub(channel).Recognize(
+                asr_pb2.RecognizeRequest(config=config, audio_content=data), timeout=300
+            )
+        return " ".join(r.alternatives[0].transcript for r in response.results)
+
+    plain, listed = await text(()), await text(KEYTERMS)
+    assert not said(clip.term or "", plain) and said(clip.term or "", listed), (plain, listed)
