@@ -199,13 +199,13 @@ class StreamSession:
         )
         self._last_audio = time.monotonic()  # for --idle-audio-timeout (_check_idle)
         self._idle_timer: asyncio.TimerHandle | None = None
-        # (stream seconds from which they apply, options): update_options' changes, the first the config's
         # fed with the confirmed utterances (never speculative ends), the finals' words and the speech audio
         self._call_metrics = CallMetricsTracker(
             [ch.tag for ch in self.channels],
             settings.call_metrics,
             interval_s=settings.call_metrics_interval_s if settings.report_call_metrics else 0.0,
         )
+        # (stream seconds from which they apply, options): update_options' changes, the first the config's
         self._option_changes: collections.deque[tuple[float, DecodeOptions]] = collections.deque(
             [(0.0, settings.options)]
         )
