@@ -422,12 +422,14 @@ async def stream_whole(
     pace = opts.stream_speed > 0
     frame_s = 1 / audio.sample_rate_hertz
     response = asr_pb2.RecognizeResponse()
-    offset_s, failures, resumed_at = 0.0, 0, []
+    offset_s, failures = 0.0, 0
+    resumed_at: list[float] = []
     while True:
         rest = _rest(audio, offset_s)
         chunks = paced(chunks_of(rest, chunk_ms), chunk_ms / 1000 / (opts.stream_speed or 1), pace)
         heard_s: float | None = None  # from RECONNECT: how far the server heard this stream
         finals: list[asr_pb2.StreamingRecognitionResult] = []  # this stream's, its own offsets
+        call_metrics: asr_pb2.CallMetrics | None = None  # the stream's last response: its whole call
         problem = ""
         try:
             async with aclosing(client.stream(config, chunks, deadline_s=opts.timeout_s)) as responses:
@@ -436,6 +438,8 @@ async def stream_whole(
                         heard_s = _seconds(r.speech_event_offset)
                         problem = "the server asked to reconnect (draining)"
                     finals.extend(res for res in r.results if res.is_final)
+                    if r.HasField("call_metrics"):
+                        call_metrics = r.call_metrics
         except aio.AioRpcError as e:
             if e.code() not in RETRYABLE:
                 raise
@@ -446,6 +450,8 @@ async def stream_whole(
             shift_result(f, offset_s) for f in finals if f.alternatives and f.alternatives[0].transcript
         )
         if not problem:
+            if call_metrics is not None and not resumed_at:  # one stream heard the whole file
+                response.call_metrics.CopyFrom(call_metrics)
             break  # the stream heard the whole rest of the file and ended OK
         reached = offset_s + reached_s
         if reached >= audio.duration_s - frame_s:

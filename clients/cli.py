@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from asr.v1 import asr_pb2
+from google.protobuf.json_format import MessageToDict
 from grpc import aio
 
 from clients.bulk import DEFAULT_MAX_RECOGNIZE_BYTES, DEFAULT_RETRIES, BulkOptions, transcribe_folder
@@ -66,6 +67,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rate", type=int, help=f"sample rate of raw audio (default: {G711_RATE} for G.711)")
     p.add_argument("--channels", type=int, help="channels of raw audio (default: 1)")
     p.add_argument("--prompt", help="hint text: names, products, jargon")
+    p.add_argument(
+        "--keyterms",
+        type=_keyterms,
+        default=(),
+        help="comma-separated names and jargon to recognise more readily (RecognitionConfig.keyterms)",
+    )
+    p.add_argument(
+        "--formatting",
+        choices=("verbatim", "smart"),
+        default="verbatim",
+        help="smart: spoken numbers, amounts and dates as digits in finals (default: %(default)s)",
+    )
     p.add_argument("--language", help='BCP-47 ("en-US") or Whisper ("en") language code')
     p.add_argument("--single-utterance", action="store_true", help="stop after the first utterance")
     p.add_argument("--segments", action="store_true", help="ask for segment time offsets")
@@ -133,6 +146,14 @@ def _redactions(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(str(e)) from e
 
 
+def _keyterms(text: str) -> tuple[str, ...]:
+    return tuple(t.strip() for t in text.split(",") if t.strip())
+
+
+def _formatting(name: str) -> int:
+    return asr_pb2.Formatting.Value(name.upper())
+
+
 def _non_negative_int(text: str) -> int:
     value = int(text)
     if value < 0:
@@ -181,6 +202,8 @@ class Printer:
             )
             if r.speech_event_type in (EventType.END_OF_SINGLE_UTTERANCE, EventType.RECONNECT):
                 self._line(f"# {name}")
+        if r.HasField("call_metrics"):
+            self.call_metrics(r.call_metrics)
         for res in r.results:
             self.result(
                 "final" if res.is_final else "interim",
@@ -194,6 +217,22 @@ class Printer:
                     "language": res.language_code,
                 },
             )
+
+    def call_metrics(self, m: asr_pb2.CallMetrics) -> None:
+        """The call's metrics: one line, and a JSON line with every field."""
+        self._json({"type": "call_metrics", **MessageToDict(m, preserving_proto_field_name=True)})
+        parts = [
+            f"{_s(m.total_time):.1f} s",
+            f"non-talk {_s(m.non_talk_time):.1f} s",
+            f"overlap {_s(m.overlap_time):.1f} s",
+        ]
+        for c in m.channels:
+            loudness = f", {c.mean_loudness_dbfs:.1f} dBFS" if c.HasField("mean_loudness_dbfs") else ""
+            parts.append(
+                f"ch{c.channel_tag} talk {_s(c.talk_time):.1f} s, {c.words_per_minute:.0f} wpm{loudness}, "
+                f"{c.interruptions} interruptions"
+            )
+        self._line("# call metrics: " + "; ".join(parts))
 
     def result(
         self,
@@ -251,11 +290,15 @@ async def run(args: argparse.Namespace, printer: Printer) -> None:
                 segment_offsets=args.segments,
                 deadline_s=args.timeout,
                 redact=args.redact,
+                keyterms=args.keyterms,
+                formatting=_formatting(args.formatting),
             )
             for res in response.results:
                 printer.result(
                     "final", res.alternatives[0], _s(res.start_offset), _s(res.end_offset), res.channel_tag
                 )
+            if response.HasField("call_metrics"):
+                printer.call_metrics(response.call_metrics)
             return
         async for response in client.stream_file(
             args.file,
@@ -272,6 +315,8 @@ async def run(args: argparse.Namespace, printer: Printer) -> None:
             segment_offsets=args.segments,
             deadline_s=args.timeout,
             redact=args.redact,
+            keyterms=args.keyterms,
+            formatting=_formatting(args.formatting),
         ):
             printer.stream_response(response)
 

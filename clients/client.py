@@ -288,9 +288,11 @@ class RecognizerClient:
         endpointing: asr_pb2.EndpointingConfig | None = None,
         deadline_s: float | None = None,
         redact: Sequence[int] = (),
+        keyterms: Sequence[str] = (),
+        formatting: int = asr_pb2.FORMATTING_UNSPECIFIED,
     ) -> AsyncIterator[asr_pb2.StreamingRecognizeResponse]:
         """Stream a file or array in `chunk_ms` chunks (paced in real time if asked); yields responses.
-        `redact`: asr_pb2.Redaction values (see redactions())."""
+        `redact`: asr_pb2.Redaction values (see redactions()); `formatting`: an asr_pb2.Formatting value."""
         audio = load_audio(source, encoding, rate, channels)
         config = asr_pb2.StreamingRecognitionConfig(
             config=asr_pb2.RecognitionConfig(
@@ -302,6 +304,8 @@ class RecognizerClient:
                 prompt=prompt or "",
                 enable_segment_time_offsets=segment_offsets,
                 redact=redact,  # type: ignore[arg-type]
+                keyterms=keyterms,
+                formatting=formatting,  # type: ignore[arg-type]
             ),
             single_utterance=single_utterance,
             interim_results=interim,
@@ -332,9 +336,11 @@ class RecognizerClient:
         segment_offsets: bool = False,
         deadline_s: float | None = None,
         redact: Sequence[int] = (),
+        keyterms: Sequence[str] = (),
+        formatting: int = asr_pb2.FORMATTING_UNSPECIFIED,
     ) -> asr_pb2.RecognizeResponse:
         """FLAC and WAV files go as they are (the server reads their header); G.711 files as raw bytes.
-        `redact`: asr_pb2.Redaction values (see redactions())."""
+        `redact`: asr_pb2.Redaction values (see redactions()); `formatting`: an asr_pb2.Formatting value."""
         path = Path(path)
         whole = path.read_bytes()
         head = whole[:4]
@@ -352,6 +358,8 @@ class RecognizerClient:
             prompt=prompt or "",
             enable_segment_time_offsets=segment_offsets,
             redact=redact,  # type: ignore[arg-type]
+            keyterms=keyterms,
+            formatting=formatting,  # type: ignore[arg-type]
         )
         return await self.recognize(data, config, deadline_s=deadline_s)
 

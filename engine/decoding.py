@@ -26,7 +26,7 @@ from engine.logits import (
     SuppressBlank,
     SuppressTokens,
 )
-from engine.request import MAX_KEYTERM_TOKENS, DecodeOptions, Request, Segment, validate_options
+from engine.request import DecodeOptions, Request, Segment, check_keyterm_tokens, validate_options
 
 NO_SPEECH_THRESHOLD = 0.6  # openai/whisper's defaults for dropping silent windows
 LOGPROB_THRESHOLD = -1.0
@@ -122,12 +122,9 @@ class DecodingRules:
     @functools.lru_cache(maxsize=256)  # noqa: B019 - the rules live as long as the engine; a call's list repeats
     def _check_keyterm_tokens(self, keyterms: tuple[str, ...]) -> None:
         """The bound only the tokenizer can check (cached: every utterance of a call brings its list)."""
-        for i, term in enumerate(keyterms):
-            tokens = len(self.tokenizer.encode(" " + term.strip(), add_special_tokens=False))
-            if tokens > MAX_KEYTERM_TOKENS:
-                raise ValueError(
-                    f"keyterms[{i}] is {tokens} tokens long; at most {MAX_KEYTERM_TOKENS} tokens per keyterm"
-                )
+        check_keyterm_tokens(
+            keyterms, lambda text: len(self.tokenizer.encode(text, add_special_tokens=False))
+        )
 
     def previous_text(self, options: DecodeOptions, prompt_ids: tuple[int, ...]) -> tuple[int, ...]:
         """The token ids Whisper conditions on as previous text: the caller's prompt (tokenized once, at

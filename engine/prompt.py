@@ -66,6 +66,11 @@ class PromptEncoder:
         check_prompt_chars(prompt)
         return self._cached(prompt)
 
+    def text_tokens(self, text: str) -> int:
+        """How many tokens the model's tokenizer spells `text` in, as it is (the keyterm bound's measure:
+        engine/request.py check_keyterm_tokens)."""
+        return len(self._backend().encode(text, add_special_tokens=False).ids)
+
     def _encode(self, prompt: str) -> tuple[int, ...]:
         # Whisper's prompt convention: one leading space, as the prompt continues earlier speech.
         ids = [

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import math
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -107,6 +107,18 @@ def validate_keyterms(keyterms: Collection[str]) -> None:
             )
         if not term.isprintable():
             raise ValueError(f"keyterms[{i}] holds a control character; keyterms are printable text")
+
+
+def check_keyterm_tokens(keyterms: Collection[str], tokens: Callable[[str], int]) -> None:
+    """Raise ValueError naming the field past MAX_KEYTERM_TOKENS; `tokens(text)`: how many text tokens the
+    model's tokenizer spells `text` in. The engine checks with its tokenizer, a frontend process with
+    ModelInfo.prompts (the same tokenizer), so both refuse the same lists."""
+    for i, term in enumerate(keyterms):
+        n = tokens(" " + term.strip())
+        if n > MAX_KEYTERM_TOKENS:
+            raise ValueError(
+                f"keyterms[{i}] is {n} tokens long; at most {MAX_KEYTERM_TOKENS} tokens per keyterm"
+            )
 
 
 @dataclass(frozen=True)

@@ -84,7 +84,7 @@ fi
 export PYTHONPATH=$site:$PWD:$PWD/proto
 modules=(torch transformers numpy prometheus_client engine harness.stats harness.usage)
 ((part == 2)) && modules+=(onnxruntime google.protobuf grpc grpc_health.v1 grpc_reflection.v1alpha
-    soundfile soxr jiwer rapidfuzz silero_vad zmq aiohttp stdnum google.cloud.speech_v1 deepgram.listen.v1.types openai.types.realtime asr.v1.asr_pb2 service.runtime.server service.runtime.supervisor
+    soundfile soxr jiwer rapidfuzz silero_vad zmq aiohttp stdnum google.cloud.speech_v1 deepgram.listen.v1.types openai.types.realtime text_to_num asr.v1.asr_pb2 service.runtime.server service.runtime.supervisor
     clients.loadgen clients.scoring harness.server riva.client.proto.riva_asr_pb2)
 step preflight 60 python3 - "${modules[@]}" <<'EOF'
 import importlib, importlib.util, platform, subprocess, sys

@@ -26,7 +26,8 @@ wheels=(
     grpcio==1.85.3 protobuf==7.36.2 grpcio-health-checking==1.85.1 grpcio-reflection==1.85.1
     soundfile==0.14.0 cffi==2.1.1 pycparser==3.12 soxr==1.1.0 silero-vad==6.2.3
     jiwer==4.0.0 rapidfuzz==3.14.6
-    # the server's process model (ZeroMQ), HTTP door (aiohttp and its parts) and redaction (stdnum)
+    # the server's process model (ZeroMQ), HTTP door (aiohttp and its parts), redaction (stdnum) and
+    # smart formatting (text2num)
     pyzmq==27.3.0 aiohttp==3.14.5 aiohappyeyeballs==2.7.1 aiosignal==1.4.0 attrs==26.1.0
     frozenlist==1.8.0 multidict==7.2.1 propcache==0.5.4 yarl==1.25.1 idna==3.20 python-stdnum==2.2
     # the Google Speech door's messages: google-cloud-speech imports its client (api-core, auth) with them
@@ -40,6 +41,8 @@ wheels=(
     # the OpenAI Realtime door reads events against openai's own types (pydantic, listed above), and their imports
     openai==3.57.0 httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 h11==0.16.0 anyio==4.16.0 sniffio==1.3.1
     jiter==0.19.0
+    # numbers as digits (service/pipeline/formatting.py)
+    text2num==3.1.0
 )
 download() {  # $1: python version (3.12), $2: folder
     local missing=()

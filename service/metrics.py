@@ -6,9 +6,14 @@ outcomes. Never a stream id, a peer or a language.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import Counter, Gauge, Histogram
 
 from engine.metrics import TIME_BUCKETS
+
+if TYPE_CHECKING:
+    from service.pipeline.call_metrics import CallMetrics
 
 # Gauges name their multiprocess_mode: asr-server's frontend processes each keep their own values and
 # /metrics combines those of the live ones (prometheus-client multiprocess mode; see service/runtime/supervisor.py).
@@ -153,3 +158,34 @@ VAD_BATCH_CHANNELS = Histogram(
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
 )
 VAD_WINDOWS = Counter("asr_vad_windows_total", "32 ms windows scored by the streaming VAD")
+
+# Call metrics (service/pipeline/call_metrics.py), one observation per call (stream or Recognize) as it
+# ends: distributions over calls, no label per call. `channel` is the channel's position (channel_tag:
+# 0 mixed down, 1..8 recognized separately), a handful of values.
+SHARE_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
+CALL_NON_TALK_SHARE = Histogram(
+    "asr_call_non_talk_share",
+    "Share of a call's audio in which no channel spoke (silences of at least min_non_talk_duration)",
+    buckets=SHARE_BUCKETS,
+)
+CALL_TALK_SHARE = Histogram(
+    "asr_call_talk_share",
+    "Share of a call's audio in which a channel spoke, per channel position (channel_tag)",
+    ["channel"],
+    buckets=SHARE_BUCKETS,
+)
+CALL_OVERLAP_SHARE = Histogram(
+    "asr_call_overlap_share",
+    "Share of a call's audio in which two channels or more spoke at once",
+    buckets=SHARE_BUCKETS,
+)
+
+
+def observe_call(m: CallMetrics) -> None:
+    """One ended call's shares."""
+    if m.total_s <= 0:
+        return
+    CALL_NON_TALK_SHARE.observe(m.non_talk_share)
+    CALL_OVERLAP_SHARE.observe(m.overlap_s / m.total_s)
+    for c in m.channels:
+        CALL_TALK_SHARE.labels(str(c.channel_tag)).observe(m.talk_share(c.channel_tag))

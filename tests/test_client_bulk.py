@@ -471,3 +471,29 @@ def test_a_drain_cut_utterance_is_redone_whole_on_the_next_stream() -> None:
     assert resume_point([done, other, cut], 5.0) == ([done], 2.5)
     # A stream that failed (no RECONNECT): its finals are whole; go on after the last.
     assert resume_point([done, cut], None) == ([done, cut], 4.98)
+
+
+def test_the_json_carries_the_call_metrics_recognized_and_streamed(
+    asr_server: ServerThread, tmp_path: Path
+) -> None:
+    """Recognize's call_metrics, and a streamed file's (its stream's last response), in the JSON output."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    agent, _ = make_conversation([AGENT], pause_s=0.8)
+    customer, _ = make_conversation([CUSTOMER], pause_s=0.8, lead_s=len(agent) / RATE)
+    sf.write(folder / "call.wav", stereo(agent, customer).T, RATE, subtype="PCM_16")
+    for extra, method in (
+        ((), "recognize"),
+        (("--max-recognize-bytes", "1000", "--stream-speed", "0"), "stream"),
+    ):
+        out = tmp_path / f"out-{method}"
+        proc = bulk(folder, out, asr_server.target, "--separate-channels", *extra)
+        assert proc.returncode == 0, proc.stderr
+        record = json.loads((out / "call.wav.json").read_text())
+        assert record["method"] == method
+        m = record["call_metrics"]
+        total = max(len(agent), len(customer)) / RATE
+        assert float(m["total_time"].rstrip("s")) == pytest.approx(total, abs=0.05), m
+        assert [c["channel_tag"] for c in m["channels"]] == [1, 2], m
+        for c in m["channels"]:
+            assert float(c["talk_time"].rstrip("s")) > 1.0 and c["words_per_minute"] > 0, m

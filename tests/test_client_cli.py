@@ -141,3 +141,32 @@ def test_cli_refuses_an_unknown_redaction_naming_the_flag(tmp_path: Path) -> Non
     proc = run_client(str(tmp_path), "--redact", "pci,cvv")
     assert proc.returncode == 2
     assert "--redact" in proc.stderr and "'cvv'" in proc.stderr and "pci, ssn, numbers" in proc.stderr
+
+
+def test_cli_prints_the_call_metrics_and_asks_for_smart_formatting_and_keyterms(
+    server_process: ServerProcess, tmp_path: Path
+) -> None:
+    """One file, streamed and with --recognize: a `# call metrics:` line after the finals (and a JSON line
+    with every figure); --formatting smart writes the spelled-out order number as digits; --keyterms
+    reaches the server (a list past its bounds is refused, naming config.keyterms)."""
+    audio, _ = make_conversation(
+        ["The order number is one two three four five six."], pause_s=1.0, voice="en-gb", speed=160
+    )
+    clip = tmp_path / "order.ulaw"
+    clip.write_bytes(to_mulaw_8k_bytes(audio))
+    for mode in ((), ("--recognize",)):
+        jsonl = tmp_path / f"out{len(mode)}.jsonl"
+        proc = run_client(
+            str(clip), "--server", server_process.target, "--formatting", "smart", "--json-out", str(jsonl),
+            "--keyterms", "Kestoria, Moxilar", *mode,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        lines = proc.stdout.splitlines()
+        assert lines[-1].startswith("# call metrics: ") and "ch0 talk" in lines[-1], proc.stdout
+        assert "123456" in proc.stdout, proc.stdout
+        metrics = [json.loads(line) for line in jsonl.read_text().splitlines() if '"call_metrics"' in line]
+        assert len(metrics) == 1 and metrics[0]["channels"][0]["words_per_minute"] > 0, metrics
+    plain = run_client(str(clip), "--server", server_process.target)
+    assert "123456" not in plain.stdout, plain.stdout
+    refused = run_client(str(clip), "--server", server_process.target, "--keyterms", ",".join(["x"] * 101))
+    assert refused.returncode != 0 and "config.keyterms" in refused.stderr, refused.stderr

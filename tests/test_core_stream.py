@@ -166,6 +166,33 @@ async def test_keyterms_change_from_the_next_utterance_and_bad_ones_change_nothi
     assert [k for i, k in enumerate(lists) if i == 0 or lists[i - 1] != k] == [("Kestoria",), ("Moxilar",)]
 
 
+async def test_keyterms_reach_interims_and_speculative_offers_too(
+    service_engine: Engine, order: np.ndarray
+) -> None:
+    """Every request of the stream's utterance carries its list: the final's, the interims' (asked for as
+    the speech is fed at the pace of a call) and a speculative offer's."""
+    engine = RecordingEngine(service_engine)
+    recognizer = Recognizer(ServerConfig(interim_interval_s=0.5), engine)  # type: ignore[arg-type]
+    settings = StreamSettings(
+        RecognitionSettings(AudioFormat("LINEAR16", 16000), keyterms=("Kestoria",)), interim_results=True
+    )
+    stream = recognizer.open_stream(settings, door="test")
+    events: list[CallEvent] = []
+    reading = asyncio.create_task(collect(stream, events))
+    try:
+        data = to_linear16_bytes(np.concatenate([silence(0.3), order, silence(1.0)]))
+        for i in range(0, len(data), CHUNK):  # 20 ms at a time, in real time
+            stream.audio(data[i : i + CHUNK])
+            await asyncio.sleep(0.02)
+        stream.finish()
+        await asyncio.wait_for(reading, 120)
+    finally:
+        await stream.close()
+    assert len(finals(events)) == 1
+    assert any(o.interim for o in engine.submitted), "no interim was asked for"
+    assert [o.keyterms for o in engine.submitted] == [("Kestoria",)] * len(engine.submitted)
+
+
 async def test_without_endpointing_the_client_cuts_each_utterance(
     recognizer: Recognizer, order: np.ndarray, thanks: np.ndarray
 ) -> None:

@@ -247,7 +247,9 @@ async def test_single_utterance_ends_the_stream_after_the_first_utterance(
     assert Event.END_OF_SINGLE_UTTERANCE in kinds
     # the stream ended with the first sentence's final, long before the audio ran out
     assert received[-1].at < bounds[1][0] + 3.0
-    assert received[-1].response.results and received[-1].response.results[0].is_final
+    # the final is the last result; the call's metrics close every asr.v1 stream
+    assert received[-1].response.HasField("call_metrics") and not received[-1].response.results
+    assert received[-2].response.results and received[-2].response.results[0].is_final
 
 
 async def test_prompt_reaches_the_decoder_and_bcp47_language_is_accepted(asr_server: ServerThread) -> None:

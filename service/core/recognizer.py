@@ -103,8 +103,9 @@ class Stream:
         return self._session.clear()
 
     def update_keyterms(self, terms: Sequence[str]) -> None:
-        """Keyterms for the utterances that end from now on. Raises RecognitionError INVALID_ARGUMENT
-        (field `keyterms`) past their bounds, and then nothing changes."""
+        """Keyterms for the utterances whose speech starts from now on (at or after the audio received so
+        far; one under way keeps its list), every channel; () clears them. Raises RecognitionError
+        INVALID_ARGUMENT (field `keyterms`) past their bounds, and then nothing changes."""
         try:
             options = with_keyterms(self._session.settings.options, tuple(terms), self._session.engine)
         except ValueError as e:
@@ -359,6 +360,7 @@ class Recognizer:
             # Recorded work: served after live calls, in its own share of the engine (engine/policy.py).
             options = decode_options(settings, engine, Priority.RECORDED)
             result_opts = result_options(settings)
+            settings.call_metrics.validate()
             # The header (or the byte count) says how long the recording is: a small FLAC of silence
             # can hold hours, so the length is checked before anything is decoded.
             info = probe_recording(data, f.encoding, f.sample_rate_hertz, f.channels)
@@ -378,4 +380,5 @@ class Recognizer:
             inflight=c.recognize_inflight,
             limit_s=limit_s,
             mode=mode,
+            call_metrics=settings.call_metrics,
         )

@@ -10,15 +10,20 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from service.pipeline.call_metrics import CallMetrics, CallMetricsSettings
 from service.pipeline.endpointing import EndpointSettings
 from service.pipeline.redaction import Kind as Redaction
 
 __all__ = [
     "AudioFormat",
     "CallEvent",
+    "CallMetrics",
+    "CallMetricsReport",
+    "CallMetricsSettings",
     "EndOfSingleUtterance",
     "EndReason",
     "EndpointSettings",
+    "Formatting",
     "Identity",
     "RecognitionSettings",
     "RecognizeResult",
@@ -50,6 +55,15 @@ class AudioFormat:
     channels: int = 1
 
 
+class Formatting(enum.Enum):
+    """How finals are written (service/pipeline/formatting.py)."""
+
+    VERBATIM = "verbatim"  # as the model wrote them
+    # spoken numbers, amounts, dates and phone numbers as digits ("four five seven two one" -> "45721"),
+    # before redaction, which then sees digits; interims and logs too, so that they read as the final will
+    SMART = "smart"
+
+
 @dataclass(frozen=True)
 class RecognitionSettings:
     """What every recognition (a stream or a recording) is asked for."""
@@ -66,6 +80,9 @@ class RecognitionSettings:
     word_times: bool = False  # results carry words with start and end times
     word_confidence: bool = False  # results carry words with their confidence
     redact: frozenset[Redaction] = frozenset()  # masked in everything that leaves (pipeline/redaction.py)
+    formatting: Formatting = Formatting.VERBATIM
+    # thresholds of the call metrics (pipeline/call_metrics.py): non-talk silences, interruption overlaps
+    call_metrics: CallMetricsSettings = field(default_factory=CallMetricsSettings)
 
 
 @dataclass(frozen=True)
@@ -86,6 +103,11 @@ class StreamSettings:
     # every utterance gets its final, with an empty transcript when nothing was recognized in it (a door
     # whose protocol answers each turn the client ends, as OpenAI Realtime completes every committed item)
     empty_finals: bool = False
+    # CallMetricsReport events: the last one after every final once the input ended (a door that asks
+    # gets them; one that does not never sees the event)
+    call_metrics: bool = False
+    # and one with the metrics so far every this many seconds of call audio (0: only the last)
+    call_metrics_interval_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -184,7 +206,16 @@ class Reconnect:
     offset_s: float
 
 
-CallEvent = Result | SpeechStarted | SpeechEnded | EndOfSingleUtterance | SpeechTimeout | Reconnect
+@dataclass(frozen=True)
+class CallMetricsReport:
+    """The call's metrics (StreamSettings.call_metrics): so far, every call_metrics_interval_s of audio
+    while it runs (`last` False), and for the whole call after every final (`last` True)."""
+
+    metrics: CallMetrics
+    last: bool
+
+
+CallEvent = Result | SpeechStarted | SpeechEnded | EndOfSingleUtterance | SpeechTimeout | Reconnect | CallMetricsReport
 
 
 @dataclass(frozen=True)
@@ -193,3 +224,4 @@ class RecognizeResult:
 
     results: tuple[Result, ...]
     duration_s: float
+    call_metrics: CallMetrics | None = None  # the recording's (service/pipeline/call_metrics.py)

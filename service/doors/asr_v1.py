@@ -21,8 +21,12 @@ from service.core.recognizer import Recognizer, Stream
 from service.core.types import (
     AudioFormat,
     CallEvent,
+    CallMetrics,
+    CallMetricsReport,
+    CallMetricsSettings,
     EndOfSingleUtterance,
     EndpointSettings,
+    Formatting,
     Identity,
     RecognitionSettings,
     RecognizeResult,
@@ -43,6 +47,9 @@ STREAM_ID_HEADER = "asr-stream-id"  # initial metadata of an accepted stream (se
 FIRST_REQUEST_TIMEOUT_S = 10.0  # a stream that sends no config is not kept waiting for it
 MAX_REDACT_VALUES = 8  # three kinds exist; a repeat is harmless, a million of them is not
 EventType = asr_pb2.StreamingRecognizeResponse.SpeechEventType
+# The core's setting names -> asr.v1's field paths, where they differ (RecognitionError.message_for).
+CONFIG_NAMES = {"keyterms": "config.keyterms"}
+UPDATE_NAMES = {"keyterms": "keyterms_update.keyterms"}
 
 
 # --- requests -> the core's settings ---
@@ -83,6 +90,30 @@ def redaction(config: asr_pb2.RecognitionConfig) -> frozenset[Redaction]:
     return frozenset(kinds)
 
 
+def formatting(value: int) -> Formatting:
+    if value == asr_pb2.FORMATTING_UNSPECIFIED:
+        return Formatting.VERBATIM
+    if value not in asr_pb2.Formatting.values():
+        raise RecognitionError(
+            Code.INVALID_ARGUMENT,
+            f"config.formatting: unknown value {value} (known: VERBATIM, SMART)",
+            "formatting",
+        )
+    return Formatting[asr_pb2.Formatting.Name(value)]
+
+
+def call_metrics_settings(config: asr_pb2.RecognitionConfig) -> CallMetricsSettings:
+    """Zero (or unset) durations mean the defaults; past the bounds INVALID_ARGUMENT naming the field."""
+    c = config.call_metrics
+    try:
+        return CallMetricsSettings.from_overrides(
+            min_non_talk_s=_seconds(c.min_non_talk_duration),
+            min_interruption_overlap_s=_seconds(c.min_interruption_overlap),
+        )
+    except ValueError as e:
+        raise RecognitionError.invalid(e) from e
+
+
 def recognition_settings(config: asr_pb2.RecognitionConfig) -> RecognitionSettings:
     return RecognitionSettings(
         format=AudioFormat(
@@ -91,10 +122,13 @@ def recognition_settings(config: asr_pb2.RecognitionConfig) -> RecognitionSettin
         separate_channels=config.enable_separate_recognition_per_channel,
         language=config.language_code,
         prompt=config.prompt,
+        keyterms=tuple(config.keyterms),
         segments=config.enable_segment_time_offsets,
         word_times=config.enable_word_time_offsets,
         word_confidence=config.enable_word_confidence,
         redact=redaction(config),
+        formatting=formatting(config.formatting),
+        call_metrics=call_metrics_settings(config),
     )
 
 
@@ -134,6 +168,8 @@ def stream_settings(sc: asr_pb2.StreamingRecognitionConfig) -> StreamSettings:
         endpointing=endpointing,
         interim_results=sc.interim_results,
         single_utterance=sc.single_utterance,
+        call_metrics=True,  # asr.v1 always sends them in the last response
+        call_metrics_interval_s=_seconds(sc.call_metrics_interval),
     )
 
 
@@ -167,6 +203,26 @@ def alternative(r: Result) -> asr_pb2.SpeechRecognitionAlternative:
     )
 
 
+def call_metrics(m: CallMetrics) -> asr_pb2.CallMetrics:
+    channels = []
+    for c in m.channels:
+        channel = asr_pb2.ChannelMetrics(
+            channel_tag=c.channel_tag,
+            talk_time=duration(c.talk_s),
+            interruptions=c.interruptions,
+            words_per_minute=c.words_per_minute,
+        )
+        if c.mean_loudness_dbfs is not None:
+            channel.mean_loudness_dbfs = c.mean_loudness_dbfs
+        channels.append(channel)
+    return asr_pb2.CallMetrics(
+        channels=channels,
+        non_talk_time=duration(m.non_talk_s),
+        overlap_time=duration(m.overlap_s),
+        total_time=duration(m.total_s),
+    )
+
+
 def _speech_event(kind: int, offset_s: float, channel: int) -> asr_pb2.StreamingRecognizeResponse:
     return asr_pb2.StreamingRecognizeResponse(
         speech_event_type=kind,  # type: ignore[arg-type]
@@ -196,6 +252,8 @@ def response(event: CallEvent) -> asr_pb2.StreamingRecognizeResponse:
         return _speech_event(EventType.END_OF_SINGLE_UTTERANCE, event.offset_s, event.channel)
     if isinstance(event, Reconnect):
         return _speech_event(EventType.RECONNECT, event.offset_s, 0)
+    if isinstance(event, CallMetricsReport):
+        return asr_pb2.StreamingRecognizeResponse(call_metrics=call_metrics(event.metrics))
     raise TypeError(f"no asr.v1 response for {event!r}")
 
 
@@ -212,6 +270,7 @@ def recognize_response(result: RecognizeResult) -> asr_pb2.RecognizeResponse:
             for r in result.results
         ],
         total_audio_duration=duration(result.duration_s),
+        call_metrics=None if result.call_metrics is None else call_metrics(result.call_metrics),
     )
 
 
@@ -262,7 +321,7 @@ class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
                 yield response(event)
         except RecognitionError as e:
             code = grpc_code(e.code)
-            await context.abort(code, e.message)
+            await context.abort(code, e.message_for(CONFIG_NAMES))
         except asyncio.CancelledError:
             code = grpc.StatusCode.CANCELLED
             raise
@@ -308,6 +367,12 @@ class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
                     return
                 if kind == "audio_content":
                     stream.audio(request.audio_content)
+                elif kind == "keyterms_update":
+                    try:
+                        stream.update_keyterms(request.keyterms_update.keyterms)
+                    except RecognitionError as e:
+                        stream.fail(RecognitionError(e.code, e.message_for(UPDATE_NAMES), e.field))
+                        return
             stream.finish()  # the client half-closed
         except aio.AbortError:
             pass  # the call was already ended with its status: nothing is left to read
@@ -327,6 +392,6 @@ class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
                 identity=_caller(context),
             )
         except RecognitionError as e:
-            await context.abort(grpc_code(e.code), e.message)
+            await context.abort(grpc_code(e.code), e.message_for(CONFIG_NAMES))
             raise  # unreachable: abort raises
         return recognize_response(result)

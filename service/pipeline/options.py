@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 from engine import DecodeOptions
 from engine.api import ModelInfo
 from engine.prompt import check_prompt_chars
-from engine.request import Priority
+from engine.request import Priority, check_keyterm_tokens
 from service.core.engine import RecognitionEngine
-from service.core.types import RecognitionSettings, StreamSettings
+from service.core.types import Formatting, RecognitionSettings, StreamSettings
 from service.pipeline.audio import validate_stream_format
+from service.pipeline.call_metrics import CallMetricsSettings, validate_interval
 from service.pipeline.endpointing import EndpointSettings
 from service.pipeline.results import ResultOptions
 
@@ -61,8 +62,16 @@ def decode_options(
         keyterms=tuple(settings.keyterms),
         priority=priority,
     )
-    engine.validate(options)
+    _validate(options, engine)
     return options
+
+
+def _validate(options: DecodeOptions, engine: RecognitionEngine) -> None:
+    """The engine's own checks, and here, in the frontend, the keyterm bound only a tokenizer can check:
+    an engine in another process would otherwise find it only at the first utterance."""
+    engine.validate(options)
+    if options.keyterms and engine.info.prompts is not None:
+        check_keyterm_tokens(options.keyterms, engine.info.prompts.text_tokens)
 
 
 def with_keyterms(
@@ -70,7 +79,7 @@ def with_keyterms(
 ) -> DecodeOptions:
     """`options` with another keyterm list, checked by the engine (raises ValueError naming keyterms)."""
     changed = dataclasses.replace(options, keyterms=tuple(keyterms))
-    engine.validate(changed)
+    _validate(changed, engine)
     return changed
 
 
@@ -80,6 +89,7 @@ def result_options(settings: RecognitionSettings) -> ResultOptions:
         word_times=settings.word_times,
         word_confidence=settings.word_confidence,
         redact=settings.redact,
+        smart=settings.formatting is Formatting.SMART,
     )
 
 
@@ -99,6 +109,9 @@ class StreamPlan:
     results: ResultOptions = field(default_factory=ResultOptions)
     speech_start_timeout_s: float | None = None  # StreamSettings' voice activity timeouts
     speech_end_timeout_s: float | None = None
+    call_metrics: CallMetricsSettings = field(default_factory=CallMetricsSettings)
+    report_call_metrics: bool = False  # CallMetricsReport events go out (StreamSettings.call_metrics)
+    call_metrics_interval_s: float = 0.0
 
 
 def plan_stream(settings: StreamSettings, engine: RecognitionEngine) -> StreamPlan:
@@ -117,6 +130,8 @@ def plan_stream(settings: StreamSettings, engine: RecognitionEngine) -> StreamPl
             raise ValueError(f"{name} needs endpointing: without it no speech is detected")
         if not value > 0:
             raise ValueError(f"{name} must be more than 0 s, got {value:g}")
+    r.call_metrics.validate()
+    validate_interval(settings.call_metrics_interval_s)
     return StreamPlan(
         encoding=r.format.encoding,
         sample_rate_hertz=rate,
@@ -130,4 +145,7 @@ def plan_stream(settings: StreamSettings, engine: RecognitionEngine) -> StreamPl
         results=result_options(r),
         speech_start_timeout_s=settings.speech_start_timeout_s,
         speech_end_timeout_s=settings.speech_end_timeout_s,
+        call_metrics=r.call_metrics,
+        report_call_metrics=settings.call_metrics,
+        call_metrics_interval_s=settings.call_metrics_interval_s,
     )

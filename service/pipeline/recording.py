@@ -29,6 +29,7 @@ from service.pipeline.audio import (
     decode_blocks,
     mixdown,
 )
+from service.pipeline.call_metrics import CallMetrics, CallMetricsSettings, CallMetricsTracker
 from service.pipeline.endpointing import Endpointer, EndpointSettings, Utterance
 from service.pipeline.results import ResultOptions, recognize_results
 from service.pipeline.session import await_transcript, engine_refusal
@@ -64,6 +65,11 @@ class RecordingCutter:
 
     def _tag(self, i: int) -> int:
         return i + 1 if self.separate else 0
+
+    @property
+    def tags(self) -> list[int]:
+        """The channel tags of the recording's results."""
+        return [self._tag(i) for i in range(len(self._endpointers))]
 
     def step(self) -> list[tuple[int, Utterance]] | None:
         """The utterances (channel tag, utterance) that end in the next block; None once all is done."""
@@ -102,6 +108,7 @@ async def recognize_recording(
     inflight: int,
     limit_s: float,
     mode: str,
+    call_metrics: CallMetricsSettings | None = None,
 ) -> RecognizeResult:
     """Every utterance of the recording through the engine, at most `inflight` at once: a recording of
     any length is fed to the engine as it is decoded, and one long file cannot fill the engine's queue
@@ -171,4 +178,25 @@ async def recognize_recording(
         if result is not None:
             results.append(result)
     results.sort(key=lambda r: (round(r.start_s * 1e9), r.channel))
-    return RecognizeResult(results=tuple(results), duration_s=cutter.samples / TARGET_RATE)
+    duration_s = cutter.samples / TARGET_RATE
+    call = recording_call_metrics(cutter.tags, jobs, transcripts, duration_s, call_metrics)
+    metrics.observe_call(call)
+    return RecognizeResult(results=tuple(results), duration_s=duration_s, call_metrics=call)
+
+
+def recording_call_metrics(
+    tags: list[int],
+    jobs: list[tuple[int, Utterance]],
+    transcripts: list[Transcript],
+    duration_s: float,
+    settings: CallMetricsSettings | None,
+) -> CallMetrics:
+    """The recording's call metrics: its utterances fed as a stream would report them (in the order
+    they end), each with its final's words (before formatting and redaction)."""
+    tracker = CallMetricsTracker(tags, settings)
+    for (tag, u), t in sorted(zip(jobs, transcripts, strict=True), key=lambda job: job[0][1].end_s):
+        tracker.utterance(tag, u)
+        words = len(t.text.split()) if t.is_speech else 0
+        tracker.final(tag, u.start_s, u.end_s, words)
+    tracker.advance(duration_s)
+    return tracker.snapshot()

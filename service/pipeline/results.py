@@ -15,6 +15,7 @@ from engine import Transcript
 from service.core.types import EndReason, Result, Segment
 from service.core.types import Word as ResultWord
 from service.pipeline.endpointing import Utterance
+from service.pipeline.formatting import format_text, format_words
 from service.pipeline.redaction import Kind, StreamRedactor, Word, join, redact_utterances, words_of_text
 
 
@@ -26,15 +27,28 @@ class ResultOptions:
     word_times: bool = False
     word_confidence: bool = False
     redact: frozenset[Kind] = frozenset()
+    smart: bool = False  # spoken numbers as digits (service/pipeline/formatting.py), before redaction
 
     @property
     def words(self) -> bool:
         return self.word_times or self.word_confidence
 
+    @property
+    def rewrites(self) -> bool:
+        """The text is rebuilt from the words (formatted or redacted), not taken as the engine wrote it."""
+        return self.smart or bool(self.redact)
+
 
 def transcript_words(t: Transcript, opts: ResultOptions) -> list[Word]:
-    """The utterance as words: the engine's timed words when it computed them, else the text's words
-    (segment by segment when segments are asked for, so that their texts can be rebuilt)."""
+    """The utterance as words, formatted when the settings ask (a spoken number merged into one word that
+    keeps the first word's start, the last one's end and the lowest confidence), not yet redacted."""
+    words = spoken_words(t, opts)
+    return format_words(words) if opts.smart else words
+
+
+def spoken_words(t: Transcript, opts: ResultOptions) -> list[Word]:
+    """The utterance as words, as the engine wrote them: its timed words when it computed them, else the
+    text's words (segment by segment when segments are asked for, so that their texts can be rebuilt)."""
     starts = [s.start_s for s in t.segments] if opts.segments else []
 
     def part(start_s: float) -> int:
@@ -61,7 +75,7 @@ def _text(t: Transcript, words: Sequence[Word], audio_start_s: float, opts: Resu
     segments = []
     if opts.segments:
         for i, s in enumerate(t.segments):
-            text = join([w for w in words if w.part == i]) if opts.redact else s.text.strip()
+            text = join([w for w in words if w.part == i]) if opts.rewrites else s.text.strip()
             segments.append(Segment(text, audio_start_s + s.start_s, audio_start_s + s.end_s))
     infos = []
     if opts.words:
@@ -77,7 +91,7 @@ def _text(t: Transcript, words: Sequence[Word], audio_start_s: float, opts: Resu
                     w.probability if opts.word_confidence else None,
                 )
             )
-    return _Text(join(words) if opts.redact else t.text.strip(), tuple(infos), tuple(segments))
+    return _Text(join(words) if opts.rewrites else t.text.strip(), tuple(infos), tuple(segments))
 
 
 # --- Recognize: a whole recording ----------------------------------------------------------------
@@ -224,7 +238,7 @@ class ChannelResults:
     ) -> Result:
         """An interim hypothesis of utterance `index` (audio from start_s to end_s of the stream);
         `after_unknown`: an earlier utterance's final is not in yet (its text is no context yet)."""
-        text = t.text.strip()
+        text = self._formatted(t.text)
         if self.opts.redact:
             text = join(self._redactor.interim(words_of_text(text), after_unknown=after_unknown))
         return Result(
@@ -240,6 +254,12 @@ class ChannelResults:
         )
 
     def log_text(self, t: Transcript) -> str:
+        text = self._formatted(t.text)
         if not self.opts.redact:
-            return t.text
-        return self._redactor.for_log(words_of_text(t.text.strip()))
+            return text
+        return self._redactor.for_log(words_of_text(text))
+
+    def _formatted(self, text: str) -> str:
+        """Text without word timings (interims, logs), formatted as finals are: an interim reads as its
+        final will, and its redaction sees the same digits."""
+        return format_text(text.strip()) if self.opts.smart else text.strip()

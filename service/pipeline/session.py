@@ -37,10 +37,19 @@ from service import metrics
 from service.config import ServerConfig
 from service.core.engine import RecognitionEngine
 from service.core.errors import Code, RecognitionError
-from service.core.types import CallEvent, EndOfSingleUtterance, EndReason, Reconnect, Result, SpeechTimeout
+from service.core.types import (
+    CallEvent,
+    CallMetricsReport,
+    EndOfSingleUtterance,
+    EndReason,
+    Reconnect,
+    Result,
+    SpeechTimeout,
+)
 from service.core.types import SpeechEnded as SpeechEndedEvent
 from service.core.types import SpeechStarted as SpeechStartedEvent
 from service.pipeline.audio import TARGET_RATE, AudioFormatError, StreamDecoder, mixdown
+from service.pipeline.call_metrics import CallMetricsTracker
 from service.pipeline.endpointing import (
     Endpointer,
     EndpointingError,
@@ -63,6 +72,9 @@ from service.pipeline.vad_batch import vad_batcher
 log = logging.getLogger("service.pipeline.session")
 
 _SCORE_NOW_S = 0.25  # unscored audio a stream may hold while it waits for the VAD pass
+# How long a keyterms update is remembered by the audio time it came at (the VAD reports a speech start
+# a fraction of a second after it; see _options_from).
+_OPTIONS_KEPT_S = 30.0
 
 
 async def await_transcript(handle: UtteranceHandle) -> Transcript:
@@ -90,6 +102,8 @@ def internal(e: Exception) -> RecognitionError:
 def event_size(event: CallEvent) -> int:
     """About the bytes an event takes on any door's wire: its text, and 8 bytes per number it carries
     (what --max-response-backlog-bytes counts)."""
+    if isinstance(event, CallMetricsReport):
+        return 32 + 40 * len(event.metrics.channels)
     if not isinstance(event, Result):
         return 16
     words = sum(len(w.text.encode()) + 24 for w in event.words)
@@ -189,6 +203,16 @@ class StreamSession:
         # the voice activity timeouts' clock (_check_voice_timeouts): None until speech first starts, then
         # the offset of the last speech event
         self._last_speech_end_s: float | None = None
+        # fed with the confirmed utterances (never speculative ends), the finals' words and the speech audio
+        self._call_metrics = CallMetricsTracker(
+            [ch.tag for ch in self.channels],
+            settings.call_metrics,
+            interval_s=settings.call_metrics_interval_s if settings.report_call_metrics else 0.0,
+        )
+        # (stream seconds from which they apply, options): update_options' changes, the first the config's
+        self._option_changes: collections.deque[tuple[float, DecodeOptions]] = collections.deque(
+            [(0.0, settings.options)]
+        )
 
     def _become(self, new: StreamState) -> bool:
         """Move forward to `new`; False (and no move) when the stream is already past it."""
@@ -304,9 +328,19 @@ class StreamSession:
             ch.speech_start_wall = time.monotonic()
 
     def update_options(self, options: DecodeOptions) -> None:
-        """Decode with `options` (checked by the caller) the utterances whose speech starts from now on;
-        one under way keeps the options it started with."""
+        """Decode with `options` (checked by the caller) the utterances whose speech starts from now on:
+        at or after the audio received so far, even when the VAD reports that start only later; one
+        under way keeps the options it started with."""
         self.settings = dataclasses.replace(self.settings, options=options)
+        self._option_changes.append((self._received_s, options))
+
+    def _options_from(self, start_s: float) -> DecodeOptions:
+        """The options of an utterance whose speech starts at `start_s` (stream seconds)."""
+        changes = self._option_changes
+        # a start is reported well within _OPTIONS_KEPT_S of the audio: older changes are dead
+        while len(changes) > 1 and changes[1][0] <= self._received_s - _OPTIONS_KEPT_S:
+            changes.popleft()
+        return next((o for at, o in reversed(changes) if at <= start_s), changes[0][1])
 
     def fail(self, error: RecognitionError) -> None:
         """End the stream now with `error`: what is already queued goes out first."""
@@ -477,6 +511,9 @@ class StreamSession:
             if isinstance(probs, Exception):
                 raise probs
             self._endpoint(probs)
+            so_far = self._call_metrics.advance(self._received_s)
+            if so_far is not None:
+                self._put(CallMetricsReport(so_far, last=False))
             self._release_held_finals()
             if self.state.takes_audio:
                 self._check_buffer()
@@ -530,7 +567,8 @@ class StreamSession:
         elif isinstance(event, SpeculationCancelled):
             self._speculations.cancel(ch.tag)
         elif isinstance(event, SpeechStarted):
-            ch.options = self.settings.options  # keyterms changed mid-stream apply from this utterance on
+            ch.options = self._options_from(event.offset_s)  # keyterms changed mid-stream apply from here
+            self._call_metrics.speech_started(ch.tag, event.offset_s)
             ch.speech_start_s = event.offset_s
             ch.speech_start_wall = time.monotonic()
             self._last_speech_end_s = max(self._last_speech_end_s or 0.0, event.offset_s)
@@ -539,6 +577,7 @@ class StreamSession:
             self._last_speech_end_s = max(self._last_speech_end_s or 0.0, event.offset_s)
             self._put(SpeechEndedEvent(ch.tag, event.offset_s))
         else:
+            self._call_metrics.utterance(ch.tag, event)
             self._submit(ch, event, ended_by or end_reason(event))
             if not self.state.takes_audio:
                 return  # refused: the stream ends once what was admitted has its final
@@ -603,6 +642,11 @@ class StreamSession:
     async def _complete(self) -> None:
         await asyncio.gather(*self._finalizers, return_exceptions=True)
         if self._become(StreamState.ENDED):
+            self._call_metrics.advance(self._received_s)
+            call = self._call_metrics.snapshot()
+            metrics.observe_call(call)
+            if self.settings.report_call_metrics:
+                self._put(CallMetricsReport(call, last=True))  # after every final
             self._out.put_nowait(None)
 
     # --- buffering ahead of transcription ---
@@ -677,6 +721,9 @@ class StreamSession:
             else:
                 outcome = "final" if t.is_speech and t.text.strip() else "empty"
             self._settle(ch, pending, outcome, t)
+            if t is not None:  # every utterance the engine finished, with words or none (noise)
+                words = len(t.text.split()) if outcome == "final" else 0  # before formatting and redaction
+                self._call_metrics.final(ch.tag, u.start_s, u.end_s, words)
             if t is not None and outcome == "final":
                 ready = ch.results.final(
                     t, u, pending.ended_by, functools.partial(_observe_since, pending.ready_time)
