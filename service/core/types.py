@@ -215,7 +215,15 @@ class CallMetricsReport:
     last: bool
 
 
-CallEvent = Result | SpeechStarted | SpeechEnded | EndOfSingleUtterance | SpeechTimeout | Reconnect | CallMetricsReport
+CallEvent = (
+    Result
+    | SpeechStarted
+    | SpeechEnded
+    | EndOfSingleUtterance
+    | SpeechTimeout
+    | Reconnect
+    | CallMetricsReport
+)
 
 
 @dataclass(frozen=True)
