@@ -35,6 +35,7 @@ from service.core.recognizer import Recognizer, Stream
 from service.core.types import (
     AudioFormat,
     EndpointSettings,
+    Formatting,
     Identity,
     RecognitionSettings,
     Reconnect,
@@ -129,7 +130,9 @@ class RivaRequest:
     words: bool  # enable_word_time_offsets: words with start and end (ms) and confidence
     endpointing: Endpointing
     interim_results: bool = False
-    # Accepted options that change nothing here (the asr-hints metadata): "profanity_filter", ...
+    # verbatim_transcripts false (Riva's default: inverse text normalization): numbers as digits
+    formatting: Formatting = Formatting.VERBATIM
+    # Accepted options that change nothing here (the asr-hints metadata): "model", "max_alternatives", ...
     hints: tuple[str, ...] = ()
 
 
@@ -248,6 +251,11 @@ def recognition_request(
             "speaker_tag; record each party on its own channel (audio_channel_count, "
             "enable_separate_recognition_per_channel) and read channel_tag",
         )
+    if config.profanity_filter:  # dropped silently, a caller would show what it asked to have masked
+        raise RivaFieldError(
+            "profanity_filter",
+            "profanity_filter is not supported: this server masks no profanity (set it false)",
+        )
     _check_map("custom_configuration", config.custom_configuration)
     channels = config.audio_channel_count or 1
     keyterms, keyterm_fields = _keyterms(config.speech_contexts)
@@ -255,10 +263,8 @@ def recognition_request(
         name
         for name, on in (
             ("max_alternatives", config.max_alternatives > 1),  # greedy decoding: one alternative
-            ("profanity_filter", config.profanity_filter),
             ("enable_automatic_punctuation", not config.enable_automatic_punctuation),  # Whisper punctuates
             ("model", bool(config.model)),
-            ("verbatim_transcripts", not config.verbatim_transcripts),  # Whisper writes numbers its own way
             ("custom_configuration", bool(config.custom_configuration)),
             ("endpointing_config.stop_history_eou", config.endpointing_config.HasField("stop_history_eou")),
         )
@@ -275,6 +281,7 @@ def recognition_request(
         words=config.enable_word_time_offsets,
         endpointing=endpointing(config, default_silence_s, default_speech_s),
         interim_results=interim_results,
+        formatting=Formatting.VERBATIM if config.verbatim_transcripts else Formatting.SMART,
         hints=tuple(hints),
     )
 
@@ -632,6 +639,7 @@ class RivaServicer(rasr_grpc.RivaSpeechRecognitionServicer):
                 keyterms=request.keyterms,
                 word_times=request.words,
                 word_confidence=request.words,
+                formatting=request.formatting,
             ),
             endpointing=endpoint_settings(request.endpointing),
             interim_results=request.interim_results,
@@ -839,6 +847,7 @@ class RivaServicer(rasr_grpc.RivaSpeechRecognitionServicer):
                 keyterms=riva.keyterms,
                 word_times=riva.words,
                 word_confidence=riva.words,
+                formatting=riva.formatting,
             )
 
         try:

@@ -516,6 +516,31 @@ async def test_prerecorded_two_channel_raw_mulaw(server: ServerThread) -> None:
         assert wer(own, text) <= 0.25 and wer(own, text) < wer(other, text), texts
 
 
+@pytest.mark.parametrize("option", ["smart_format", "numerals"])
+async def test_smart_format_and_numerals_write_spoken_digits_as_digits(
+    server: ServerThread, option: str
+) -> None:
+    """tiny.en spells this order number out; either option makes it digits (the core's SMART formatting),
+    the merged word spanning the spoken ones; without it the words stay as spoken."""
+    audio = to_mulaw_8k_bytes(speak("The order number is one two three four five six.", voice="en-gb"))
+    options = {"sample_rate": 8000}
+
+    async def transcribe(**flags: bool) -> Any:
+        return await client(server).listen.v1.media.transcribe_file(
+            request=audio, model="nova-3", encoding="mulaw",
+            request_options={"additional_query_parameters": options}, **flags,
+        )  # fmt: skip
+
+    plain = (await transcribe()).results.channels[0].alternatives[0]
+    assert "one two three four five six" in plain.transcript.lower(), plain.transcript
+    smart = (await transcribe(**{option: True})).results.channels[0].alternatives[0]
+    assert "123456" in smart.transcript, smart.transcript
+    merged = next(w for w in smart.words if "123456" in w.word)
+    spoken = [w for w in plain.words if w.word.strip(".,").lower() in ("one", "six")]
+    assert merged.start == pytest.approx(spoken[0].start, abs=0.05)
+    assert merged.end == pytest.approx(spoken[-1].end, abs=0.05)
+
+
 async def test_prerecorded_refusals(server: ServerThread) -> None:
     with pytest.raises(ApiError) as e:
         await client(server).listen.v1.media.transcribe_file(request=JFK_FLAC.read_bytes(), diarize=True)

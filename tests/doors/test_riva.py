@@ -340,16 +340,14 @@ def test_recognize_an_ogg_opus_file(server: ServerThread) -> None:
 
 
 def test_recognize_raw_telephone_audio_and_say_which_options_were_hints(server: ServerThread) -> None:
-    """Headerless 8 kHz mu-law. verbatim_transcripts false (Riva's default: inverse text normalization)
-    and profanity_filter are accepted as hints, and the initial metadata says so, with the model that
-    answered whatever model the request named."""
+    """Headerless 8 kHz mu-law. A model name is accepted as a hint, and the initial metadata says so, with
+    the model that answered whatever model the request named."""
     text = "I would like to speak to someone about my bill."
     audio = to_mulaw_8k_bytes(np.concatenate([silence(0.3), speak(text), silence(0.8)]))
     config = riva.client.RecognitionConfig(
         encoding=riva.client.AudioEncoding.MULAW,
         sample_rate_hertz=8000,
         model=RIVA_MODEL,
-        profanity_filter=True,
     )
     with riva_asr(server.target) as asr:
         response, call = asr.stub.Recognize.with_call(
@@ -358,7 +356,32 @@ def test_recognize_raw_telephone_audio_and_say_which_options_were_hints(server: 
     assert corpus_wer([text], [finals_text(response.results)]) <= 0.2, finals_text(response.results)
     headers = dict(call.initial_metadata())
     assert headers["asr-model"] == server.server.recognizer.model.name
-    assert set(headers["asr-hints"].split(",")) >= {"model", "profanity_filter", "verbatim_transcripts"}
+    assert "model" in headers["asr-hints"].split(",")
+
+
+@pytest.mark.parametrize("verbatim", [False, True])
+def test_verbatim_transcripts_false_writes_spoken_numbers_as_digits(
+    server: ServerThread, verbatim: bool
+) -> None:
+    """Riva's inverse text normalization is on unless verbatim_transcripts: tiny.en spells this order
+    number out, and the core's SMART formatting writes it as digits, its word spanning the spoken ones."""
+    audio = to_mulaw_8k_bytes(speak("The order number is one two three four five six.", voice="en-gb"))
+    config = riva.client.RecognitionConfig(
+        encoding=riva.client.AudioEncoding.MULAW,
+        sample_rate_hertz=8000,
+        enable_word_time_offsets=True,
+        verbatim_transcripts=verbatim,
+    )
+    with riva_asr(server.target) as asr:
+        response = asr.offline_recognize(audio, config)
+    text = finals_text(response.results)
+    if verbatim:
+        assert "one two three four five six" in text.lower(), text
+    else:
+        assert "123456" in text, text
+        words = [w for r in response.results for w in r.alternatives[0].words]
+        merged = next(w for w in words if "123456" in w.word)
+        assert merged.end_time - merged.start_time > 1000, merged  # six spoken digits, in ms
 
 
 def test_word_boosting_reaches_the_decoder(server: ServerThread) -> None:
@@ -405,6 +428,7 @@ BAD_STREAMS = {
         },
         ["diarization_config.enable_speaker_diarization"],
     ),
+    "profanity filter": ({"profanity_filter": True}, ["profanity_filter"]),
     "negative boost": ({"speech_contexts": _contexts(1, boost=-5.0)}, ["speech_contexts[0].boost"]),
     "too many phrases": ({"speech_contexts": _contexts(101)}, ["speech_contexts", "100"]),
     "empty phrase": (

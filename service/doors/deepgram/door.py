@@ -37,6 +37,7 @@ from service.core.types import (
     AudioFormat,
     EndpointSettings,
     EndReason,
+    Formatting,
     Identity,
     RecognitionSettings,
     Reconnect,
@@ -46,7 +47,7 @@ from service.core.types import (
 )
 from service.doors.deepgram import messages
 from service.doors.deepgram.framing import Reframer, container_of
-from service.doors.deepgram.options import ListenOptions, OptionError, OptionWarning, parse_listen_options
+from service.doors.deepgram.options import ListenOptions, OptionError, parse_listen_options
 from service.doors.deepgram.utterance_end import UtteranceEndTracker
 from service.pipeline.audio import probe_recording
 from service.runtime.auth import TOKEN_SYNTAX, TokenStore, identity
@@ -149,20 +150,8 @@ def recognition_settings(o: ListenOptions, audio_format: AudioFormat) -> Recogni
         word_times=True,  # Deepgram's results always carry words with times and confidence
         word_confidence=True,
         redact=o.redact,
+        formatting=Formatting.SMART if o.smart else Formatting.VERBATIM,  # smart_format, numerals
     )
-
-
-def hint_warnings(o: ListenOptions) -> tuple[OptionWarning, ...]:
-    """The parser's warnings, and smart_format / numerals: taken as hints (numbers stay as the model
-    writes them; tiny.en writes most as digits itself)."""
-    extra = tuple(
-        OptionWarning(
-            name, "partial_support", f"{name} is accepted; numbers are written as the model writes them"
-        )
-        for name, on in (("smart_format", o.smart_format), ("numerals", o.numerals))
-        if on
-    )
-    return o.warnings + extra
 
 
 def words_of(r: Result, offset: float = 0.0) -> tuple[messages.Word, ...]:
@@ -373,7 +362,7 @@ class DeepgramDoor:
             utterances=utterances,
             punctuated=options.punctuated,
             with_utterances=options.utterances,
-            warnings=hint_warnings(options),
+            warnings=options.warnings,
             tags=options.tags,
         )
         return web.Response(
@@ -593,7 +582,7 @@ class LiveCall:
                 channels=self.options.channels,
                 sha256=self._sha.hexdigest(),
                 model=self._model,
-                warnings=hint_warnings(self.options),
+                warnings=self.options.warnings,
                 tags=self.options.tags,
             )
         )
