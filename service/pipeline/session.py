@@ -130,6 +130,12 @@ class _Channel:
     results: ChannelResults = field(default_factory=lambda: ChannelResults(ResultOptions(), 0))
 
 
+# Per-chunk figures reach Prometheus in steps: in multiprocess mode each write is a lock and an mmap write,
+# a measurable share of a frontend's CPU when done for every 20 ms chunk of every stream.
+_METRIC_FLUSH_S = 1.0  # asr_audio_seconds_total: added every second of a stream's audio, and at its end
+_BUFFER_STEP_S = 0.1  # asr_stream_buffer_seconds: each stream's share, to a tenth of a second
+
+
 def _observe_since(start: float, histogram: Histogram = metrics.UTTERANCE_LATENCY) -> None:
     histogram.observe(time.monotonic() - start)
 
@@ -171,6 +177,7 @@ class StreamSession:
         else:
             self.channel_mode = "separate" if settings.separate_channels else "mixdown"
         self._audio_counter = metrics.AUDIO_SECONDS.labels(self.channel_mode)
+        self._audio_unflushed_s = 0.0  # received, not yet added to asr_audio_seconds_total
         # None tells the writer to end the stream, with _end_status (None: OK). Bounded in bytes
         # (--max-response-backlog-bytes, event_size): a client that does not read cannot grow it past that.
         self._out: asyncio.Queue[_Out | None] = asyncio.Queue()
@@ -330,6 +337,7 @@ class StreamSession:
         if self._idle_timer is not None:
             self._idle_timer.cancel()
         self._set_buffer(0.0)
+        self._flush_audio_seconds()
         self._drop_queued()  # never to be sent
 
     async def close(self) -> None:
@@ -427,7 +435,9 @@ class StreamSession:
             self._finish_input(flush=True)
             return
         self._received_s += seconds
-        self._audio_counter.inc(seconds)
+        self._audio_unflushed_s += seconds
+        if self._audio_unflushed_s >= _METRIC_FLUSH_S:
+            self._flush_audio_seconds()
         self._push(chunk)
         if self._vad.waiting(self) and max(ep.unscored_s for ep in self._endpointers) >= _SCORE_NOW_S:
             # Audio piles up before the pass: the client sends faster than real time. Endpoint now, as
@@ -597,8 +607,16 @@ class StreamSession:
             )
 
     def _set_buffer(self, seconds: float) -> None:
-        metrics.STREAM_BUFFER_SECONDS.inc(seconds - self._buffer_s)
-        self._buffer_s = seconds
+        # To _BUFFER_STEP_S: the gauge moves a few times a second per stream, not at every chunk.
+        shown = round(seconds / _BUFFER_STEP_S) * _BUFFER_STEP_S
+        if shown != self._buffer_s:
+            metrics.STREAM_BUFFER_SECONDS.inc(shown - self._buffer_s)
+            self._buffer_s = shown
+
+    def _flush_audio_seconds(self) -> None:
+        if self._audio_unflushed_s:
+            self._audio_counter.inc(self._audio_unflushed_s)
+            self._audio_unflushed_s = 0.0
 
     # --- finals, in order per channel ---
 
