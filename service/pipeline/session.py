@@ -51,7 +51,6 @@ from service.pipeline.endpointing import (
     SpeechEnded,
     SpeechStarted,
     Utterance,
-    vad_rate_for,
 )
 from service.pipeline.interim import InterimPolicy
 from service.pipeline.options import StreamPlan
@@ -155,15 +154,13 @@ class StreamSession:
         self.decoder = StreamDecoder(settings.encoding, settings.sample_rate_hertz, settings.channels)
         n = settings.channels if settings.separate_channels else 1
         ep = settings.endpointing
-        vad_rate = vad_rate_for(settings.sample_rate_hertz) if ep is not None else TARGET_RATE
-        self._vad_native = vad_rate != TARGET_RATE  # 8 kHz: scored as it came, not resampled first
         self._vad = vad_batcher()
         self.channels = [
             _Channel(
                 tag=i + 1 if settings.separate_channels else 0,
                 endpointer=ManualTurns()
                 if ep is None
-                else Endpointer(ep, vad_rate=vad_rate, speculative=config.speculative_endpointing),
+                else Endpointer(ep, speculative=config.speculative_endpointing),
             )
             for i in range(n)
         ]
@@ -450,19 +447,13 @@ class StreamSession:
 
     def _push(self, chunk: bytes) -> None:
         """Decoded audio -> endpointer of each channel (or the mixdown), to be scored."""
-        native: np.ndarray | None = None
-        if self._vad_native:  # the VAD scores the audio as it came; the 16 kHz is for the engine
-            native, audio = self.decoder.feed_native(chunk)
-        else:
-            audio = self.decoder.feed(chunk)
-        self._push_audio(audio, native)
+        self._push_audio(self.decoder.feed(chunk))
 
-    def _push_audio(self, audio: np.ndarray, native: np.ndarray | None) -> None:
+    def _push_audio(self, audio: np.ndarray) -> None:
         if not self.settings.separate_channels:
             audio = mixdown(audio)[None]
-            native = None if native is None else mixdown(native)[None]
         for i, ch in enumerate(self.channels):
-            ch.endpointer.push(audio[i], None if native is None else native[i])
+            ch.endpointer.push(audio[i])
 
     def _on_scored(self, probs: list[np.ndarray] | Exception) -> None:
         """This tick's VAD probabilities for each channel: events, interims, buffer limits."""
@@ -553,7 +544,7 @@ class StreamSession:
         if flush:
             try:
                 tail = self.decoder.flush()
-                self._push_audio(tail, tail[:, :0] if self._vad_native else None)
+                self._push_audio(tail)
                 self._endpoint(self._vad.score_now(self._endpointers))  # no wait for the tick
                 for ch in self.channels:
                     for event in ch.endpointer.flush() if self.state.takes_audio else []:
