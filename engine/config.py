@@ -210,7 +210,13 @@ class EngineConfig:
             "started (off: the plain greedy trie bias, for comparison)"
         },
     )
-    threads: int = field(default=0, metadata={"help": "torch intra-op threads (0: torch's default)"})
+    threads: int = field(
+        default=0,
+        metadata={
+            "help": "torch intra-op threads of the engine (0: the CPUs this process may use, its affinity mask "
+            "capped by the cgroup CPU quota; torch's own default ignores the quota)"
+        },
+    )
     warmup: bool = field(
         default=True, metadata={"help": "run one utterance through the model before reporting SERVING"}
     )

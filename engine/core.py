@@ -161,10 +161,19 @@ class EngineCore:
         self._settle()  # rows of what the inbox cancelled
         output = self.scheduler.schedule(time.monotonic())
         if output.encode:
+            wall, cpu = time.perf_counter(), time.process_time()
             self._admit(output)
+            self._busy("encode", wall, cpu)
         if output.step and self.scheduler.rows.used:
+            wall, cpu = time.perf_counter(), time.process_time()
             self._decode_step(self.scheduler.decoding)
+            self._busy("decode", wall, cpu)
         self.scheduler.update_gauges()
+
+    @staticmethod
+    def _busy(stage: str, wall: float, cpu: float) -> None:
+        m.ENGINE_BUSY_SECONDS.labels(stage).inc(time.perf_counter() - wall)
+        m.ENGINE_BUSY_CPU_SECONDS.labels(stage).inc(time.process_time() - cpu)
 
     def _settle(self) -> None:
         self.scheduler.settle(self.runner.move_row)

@@ -30,6 +30,27 @@ SCHEDULER_BLOCKED_SECONDS = Histogram(
     "Per encoder pass (with batching off: per loop of calls), how long decode-ready sequences waited on it",
     buckets=TIME_BUCKETS,
 )
+# The loop's own account of its time, by stage: `encode` (a window's log-mel, encoder pass, cross-attention
+# K/V, prompts, prefill and first tokens) and `decode` (a decode step, sampling and what its results end).
+# Busy is wall time; busy CPU is the CPU time of the whole process meanwhile (the loop thread and torch's
+# intra-op workers). CPU / busy is how many threads really ran during a stage: below --threads, workers
+# were descheduled (other processes, the frontends) and the stage waited on them. Idle time is neither.
+BUSY_STAGES = ("encode", "decode")
+ENGINE_BUSY_SECONDS = Counter(
+    "asr_engine_busy_seconds_total",
+    "Wall time the engine loop spent working, by stage (encode: window encoder pass with its prompts and "
+    "prefill; decode: decode steps with sampling and window ends)",
+    ["stage"],
+)
+ENGINE_BUSY_CPU_SECONDS = Counter(
+    "asr_engine_busy_cpu_seconds_total",
+    "CPU time of the engine's process (every thread) while its loop worked, by stage (encode, decode); "
+    "divided by asr_engine_busy_seconds_total: the threads that really ran",
+    ["stage"],
+)
+for _stage in BUSY_STAGES:  # every stage reads 0 from the start
+    ENGINE_BUSY_SECONDS.labels(_stage)
+    ENGINE_BUSY_CPU_SECONDS.labels(_stage)
 FEATURE_SECONDS = Histogram(
     "asr_feature_seconds", "Log-mel feature extraction per encoder pass", buckets=TIME_BUCKETS
 )

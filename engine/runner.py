@@ -6,6 +6,7 @@ outputs mean are the scheduler's (engine/scheduler.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -16,6 +17,7 @@ import torch
 from torch import Tensor
 
 from engine.config import EngineConfig
+from engine.cpus import usable_cpus
 from engine.decoding import Choice, DecodingRules
 from engine.features import LogMel
 from engine.keyterms import KeytermSettings
@@ -60,12 +62,21 @@ class FirstTokens:
     language: list[int | None]
 
 
+def engine_threads(config: EngineConfig) -> int:
+    """The engine's intra-op threads: --threads, or with 0 the CPUs this process may use."""
+    return config.threads if config.threads > 0 else usable_cpus()
+
+
 class ModelRunner:
     @classmethod
     def load(cls, config: EngineConfig) -> ModelRunner:
-        """The weights --model names, on --device, with --threads intra-op threads."""
-        if config.threads > 0:
-            torch.set_num_threads(config.threads)
+        """The weights --model names, on --device, with --threads intra-op threads (0: the CPUs this
+        process may use, quota included: engine/cpus.py)."""
+        torch.set_num_threads(engine_threads(config))
+        # The loop runs one op at a time: torch's inter-op pool (a thread per core) would only add threads
+        # that compete with the intra-op ones. It can be set once per process, before any parallel work.
+        with contextlib.suppress(RuntimeError):
+            torch.set_num_interop_threads(1)
         return cls(load(config.model, config.cache_dir or None), config)
 
     def __init__(self, weights: LoadedWeights, config: EngineConfig) -> None:

@@ -2,13 +2,13 @@
 """Capacity of asr-server's frontends (issue 12): live calls per configuration, and speaking calls
 through the server against the in-process engine, in one run, one table.
 
-    python scripts/bench_capacity.py [--seconds 20] [--out bench-out/capacity] [--write]
+    python scripts/bench_capacity.py [--seconds 20] [--before REF] [--out bench-out/capacity] [--write]
 
 1. Line noise (8 kHz mu-law hiss, no speech: the frontends' per-chunk work and nothing for the
    engine), paced in real time: 128 calls in 20 ms chunks and 256 calls in 100 ms chunks, each with
    --frontends 1 and 2; a fresh server per configuration. `asr-loadgen capacity` reports whether
    the server kept up (close lag p95 <= 0.5 s), its CPU over all its processes per call, and per
-   process.
+   process. With --before REF, each row also runs REF's code (git archive) just before this checkout's.
 2. Calls held: line-noise calls in 20 ms chunks up a ladder (16, 32, 48, ...) on one server per
    --frontends value, until a step does not keep up.
 3. 16 speaking calls sent as fast as possible (`asr-loadgen run --concurrency 16`) through the
@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO))  # runnable as a plain script from a checkout
 from clients import loadgen  # noqa: E402
 from clients.loadgen.report import fmt  # noqa: E402
 from clients.manifest import build_manifest  # noqa: E402
-from harness.server import ServerProcess  # noqa: E402
+from harness.server import ServerProcess, checkout  # noqa: E402
 from harness.usage import Stopwatch  # noqa: E402
 from scripts.docs_section import write_section  # noqa: E402
 from scripts.real_speech import build_real_manifest  # noqa: E402
@@ -53,10 +53,13 @@ SPEAKING_TARGET = 0.95  # through the server >= 95% of the in-process engine's t
 
 
 @contextlib.contextmanager
-def server(frontends: int, threads: int, log: Path, *extra: str) -> Iterator[tuple[str, str]]:
-    """asr-server on loopback with free ports: (gRPC target, metrics URL) once SERVING."""
+def server(
+    frontends: int, threads: int, log: Path, *extra: str, source: Path | None = None
+) -> Iterator[tuple[str, str]]:
+    """asr-server on loopback with free ports: (gRPC target, metrics URL) once SERVING; `source`: the
+    code of an older ref (harness.server.checkout) instead of this checkout's."""
     flags = ["--frontends", str(frontends), "--log-level", "warning", "--max-streams", "1024", *extra]
-    with ServerProcess(*flags, threads=threads, log_format="text", log_path=log) as process:
+    with ServerProcess(*flags, threads=threads, log_format="text", log_path=log, source=source) as process:
         process.wait_serving(300)
         yield process.target, process.metrics_url
 
@@ -64,12 +67,15 @@ def server(frontends: int, threads: int, log: Path, *extra: str) -> Iterator[tup
 # --- the runs ---
 
 
-def noise_run(calls: int, chunk_ms: int, frontends: int, args: argparse.Namespace) -> dict[str, Any]:
-    label = f"noise-{calls}x{chunk_ms}ms-f{frontends}"
+def noise_run(
+    calls: int, chunk_ms: int, frontends: int, args: argparse.Namespace, source: Path | None = None
+) -> dict[str, Any]:
+    label = f"noise-{calls}x{chunk_ms}ms-f{frontends}" + ("-before" if source else "")
     report = args.out / f"{label}.json"
     print(f"== {label}", file=sys.stderr, flush=True)
     profile = ("--debug-profile-dir", str(args.out.resolve())) if args.profile else ()
-    with server(frontends, args.threads, args.out / f"server-{label}.log", *profile) as (target, metrics):
+    log = args.out / f"server-{label}.log"
+    with server(frontends, args.threads, log, *profile, source=source) as (target, metrics):
         loadgen.main(
             ["capacity", "--server", target, "--metrics", metrics, "--calls", str(calls),
              "--chunk-ms", str(chunk_ms), "--seconds", str(args.seconds),
@@ -182,8 +188,9 @@ def table(
         met = (
             "" if pct is None or target is None else (" met" if pct <= target and r["kept_up"] else " missed")
         )
+        code = f", {r['code']}" if r.get("code") else ""
         lines.append(
-            f"| {r['calls']} x {r['seconds_per_call']:g} s in {r['chunk_ms']} ms chunks "
+            f"| {r['calls']} x {r['seconds_per_call']:g} s in {r['chunk_ms']} ms chunks{code} "
             f"| {r['frontends']} | {'yes' if r['kept_up'] else 'NO'} "
             f"| {fmt(r['close_lag_p50_s'])} / {fmt(r['close_lag_p95_s'])} / {fmt(r['close_lag_max_s'])} "
             f"| {fmt(pct, '{:.3f}')} (<= {target}){met} | {fmt(r['server_cores_used'])} "
@@ -246,6 +253,11 @@ def main() -> int:
         action="store_true",
         help="cProfile each frontend (OUT/frontend-*.prof) and print its top",
     )
+    p.add_argument(
+        "--before",
+        default="",
+        help="a git ref whose server also runs each line-noise row, just before this one",
+    )
     p.add_argument("--skip-noise", action="store_true")
     p.add_argument("--skip-speaking", action="store_true")
     p.add_argument("--out", type=Path, default=Path("bench-out/capacity"))
@@ -257,11 +269,18 @@ def main() -> int:
 
     noise: list[dict[str, Any]] = []
     if not args.skip_noise:
-        for calls, chunk_ms in NOISE_RUNS:
-            for frontends in (int(x) for x in args.frontends.split(",")):
-                r = noise_run(calls, chunk_ms, frontends, args)
-                r["frontends"] = frontends
-                noise.append(r)
+        with contextlib.ExitStack() as stack:
+            # (label, code): with --before, each line-noise row runs that ref's server right before this one
+            sources: list[tuple[str, Path | None]] = [("", None)]
+            if args.before:
+                sources.insert(0, (f"before ({args.before[:7]})", stack.enter_context(checkout(args.before))))
+            for calls, chunk_ms in NOISE_RUNS:
+                for frontends in (int(x) for x in args.frontends.split(",")):
+                    for name, source in sources:
+                        r = noise_run(calls, chunk_ms, frontends, args, source)
+                        r["frontends"] = frontends
+                        r["code"] = name
+                        noise.append(r)
 
     held: list[dict[str, Any]] = []
     if args.held_seconds > 0:
@@ -290,7 +309,7 @@ def main() -> int:
             pstats.Stats(str(prof), stream=sys.stderr).sort_stats("tottime").print_stats(25)
     load_end = os.getloadavg()
     head = (
-        f"`python scripts/bench_capacity.py --seconds {args.seconds:g}` on {platform.machine()}, "
+        f"`python scripts/bench_capacity.py --seconds {args.seconds:g}{' --before ' + args.before if args.before else ''}` on {platform.machine()}, "
         f"{os.cpu_count()} CPUs shared with other work (load average {load_start[0]:.1f} at the start, "
         f"{load_end[0]:.1f} at the end), {dt.date.today()}, tiny.en, --threads {args.threads}, "
         f"{args.client_processes} load-generator processes on the same machine; a fresh server per row; "

@@ -27,6 +27,14 @@ Systems:
   engine-16, engine-16-fp32       our engine in-process, 16 streams sent as fast as possible (each
                                   submits its next file when its last one is done): the CPU default
                                   configuration, and the same with --quantize off
+  server-16, server-16-before,
+  server-16-fp32                  asr-server with its default flags (fp32: --quantize off) on loopback, 16 gRPC streams sent
+                                  as fast as possible (each file as it is, 20 ms chunks, half-close,
+                                  its finals joined; each stream takes the next file when it is done):
+                                  this checkout's, and the code of --before REF (git archive). CPU is
+                                  the server's own (process_cpu_seconds_total of every process; the
+                                  client is not in it), RSS the server's at the end; the engine's
+                                  busy and blocked time come from its /metrics
 
 Without --manifest the files are the real speech of scripts/real_speech.py (8 kHz mu-law),
 --repeat times over, so that 16 streams have work to share.
@@ -67,6 +75,9 @@ SYSTEMS = (
     "engine-all",
     "engine-16",
     "engine-16-fp32",
+    "server-16",
+    "server-16-before",
+    "server-16-fp32",
 )
 DESCRIPTIONS = {
     "fw-int8-seq": "faster-whisper 1.2.1 int8, sequential",
@@ -80,9 +91,13 @@ DESCRIPTIONS = {
     "engine-all": "our engine fp32, all submitted at once",
     "engine-16": f"our engine, CPU default (--quantize {{quantize}}), {STREAMS} streams",
     "engine-16-fp32": f"our engine fp32 (--quantize off), {STREAMS} streams",
+    "server-16": f"asr-server (this checkout, default flags), {STREAMS} gRPC streams",
+    "server-16-before": f"asr-server at {{before}} (default flags), {STREAMS} gRPC streams",
+    "server-16-fp32": f"asr-server (this checkout, --quantize off), {STREAMS} gRPC streams",
 }
+SERVER_FLAGS = {"server-16-fp32": ("--quantize", "off")}
 SAMPLE_RATE = 16000
-TARGET_SYSTEMS = ("fw-int8-seq", "fw-int8-workers", "engine-16", "engine-16-fp32")
+TARGET_SYSTEMS = ("fw-int8-seq", "fw-int8-workers", "server-16", "server-16-fp32", "server-16-before")
 
 
 def load_audio(e: ManifestEntry) -> np.ndarray:
@@ -293,6 +308,81 @@ def _engine(system: str, threads: int, options: Sequence[str]) -> Transcriber:
     return run
 
 
+def run_server(system: str, manifest: Path, repeat: int, before: str) -> dict[str, Any]:
+    """16 gRPC streams through asr-server (this checkout's, or `before`'s code), as fast as possible."""
+    import asyncio
+    import contextlib
+
+    from clients.client import RecognizerClient
+    from harness.server import ServerProcess, checkout
+
+    entries = load_manifest(manifest) * repeat
+    with contextlib.ExitStack() as stack:
+        source = stack.enter_context(checkout(before)) if system == "server-16-before" else None
+        server = stack.enter_context(
+            ServerProcess("--max-streams", "64", *SERVER_FLAGS.get(system, ()), threads=None, source=source)
+        )
+        server.wait_serving(300)
+
+        async def transcribe(client: RecognizerClient, e: ManifestEntry) -> str:
+            texts = []
+            async for response in client.stream_file(e.audio, encoding=e.encoding, rate=e.sample_rate):
+                texts += [
+                    r.alternatives[0].transcript for r in response.results if r.is_final and r.alternatives
+                ]
+            return " ".join(t.strip() for t in texts if t.strip())
+
+        async def run(todo: list[ManifestEntry]) -> list[str]:
+            hyps = [""] * len(todo)
+            queue = list(enumerate(todo))
+            async with RecognizerClient(server.target) as client:
+                await client.wait_until_serving(60)
+
+                async def stream() -> None:
+                    while queue:
+                        i, e = queue.pop(0)
+                        hyps[i] = await transcribe(client, e)
+
+                await asyncio.gather(*(stream() for _ in range(STREAMS)))
+            return hyps
+
+        asyncio.run(run(entries[:1]))  # warm-up: the first call's allocations stay untimed
+        before_metrics = server.metrics()
+        with Stopwatch(descendants=False) as timed:
+            hyps = asyncio.run(run(entries))
+        after = server.metrics()
+    gained = after.since(before_metrics)
+    wall = timed.wall_s
+    n = len(entries)
+    audio_s = sum(load_audio(e).shape[0] for e in entries) / SAMPLE_RATE
+    cpu = gained.sum("process_cpu_seconds_total")
+    return {
+        "system": system,
+        "description": DESCRIPTIONS[system].format(before=before[:7]),
+        "batch_size": STREAMS,
+        "utterances": n,
+        "audio_s": round(audio_s, 3),
+        "wall_s": round(wall, 3),
+        "utt_per_s": n / wall,
+        "s_per_utt": wall / n,
+        "rtfx": audio_s / wall,
+        "cpu_s_per_utt": cpu / n,
+        "engine_cpu_s_per_utt": gained.sum("process_cpu_seconds_total", process="engine") / n,
+        "wer": corpus_wer([e.text for e in entries], hyps),
+        "peak_rss_bytes": after.sum("process_resident_memory_bytes"),
+        # the engine's own account of its time, per utterance (absent in code from before these metrics)
+        "engine_busy_s_per_utt": {
+            k: v / n for k, v in gained.by("asr_engine_busy_seconds_total", "stage").items()
+        },
+        "engine_busy_cpu_s_per_utt": {
+            k: v / n for k, v in gained.by("asr_engine_busy_cpu_seconds_total", "stage").items()
+        },
+        "scheduler_blocked_s_per_utt": gained.sum("asr_scheduler_blocked_seconds_sum") / n,
+        "threads": None,
+        "hypotheses": hyps,
+    }
+
+
 def run_one(
     system: str,
     manifest: Path,
@@ -396,6 +486,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="KEY=VALUE",
         help="EngineConfig override for the engine-* systems (repeatable), e.g. encoder_context=trim",
     )
+    p.add_argument(
+        "--before", default="", help="git ref for server-16-before (default: where this branch left main)"
+    )
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: run one system, print JSON
     args = p.parse_args(argv)
 
@@ -405,8 +498,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.manifest = build_real_manifest(args.out / "real")
         args.repeat = 4 if args.repeat is None else args.repeat  # 44 utterances: work for 16 streams
     args.repeat = args.repeat or 1
+    if not args.before:
+        from harness.server import merge_base
+
+        args.before = merge_base()
     if args.one:
-        one = run_one(args.one, args.manifest, args.threads, args.batch_size, args.engine_option, args.repeat)
+        if args.one.startswith("server-"):
+            one = run_server(args.one, args.manifest, args.repeat, args.before)
+        else:
+            one = run_one(
+                args.one, args.manifest, args.threads, args.batch_size, args.engine_option, args.repeat
+            )
         print(json.dumps(one))
         return 0
 
@@ -426,16 +528,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         "TOKENIZERS_PARALLELISM": "false",
     }
     for s in systems:
-        print(f"[{s}] {DESCRIPTIONS[s]} ...", file=sys.stderr, flush=True)
+        print(
+            f"[{s}] {DESCRIPTIONS[s].format(quantize='auto', before=args.before[:7])} ...",
+            file=sys.stderr,
+            flush=True,
+        )
         cmd = [sys.executable, __file__, "--manifest", str(args.manifest), "--one", s,
                "--threads", str(args.threads), "--batch-size", str(args.batch_size),
-               "--repeat", str(args.repeat), "--out", str(args.out)]  # fmt: skip
+               "--repeat", str(args.repeat), "--out", str(args.out), "--before", args.before]  # fmt: skip
         cmd += [f"--engine-option={o}" for o in args.engine_option]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             err = (proc.stderr.strip().splitlines() or ["exit status " + str(proc.returncode)])[-1]
             print(f"[{s}] FAILED: {err}", file=sys.stderr)
-            results.append({"system": s, "description": DESCRIPTIONS[s], "error": err})
+            results.append(
+                {
+                    "system": s,
+                    "description": DESCRIPTIONS[s].format(quantize="auto", before=args.before[:7]),
+                    "error": err,
+                }
+            )
             continue
         r = json.loads(proc.stdout.strip().splitlines()[-1])
         print(
@@ -478,30 +590,54 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def targets(result: dict[str, Any]) -> str:
-    """Issue 13's throughput targets, as ratios from this one run (only when its systems ran)."""
+    """The throughput targets (issues 13 and 22), as ratios from this one run: through the server
+    (server-16 against server-16-fp32) where it ran, else in-process (engine-16, engine-16-fp32)."""
     by = {s["system"]: s for s in result["systems"] if "error" not in s}
-    ours, fp32 = by.get("engine-16"), by.get("engine-16-fp32")
-    if ours is None:
-        return ""
-    # Wall-clock utt/s is the target's measure; on a shared machine it also measures how much CPU
-    # each system won from the neighbours, so the ratio of CPU seconds per utterance is shown too.
-    lines = [
-        "",
-        "| target (issue 13) | ratio, utt/s | ratio, CPU s per utt | met (utt/s) |",
-        "|---|---:|---:|---|",
-    ]
-    for peer, need in (("fw-int8-seq", 2.0), ("fw-int8-workers", 1.5)):
-        if peer in by:
-            ratio = ours["utt_per_s"] / by[peer]["utt_per_s"]
-            cpu_ratio = by[peer]["cpu_s_per_utt"] / ours["cpu_s_per_utt"]
+    lines: list[str] = []
+    for ours_name, fp32_name in (("server-16", "server-16-fp32"), ("engine-16", "engine-16-fp32")):
+        ours, fp32 = by.get(ours_name), by.get(fp32_name)
+        if ours is None:
+            continue
+        # Wall-clock utt/s is the target's measure; on a shared machine it also measures how much CPU
+        # each system won from the neighbours, so the ratio of CPU seconds per utterance is shown too.
+        lines += [
+            "",
+            f"| target ({ours_name}) | ratio, utt/s | ratio, CPU s per utt | met (utt/s) |",
+            "|---|---:|---:|---|",
+        ]
+        for peer, need in (("fw-int8-seq", 2.0), ("fw-int8-workers", 1.5), ("server-16-before", 0.0)):
+            if peer in by and peer != ours_name:
+                ratio = ours["utt_per_s"] / by[peer]["utt_per_s"]
+                cpu_ratio = by[peer]["cpu_s_per_utt"] / ours["cpu_s_per_utt"]
+                goal = f">= {need}x " if need else "against "
+                met = ("yes" if ratio >= need else "no") if need else ""
+                lines.append(
+                    f"| {STREAMS} streams {goal}{by[peer]['description']} | {ratio:.2f}x | {cpu_ratio:.2f}x | {met} |"
+                )
+        if fp32 is not None:
+            delta = 100 * (ours["wer"] - fp32["wer"])
             lines.append(
-                f"| {STREAMS} streams >= {need}x {by[peer]['description']} | {ratio:.2f}x | {cpu_ratio:.2f}x "
-                f"| {'yes' if ratio >= need else 'no'} |"
+                f"| WER within 0.2 pt of fp32 | {delta:+.1f} pt | | {'yes' if delta <= 0.2 else 'no'} |"
             )
-    if fp32 is not None:
-        delta = 100 * (ours["wer"] - fp32["wer"])
-        lines.append(f"| WER within 0.2 pt of fp32 | {delta:+.1f} pt | | {'yes' if delta <= 0.2 else 'no'} |")
-    return "\n".join(lines) + "\n"
+    busy = [s for s in result["systems"] if "engine_busy_s_per_utt" in s]
+    if busy:
+        lines += [
+            "",
+            "| server | engine CPU s per utt | encode busy s / CPU s per utt | decode busy s / CPU s per utt "
+            "| scheduler blocked s per utt |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        for s in busy:
+            wall, cpu = s["engine_busy_s_per_utt"], s["engine_busy_cpu_s_per_utt"]
+
+            def pair(stage: str, wall: dict[str, float] = wall, cpu: dict[str, float] = cpu) -> str:
+                return f"{wall[stage]:.3f} / {cpu[stage]:.3f}" if stage in wall else "- (no metric)"
+
+            lines.append(
+                f"| {s['description']} | {s['engine_cpu_s_per_utt']:.3f} | {pair('encode')} | {pair('decode')} "
+                f"| {s['scheduler_blocked_s_per_utt']:.3f} |"
+            )
+    return "\n".join(lines) + "\n" if lines else ""
 
 
 if __name__ == "__main__":

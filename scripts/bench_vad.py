@@ -1,18 +1,17 @@
 #!/usr/bin/env python
-"""Endpointing cost per stream: the VAD as each stream ran it before, and batched across streams at
-the stream's own rate, side by side in one run.
+"""Endpointing cost per stream: the VAD run for each stream on its own, and batched across streams,
+side by side in one run.
 
     python scripts/bench_vad.py [--streams 1,32,128] [--chunks-ms 20,100] [--seconds 4]
 
 N telephone calls (8 kHz mu-law made by sox from real speech: jfk.flac, each call starting at a
 different point of it) go through what a frontend does per chunk: G.711 decode, resampling to
-16 kHz for the engine, VAD, the endpointer's state machine. Every call gets one chunk per tick (the
-batch is every call; in a server it is whatever arrived in one event-loop iteration). Four ways:
+16 kHz (what the VAD and the engine hear), VAD, the endpointer's state machine. Every call gets one
+chunk per tick (the batch is every call; in a server it is whatever arrived in one event-loop
+iteration). Two ways:
 
-  per-stream 16k   each call's VAD on its own, on the 16 kHz resampling (before this change)
-  per-stream 8k    each call's VAD on its own, on the 8 kHz audio as it came
-  batched 16k      one VAD call per tick for all calls, 16 kHz
-  batched 8k       one VAD call per tick for all calls, 8 kHz (the server's path for 8 kHz calls)
+  per-stream       each call's VAD on its own
+  batched          one VAD call per tick for all calls (the server's path)
 
 With --server N, it then runs N real-time calls of 8 kHz mu-law line noise (no speech: the engine
 idles, the frontend works) against `asr-server --frontends 1` of this checkout, and of another checkout
@@ -20,8 +19,8 @@ at the git ref given with --before (e.g. main), one after the other, and prints 
 per call (process_cpu_seconds_total) and the mean channels per VAD pass.
 
 Prints CPU per stream as % of one core (process CPU time over the audio's duration, per call), the
-VAD's share of it, and the ratio to per-stream 16k; then the utterance bounds each way finds on the
-real-speech sets (windows off the wideband recording's cuts). The machine is shared: the load average
+VAD's share of it, and the ratio to per-stream; then the utterance bounds found on the telephone
+audio of the real-speech sets (windows off the wideband recording's cuts). The machine is shared: the load average
 is printed before and after.
 """
 
@@ -46,11 +45,11 @@ from clients.client import RecognizerClient  # noqa: E402
 from harness.server import ServerProcess, checkout  # noqa: E402
 from harness.usage import Stopwatch  # noqa: E402
 from service.pipeline.audio import StreamDecoder  # noqa: E402
-from service.pipeline.endpointing import RATE, Endpointer, Utterance, load_vad  # noqa: E402
+from service.pipeline.endpointing import Endpointer, Utterance, load_vad  # noqa: E402
 from tests.support.audio import make_conversation, to_mulaw_8k_bytes, white_noise  # noqa: E402
 from tests.test_vad_batch import CALL, cut, jfk_16k, pocketsphinx_16k, telephone  # noqa: E402
 
-MODES = ("per-stream 16k", "per-stream 8k", "batched 16k", "batched 8k")
+MODES = ("per-stream", "batched")
 
 
 def jfk_call() -> bytes:
@@ -60,19 +59,14 @@ def jfk_call() -> bytes:
 def run(mode: str, calls: list[bytes], chunk_ms: int) -> tuple[float, float, int]:
     """(CPU seconds of the whole loop, of which VAD seconds, utterances found)."""
     vad = load_vad()
-    native = mode.endswith("8k")
     decoders = [StreamDecoder("MULAW", 8000, 1) for _ in calls]
-    eps = [Endpointer(vad_rate=8000 if native else RATE) for _ in calls]
+    eps = [Endpointer() for _ in calls]
     step = 8 * chunk_ms  # bytes: one per sample at 8 kHz
     vad_s, found = 0.0, 0
     loop = Stopwatch(descendants=False).start()
     for i in range(0, len(calls[0]), step):
         for data, decoder, ep in zip(calls, decoders, eps, strict=True):
-            if native:
-                x8, x16 = decoder.feed_native(data[i : i + step])
-                ep.push(x16[0], x8[0])
-            else:
-                ep.push(decoder.feed(data[i : i + step])[0])
+            ep.push(decoder.feed(data[i : i + step])[0])
         with Stopwatch(descendants=False) as scoring:
             if mode.startswith("batched"):
                 probs = vad.score([ep.vad_state for ep in eps], [ep.windows() for ep in eps])
@@ -102,9 +96,7 @@ def main() -> None:
     n_bytes = round(args.seconds * 8000)
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}  (2 cores, shared machine)")
     print(f"{args.seconds:g} s of 8 kHz mu-law per call (jfk.flac, each call from a different offset)\n")
-    print(
-        "| calls | chunk | path | CPU per call (% of a core) | of which VAD | vs per-stream 16k | utterances |"
-    )
+    print("| calls | chunk | path | CPU per call (% of a core) | of which VAD | vs per-stream | utterances |")
     print("|---:|---:|---|---:|---:|---:|---:|")
     for n in [int(x) for x in args.streams.split(",")]:
         offsets = [(k * 8000 * 7 // max(n, 1)) % len(jfk) for k in range(n)]
@@ -122,24 +114,16 @@ def main() -> None:
                 )
     print("\nUtterance bounds on telephone audio (8 kHz mu-law by sox), windows (32 ms) off the cuts of the")
     print("original wideband recording, summed over each set (and the worst boundary):\n")
-    print("| set | clips | utterances (wideband, 16k path, 8k path) | 16k path off | 8k path off |")
-    print("|---|---:|---|---:|---:|")
+    print("| set | clips | utterances (wideband, telephone) | telephone off |")
+    print("|---|---:|---|---:|")
     for name, clips, audio in bound_sets():
-        native, resampled = telephone(audio)
-        wideband, old, new = cut(audio, None), cut(resampled, None), cut(resampled, native)
-
-        def off(cuts: list[Utterance], wideband: list[Utterance] = wideband) -> list[int]:
-            return [
-                round(abs(x - y) / 0.032)
-                for u, w in zip(cuts, wideband, strict=False)
-                for x, y in ((u.start_s, w.start_s), (u.end_s, w.end_s))
-            ]
-
-        off_old, off_new = off(old), off(new)
-        print(
-            f"| {name} | {clips} | {len(wideband)}, {len(old)}, {len(new)} | {sum(off_old)} (max {max(off_old)}) "
-            f"| {sum(off_new)} (max {max(off_new)}) |"
-        )
+        wideband, phone = cut(audio), cut(telephone(audio))
+        off = [
+            round(abs(x - y) / 0.032)
+            for u, w in zip(phone, wideband, strict=False)
+            for x, y in ((u.start_s, w.start_s), (u.end_s, w.end_s))
+        ]
+        print(f"| {name} | {clips} | {len(wideband)}, {len(phone)} | {sum(off)} (max {max(off)}) |")
     if args.server:
         server_section(args)
     print(f"\nload average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")

@@ -13,6 +13,7 @@ from prometheus_client import REGISTRY
 from clients.client import RecognizerClient
 from engine import Engine
 from service.config import ServerConfig
+from service.runtime.interceptors import FLUSH_MESSAGES, CallMetrics
 from tests.support.audio import JFK_FLAC
 from tests.support.server import ServerThread, sync_stream
 
@@ -59,24 +60,49 @@ async def test_grpc_server_metrics_count_calls_messages_and_codes(asr_server: Se
     stream_sent = sample("grpc_server_msg_sent_total", **stream)
     streams_ok = sample("asr_streams_total", grpc_code="OK")
     finals = sample("asr_utterances_total", outcome="final")
+    audio_s = sample("asr_audio_seconds_total", channel_mode="mixdown")
 
     async with RecognizerClient(asr_server.target) as client:
         await client.recognize(JFK_FLAC.read_bytes(), asr_pb2.RecognitionConfig(encoding=asr_pb2.FLAC))
         with pytest.raises(aio.AioRpcError):
             await client.recognize(b"", asr_pb2.RecognitionConfig(encoding=asr_pb2.FLAC))
-        responses = [r async for r in client.stream_file(JFK_FLAC, chunk_ms=100)]
+        # 70 ms: the stream's length is no whole number of the audio counter's steps
+        responses = [r async for r in client.stream_file(JFK_FLAC, chunk_ms=70)]
 
     assert sample("grpc_server_started_total", **labels) == started + 2
     assert sample("grpc_server_handled_total", **labels, grpc_code="OK") == ok + 1
     assert sample("grpc_server_handled_total", **labels, grpc_code="INVALID_ARGUMENT") == bad + 1
     assert sample("grpc_server_handling_seconds_count", **labels) == handled_s + 2
-    chunks = -(-11_000 // 100)  # 11 s of audio in 100 ms chunks, plus the config
+    chunks = -(-11_000 // 70)  # 11 s of audio in 70 ms chunks, plus the config
     assert sample("grpc_server_msg_received_total", **stream) - stream_received in (chunks + 1, chunks + 2)
     assert sample("grpc_server_msg_sent_total", **stream) - stream_sent == len(responses)
     assert sample("asr_streams_total", grpc_code="OK") == streams_ok + 1
     assert sample("asr_utterances_total", outcome="final") >= finals + 4 + 1
     assert sample("asr_active_streams") == 0
-    assert sample("asr_audio_seconds_total", channel_mode="mixdown") > 0
+    # 11 s of the Recognize call, and 11 s of the stream: counted in steps while the stream runs, the rest
+    # added when it ends
+    assert sample("asr_audio_seconds_total", channel_mode="mixdown") - audio_s == pytest.approx(
+        22.0, abs=0.01
+    )
+
+
+def test_message_counts_reach_prometheus_in_batches_and_at_the_end() -> None:
+    """The interceptor adds a call's message counts every FLUSH_MESSAGES messages (so a long stream's
+    counters move while it runs) and the rest when it ends, instead of one counter write per message."""
+    labels = {"grpc_type": "bidi_stream", "grpc_service": "test.Batching", "grpc_method": "Count"}
+    call = CallMetrics(*labels.values())
+    for _ in range(FLUSH_MESSAGES - 1):
+        call.count_received()
+        call.count_sent()
+    assert sample("grpc_server_msg_received_total", **labels) == 0
+    call.count_received()
+    assert sample("grpc_server_msg_received_total", **labels) == FLUSH_MESSAGES
+    for _ in range(5):
+        call.count_received()
+    call.finish("OK")
+    assert sample("grpc_server_msg_received_total", **labels) == FLUSH_MESSAGES + 5
+    assert sample("grpc_server_msg_sent_total", **labels) == FLUSH_MESSAGES - 1
+    assert sample("grpc_server_handled_total", **labels, grpc_code="OK") == 1
 
 
 async def test_health_watch_streams_through_the_interceptor(asr_server: ServerThread) -> None:

@@ -1,4 +1,4 @@
-"""Batched VAD across streams (service/pipeline/vad_batch.py, SileroVad.score) and 8 kHz endpointing, on the real
+"""Batched VAD across streams (service/pipeline/vad_batch.py, SileroVad.score) and telephone endpointing, on the real
 silero-vad model with real speech (jfk.flac, pocketsphinx's librivox) and espeak-ng speech turned into
 telephone audio by sox; and through a real server with several calls at once."""
 
@@ -16,7 +16,7 @@ from prometheus_client import REGISTRY
 
 from clients.client import RecognizerClient
 from service.pipeline.audio import StreamDecoder
-from service.pipeline.endpointing import RATE, Endpointer, SileroVad, Utterance, load_vad
+from service.pipeline.endpointing import RATE, WINDOW, Endpointer, SileroVad, Utterance, load_vad
 from service.pipeline.vad_batch import VadBatcher
 from tests.support.audio import JFK_FLAC, make_conversation, to_mulaw_8k_bytes, white_noise
 from tests.support.server import ServerThread
@@ -28,11 +28,10 @@ CALL = [
 ]
 POCKETSPHINX = "/usr/share/pocketsphinx/test/data"
 WINDOW_S = 0.032
-# The 8 and 16 kHz models are different networks, and telephone audio is not the wideband recording: a
-# boundary of either telephone path lies up to 7 windows from the wideband one (a librivox end, both
-# paths alike). Measured here, 8 kHz vs 16 kHz, in windows off the wideband cuts summed over each set:
-# jfk 1 vs 1, librivox 11 vs 14, cards 9 vs 23, espeak 2 vs 2; no boundary more than 2 windows worse.
-BOUNDARY_SLACK_S = 3 * WINDOW_S + 1e-6
+# Telephone audio is not the wideband recording: a boundary of its cuts lies up to 7 windows from the
+# wideband one (a librivox end). Measured in windows off the wideband cuts summed over each set: jfk 1,
+# librivox 14, cards 23, espeak 2.
+BOUNDARY_SLACK_S = 8 * WINDOW_S + 1e-6
 
 
 def jfk_16k() -> np.ndarray:
@@ -51,62 +50,56 @@ def pocketsphinx_16k(folder: str) -> np.ndarray:
     return np.concatenate(parts)
 
 
-def telephone(audio16: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """sox's 8 kHz mu-law of the audio, decoded as a stream would be: (8 kHz, 16 kHz) float32."""
+def telephone(audio16: np.ndarray) -> np.ndarray:
+    """sox's 8 kHz mu-law of the audio, decoded and resampled to 16 kHz float32 as a stream would be."""
     data = to_mulaw_8k_bytes(audio16)
-    native, resampled = [], []
     decoder = StreamDecoder("MULAW", 8000, 1)
-    for i in range(0, len(data), 160):  # 20 ms telephone frames
-        n, r = decoder.feed_native(data[i : i + 160])
-        native.append(n[0])
-        resampled.append(r[0])
+    resampled = [decoder.feed(data[i : i + 160])[0] for i in range(0, len(data), 160)]  # 20 ms frames
     resampled.append(decoder.flush()[0])
-    return np.concatenate(native), np.concatenate(resampled)
+    return np.concatenate(resampled)
 
 
-def windows_of(audio: np.ndarray, rate: int) -> np.ndarray:
-    window = 512 if rate == RATE else 256
-    n = len(audio) // window
-    return audio[: n * window].reshape(n, window)
+def windows_of(audio: np.ndarray) -> np.ndarray:
+    n = len(audio) // WINDOW
+    return audio[: n * WINDOW].reshape(n, WINDOW)
 
 
 def test_batched_probabilities_equal_one_stream_at_a_time() -> None:
-    """Streams of different lengths and rates, fed in ticks of different sizes: each channel's
-    probabilities are the same whether it is scored alone or in a batch with the others."""
+    """Streams of different lengths (wideband and telephone), fed in ticks of different sizes: each
+    channel's probabilities are the same whether it is scored alone or in a batch with the others."""
     vad = load_vad()
     conversation, _ = make_conversation(CALL[:2], pause_s=0.5)
     jfk = jfk_16k()
-    native_jfk, _ = telephone(jfk)
-    native_call, _ = telephone(conversation)
-    streams = [  # (audio at its VAD rate, rate, windows per tick)
-        (windows_of(jfk, RATE), RATE, 3),
-        (windows_of(conversation, RATE), RATE, 1),
-        (windows_of(native_jfk, 8000), 8000, 3),
-        (windows_of(native_call, 8000), 8000, 1),
-        (windows_of(white_noise(4.0, dbfs=-30), RATE), RATE, 5),
-        (windows_of(native_call[: 8000 * 2], 8000), 8000, 2),
+    phone_jfk, phone_call = telephone(jfk), telephone(conversation)
+    streams = [  # (windows, windows per tick)
+        (windows_of(jfk), 3),
+        (windows_of(conversation), 1),
+        (windows_of(phone_jfk), 3),
+        (windows_of(phone_call), 1),
+        (windows_of(white_noise(4.0, dbfs=-30)), 5),
+        (windows_of(phone_call[: RATE * 2]), 2),
     ]
     alone = []
-    for windows, rate, per_tick in streams:
-        state = vad.new_state(rate)
+    for windows, per_tick in streams:
+        state = vad.new_state()
         alone.append(
             np.concatenate([vad(state, windows[i : i + per_tick]) for i in range(0, len(windows), per_tick)])
         )
-    states = [vad.new_state(rate) for _, rate, _ in streams]
+    states = [vad.new_state() for _ in streams]
     batched: list[list[np.ndarray]] = [[] for _ in streams]
-    ticks = max(-(-len(w) // k) for w, _, k in streams)
+    ticks = max(-(-len(w) // k) for w, k in streams)
     sizes = []
     for t in range(ticks):
-        chunks = [w[t * k : (t + 1) * k] for w, _, k in streams]
+        chunks = [w[t * k : (t + 1) * k] for w, k in streams]
         sizes.append(sum(1 for c in chunks if len(c)))
         for out, probs in zip(batched, vad.score(states, chunks), strict=True):
             out.append(probs)
     assert max(sizes) == len(streams) and min(sizes) < len(streams)  # streams of different lengths
     noise = 4
-    for k, ((windows, rate, _), a, b) in enumerate(zip(streams, alone, batched, strict=True)):
+    for k, ((windows, _), a, b) in enumerate(zip(streams, alone, batched, strict=True)):
         b_all = np.concatenate(b)
         assert len(a) == len(b_all) == len(windows)
-        np.testing.assert_allclose(b_all, a, atol=1e-5, err_msg=f"{rate} Hz stream")
+        np.testing.assert_allclose(b_all, a, atol=1e-5, err_msg=f"stream {k}")
         assert a.max() < 0.5 if k == noise else a.max() > 0.9  # speech was heard in speech, none in noise
 
 
@@ -114,11 +107,11 @@ def test_one_stream_alone_keeps_its_fast_path_and_state_across_paths() -> None:
     """A channel can be scored alone (the 16 kHz sequence model) one tick and in a batch the next: the
     state carries over and the probabilities match a channel scored alone throughout."""
     vad = SileroVad()
-    windows = windows_of(jfk_16k(), RATE)
+    windows = windows_of(jfk_16k())
     ref_state = vad.new_state()
     reference = vad(ref_state, windows)
     state, other = vad.new_state(), vad.new_state()
-    noise = windows_of(white_noise(len(windows) * 0.032, dbfs=-30), RATE)
+    noise = windows_of(white_noise(len(windows) * 0.032, dbfs=-30))
     mixed = []
     for i in range(0, len(windows), 4):
         if i // 4 % 2:
@@ -128,56 +121,49 @@ def test_one_stream_alone_keeps_its_fast_path_and_state_across_paths() -> None:
     np.testing.assert_allclose(np.concatenate(mixed), reference, atol=1e-5)
 
 
-def cut(audio16: np.ndarray, native: np.ndarray | None, chunk_s: float = 0.02) -> list[Utterance]:
-    ep = Endpointer(vad_rate=RATE if native is None else 8000)
+def cut(audio16: np.ndarray, chunk_s: float = 0.02) -> list[Utterance]:
+    ep = Endpointer()
     events = []
     step16 = round(chunk_s * RATE)
     for i in range(0, max(len(audio16), 1), step16):
-        part = None if native is None else native[i // 2 : (i + step16) // 2]
-        events += ep.feed(audio16[i : i + step16], part)
+        events += ep.feed(audio16[i : i + step16])
     events += ep.catch_up() + ep.flush()
     return [e for e in events if isinstance(e, Utterance)]
 
 
 @pytest.mark.parametrize("source", ["jfk", "librivox", "cards", "espeak"])
-def test_8k_vad_cuts_telephone_speech_as_the_16k_vad_did(source: str) -> None:
-    """Telephone audio scored as it came (8 kHz model) is cut into the utterances that scoring its 16 kHz
-    resampling gave; against the cuts of the original wideband recording, its boundaries are within a
-    few windows and no farther off in total than the 16 kHz path's."""
+def test_telephone_speech_is_cut_as_the_wideband_recording(source: str) -> None:
+    """Telephone audio (8 kHz mu-law, resampled to 16 kHz as a stream's is) is cut into the utterances of
+    the original wideband recording, each boundary within a few windows of the wideband one."""
     if source == "jfk":
         audio = jfk_16k()
     elif source == "espeak":
         audio = make_conversation(CALL, pause_s=1.0)[0]
     else:
         audio = pocketsphinx_16k(source)
-    native, resampled = telephone(audio)
-    wideband, before, after = cut(audio, None), cut(resampled, None), cut(resampled, native)
-    assert len(before) >= 2, before
-    assert [u.index for u in after] == [u.index for u in before] == [u.index for u in wideband]
-
-    def off(cuts: list[Utterance]) -> list[float]:
-        return [
-            abs(x - y)
-            for u, w in zip(cuts, wideband, strict=True)
-            for x, y in ((u.start_s, w.start_s), (u.end_s, w.end_s))
-        ]
-
-    for new, old in zip(off(after), off(before), strict=True):
-        assert new <= old + BOUNDARY_SLACK_S, (after, before, wideband)
-    assert sum(off(after)) <= sum(off(before)) + 2 * WINDOW_S, (after, before, wideband)
-    assert [u.forced_cut for u in after] == [u.forced_cut for u in before]
+    wideband, phone = cut(audio), cut(telephone(audio))
+    assert len(phone) >= 2, phone
+    assert [u.index for u in phone] == [u.index for u in wideband]
+    for u, w in zip(phone, wideband, strict=True):
+        assert (
+            abs(u.start_s - w.start_s) <= BOUNDARY_SLACK_S and abs(u.end_s - w.end_s) <= BOUNDARY_SLACK_S
+        ), (
+            phone,
+            wideband,
+        )
+    assert [u.forced_cut for u in phone] == [u.forced_cut for u in wideband]
 
 
 def test_batcher_pass_gives_the_events_of_one_endpointer_fed_alone() -> None:
-    """Three 8 kHz calls and one 16 kHz call through one VadBatcher tick after tick: each gets the events
-    it would have got fed on its own."""
+    """Three telephone calls and one wideband call through one VadBatcher tick after tick: each gets the
+    events it would have got fed on its own."""
     conversation, _ = make_conversation(CALL[:2], pause_s=0.8)
-    native, resampled = telephone(conversation)
+    resampled = telephone(conversation)
     jfk = jfk_16k()
 
     async def main() -> list[list[Utterance]]:
         batcher = VadBatcher()
-        eps = [Endpointer(vad_rate=8000) for _ in range(3)] + [Endpointer()]
+        eps = [Endpointer() for _ in range(4)]
         got: list[list[Utterance]] = [[] for _ in eps]
 
         def on_scored(probs: list[np.ndarray] | Exception) -> None:
@@ -191,7 +177,7 @@ def test_batcher_pass_gives_the_events_of_one_endpointer_fed_alone() -> None:
             for ep, lag in zip(eps, lags, strict=False):
                 j = i - lag
                 if 0 <= j < len(resampled):
-                    ep.push(resampled[j : j + step], native[j // 2 : (j + step) // 2])
+                    ep.push(resampled[j : j + step])
             eps[3].push(jfk[i : i + step])
             batcher.request("calls", eps, on_scored)
             await asyncio.sleep(0)  # the tick
@@ -200,7 +186,7 @@ def test_batcher_pass_gives_the_events_of_one_endpointer_fed_alone() -> None:
         return got
 
     got = asyncio.run(main())
-    alone = [cut(resampled, native)] * 3 + [cut(jfk, None)]
+    alone = [cut(resampled)] * 3 + [cut(jfk)]
     for g, a in zip(got, alone, strict=True):
         assert [(u.start_s, u.end_s, u.index) for u in g] == [(u.start_s, u.end_s, u.index) for u in a]
         assert len(g) >= 2

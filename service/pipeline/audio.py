@@ -137,13 +137,6 @@ class StreamDecoder:
             x = self._resampler.resample_chunk(x)
         return _finish(x)
 
-    def feed_native(self, chunk: bytes | memoryview) -> tuple[np.ndarray, np.ndarray]:
-        """As feed(), and the decoded audio at the input rate too: ([channels, n], [channels, m] at 16 kHz)."""
-        x = self._decode(chunk)
-        self.samples_in += x.shape[0]
-        y = x if self._resampler is None else self._resampler.resample_chunk(x)
-        return np.ascontiguousarray(x.T), _finish(y)
-
     def flush(self) -> np.ndarray:
         """End of stream: drain what the resampler still holds."""
         if self._resampler is None:

@@ -9,9 +9,10 @@ silence is long enough to confirm it).
 Who computes the probabilities is separate from what the state machine does with them: `feed()` scores
 one channel on its own (tools, Recognize, tests), while a stream server pushes audio
 (`push()`), lets service/pipeline/vad_batch.py score the `windows()` of every channel of every stream in one
-batched call per event-loop tick, and hands the probabilities back (`advance()`). The VAD runs at the
-stream's own rate where silero has a model for it: 8 kHz telephone audio is scored as it came (256-sample
-windows, the same 32 ms), without being resampled first; utterance audio stays 16 kHz for the engine.
+batched call per event-loop tick, and hands the probabilities back (`advance()`). Telephone audio is
+scored on its 16 kHz resampling, the engine's audio: silero's 8 kHz model on the call's own audio cost
+about a fifth less VAD CPU but cut real speech into utterances the engine transcribed worse (WER 9.7 vs
+7.0 % through the server at 16 real-time calls; docs/benchmarks.md "Endpointing cost: batched VAD").
 """
 
 from __future__ import annotations
@@ -34,22 +35,6 @@ _MAX_WINDOWS_PER_CALL = 32  # ~1 s: batching windows into one call costs ~half p
 # probabilities to the stock model, which runs one window of many streams per call at 8 or 16 kHz.
 _MODEL = "silero_vad_16k_sequence.onnx"
 _BATCH_MODEL = "silero_vad.onnx"
-# Rates silero scores natively: window and context in samples, both 32 ms and 4 ms at every rate.
-VAD_RATES = {16000: (512, 64), 8000: (256, 32)}
-
-
-# Rates a stream's VAD may run at besides 16 kHz. Empty: silero's 8 kHz model on the call's own audio
-# measured ~4x slower end of speech -> final at 16 real-time calls (p50/p95 1.65/6.27 s against
-# 0.52/0.82 s at 16 kHz, real speech, docs/benchmarks.md "Latency under load"): its cuts cost the engine
-# more. Telephone audio is resampled for the engine anyway; the 8 kHz path stays (Endpointer(vad_rate=...))
-# for when a measurement favours it.
-NATIVE_VAD_RATES: frozenset[int] = frozenset()
-
-
-def vad_rate_for(sample_rate_hertz: int) -> int:
-    """The rate a stream's VAD runs at: its own where that is in NATIVE_VAD_RATES, else 16 kHz (after the
-    resampling the engine needs anyway)."""
-    return sample_rate_hertz if sample_rate_hertz in NATIVE_VAD_RATES else RATE
 
 
 class EndpointingError(ValueError):
@@ -176,20 +161,15 @@ class VadState:
     """Per-channel recurrent state of the model (the LSTM's h and c, stacked as the stock model keeps
     them) and the tail of the last window scored: a few KB."""
 
-    rate: int = RATE
     state: np.ndarray = field(default_factory=lambda: np.zeros((2, 128), dtype=np.float32))
     context: np.ndarray = field(default_factory=lambda: np.zeros(_CONTEXT, dtype=np.float32))
-
-    @property
-    def window(self) -> int:
-        return VAD_RATES[self.rate][0]
 
 
 class SileroVad:
     """silero-vad through onnxruntime: shared by all streams of a process (run() is thread-safe).
 
     `score()` is the one place probabilities are computed: any number of channels, each with any number
-    of windows, at 8 or 16 kHz. Channels are batched a window at a time (the LSTM makes a channel's own
+    of windows. Channels are batched a window at a time (the LSTM makes a channel's own
     windows sequential), so N streams with a window each cost one call, not N.
     """
 
@@ -205,34 +185,29 @@ class SileroVad:
         self._batch = ort.InferenceSession(
             str(_model_path(_BATCH_MODEL)), sess_options=opts, providers=["CPUExecutionProvider"]
         )
-        self._rates = {rate: np.array(rate, dtype=np.int64) for rate in VAD_RATES}
+        self._rate = np.array(RATE, dtype=np.int64)
 
-    def new_state(self, rate: int = RATE) -> VadState:
-        if rate not in VAD_RATES:
-            raise ValueError(f"silero-vad scores {sorted(VAD_RATES)} Hz audio, not {rate}")
-        return VadState(rate=rate, context=np.zeros(VAD_RATES[rate][1], dtype=np.float32))
+    def new_state(self) -> VadState:
+        return VadState()
 
     def __call__(self, state: VadState, windows: np.ndarray) -> np.ndarray:
         """Speech probability of each window of one channel ([n, window]); advances `state`."""
         return self.score([state], [windows])[0]
 
     def score(self, states: Sequence[VadState], windows: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """Speech probability of each window of each channel (windows[i] is [n_i, window] at
-        states[i].rate); advances every state. One channel alone at 16 kHz runs the sequence export
-        (many windows in one call); anything else runs batched across channels, a window at a time."""
+        """Speech probability of each window of each channel (windows[i] is [n_i, WINDOW]); advances
+        every state. One channel alone runs the sequence export (many windows in one call); more run
+        batched across channels, a window at a time."""
         out = [_EMPTY] * len(states)
-        for rate in VAD_RATES:
-            group = [i for i, s in enumerate(states) if s.rate == rate and len(windows[i])]
-            if len(group) == 1 and rate == RATE:
-                i = group[0]
-                out[i] = self._sequence(states[i], windows[i])
-            elif group:
-                for i, probs in zip(
-                    group,
-                    self._batched(rate, [states[i] for i in group], [windows[i] for i in group]),
-                    strict=True,
-                ):
-                    out[i] = probs
+        group = [i for i in range(len(states)) if len(windows[i])]
+        if len(group) == 1:
+            i = group[0]
+            out[i] = self._sequence(states[i], windows[i])
+        elif group:
+            for i, probs in zip(
+                group, self._batched([states[i] for i in group], [windows[i] for i in group]), strict=True
+            ):
+                out[i] = probs
         return out
 
     def _sequence(self, state: VadState, windows: np.ndarray) -> np.ndarray:
@@ -249,8 +224,8 @@ class SileroVad:
         state.context = windows[-1, -_CONTEXT:].copy()
         return np.asarray(probs, dtype=np.float32).reshape(-1)
 
-    def _batched(self, rate: int, states: list[VadState], windows: list[np.ndarray]) -> list[np.ndarray]:
-        window, ctx = VAD_RATES[rate]
+    def _batched(self, states: list[VadState], windows: list[np.ndarray]) -> list[np.ndarray]:
+        window, ctx = WINDOW, _CONTEXT
         counts = np.array([len(w) for w in windows])
         probs = [np.empty(n, dtype=np.float32) for n in counts]
         live = list(range(len(states)))
@@ -265,7 +240,7 @@ class SileroVad:
                 batch[row, :ctx] = states[i].context if d == 0 else w[d - 1, -ctx:]
                 batch[row, ctx:] = w[d]
                 state[:, row] = states[i].state
-            p, state_n = self._batch.run(None, {"input": batch, "state": state, "sr": self._rates[rate]})
+            p, state_n = self._batch.run(None, {"input": batch, "state": state, "sr": self._rate})
             p = np.asarray(p).reshape(-1)
             for row, i in enumerate(live):
                 probs[i][d] = p[row]
@@ -303,17 +278,13 @@ class Endpointer:
         self,
         settings: EndpointSettings | None = None,
         vad: SileroVad | None = None,
-        vad_rate: int = RATE,
         *,
         speculative: bool = False,
     ) -> None:
         self.settings = s = settings or EndpointSettings()
         s.validate()
         self._vad = vad or load_vad()
-        self.vad_state = self._vad.new_state(vad_rate)
-        # Audio at the VAD's rate not yet scored, when that is not the 16 kHz of the buffer below.
-        self._native = np.zeros(0 if vad_rate == RATE else RATE, dtype=np.float32)
-        self._native_len = 0
+        self.vad_state = self._vad.new_state()
         self._pad = round(s.speech_pad_s * RATE)
         self._max_len = round(s.max_utterance_s * RATE)
         self._min_silence = round(s.min_silence_s * RATE)
@@ -366,51 +337,24 @@ class Endpointer:
         """Seconds of audio pushed and not yet scored."""
         return (self._buf_start + self._buf_len - self._scored) / RATE
 
-    @property
-    def vad_rate(self) -> int:
-        return self.vad_state.rate
-
-    def feed(self, samples: np.ndarray, native: np.ndarray | None = None) -> list[Event]:
-        """16 kHz samples in (and, when the VAD runs at the stream's own rate, the same audio at that
-        rate), scored here on their own; events out."""
+    def feed(self, samples: np.ndarray) -> list[Event]:
+        """16 kHz samples in, scored here on their own; events out."""
         events: list[Event] = []
         step = _MAX_WINDOWS_PER_CALL * WINDOW
-        native_step = step * self.vad_rate // RATE
-        slices = -(-len(samples) // step)
-        if native is not None:
-            slices = max(slices, -(-len(native) // native_step))
-        for k in range(slices):  # bounded slices keep the buffer bounded
-            part = None if native is None else native[k * native_step : (k + 1) * native_step]
-            self.push(samples[k * step : (k + 1) * step], part)
+        for k in range(-(-len(samples) // step)):  # bounded slices keep the buffer bounded
+            self.push(samples[k * step : (k + 1) * step])
             events += self.advance(self._vad(self.vad_state, self.windows()))
         return events
 
-    def push(self, samples: np.ndarray, native: np.ndarray | None = None) -> None:
-        """Append audio to be scored later (`windows()`, then `advance()` with their probabilities).
-        `native`: the same audio at the VAD's rate, required when that is not 16 kHz."""
-        if (native is None) != (self.vad_rate == RATE):
-            raise ValueError(f"this endpointer scores {self.vad_rate} Hz audio: pass it as `native`")
+    def push(self, samples: np.ndarray) -> None:
+        """Append 16 kHz audio to be scored later (`windows()`, then `advance()` with their probabilities)."""
         self._append(np.asarray(samples, dtype=np.float32))
-        if native is not None and len(native):
-            need = self._native_len + len(native)
-            if need > len(self._native):
-                grown = np.zeros(max(need, 2 * len(self._native)), dtype=np.float32)
-                grown[: self._native_len] = self._native[: self._native_len]
-                self._native = grown
-            self._native[self._native_len : need] = native
-            self._native_len = need
 
     def windows(self) -> np.ndarray:
-        """The windows ready to score, [n, window] at the VAD's rate: a view, valid until the next
-        push() or advance(). At 8 kHz, a window is ready once its 16 kHz audio is here too (the
-        resampler holds a few ms back), so that both cover the same 32 ms."""
+        """The windows ready to score, [n, WINDOW]: a view, valid until the next push() or advance()."""
         n = (self._buf_start + self._buf_len - self._scored) // WINDOW
-        if self.vad_rate == RATE:
-            start = self._scored - self._buf_start
-            return self._buf[start : start + n * WINDOW].reshape(n, WINDOW)
-        window = self.vad_state.window
-        n = min(n, self._native_len // window)
-        return self._native[: n * window].reshape(n, window)
+        start = self._scored - self._buf_start
+        return self._buf[start : start + n * WINDOW].reshape(n, WINDOW)
 
     def advance(self, probs: np.ndarray) -> list[Event]:
         """Run the state machine over the next len(probs) windows (the probabilities of `windows()`)."""
@@ -420,10 +364,6 @@ class Endpointer:
             start = self._scored - self._buf_start
             windows = self._buf[start : start + n * WINDOW].reshape(n, WINDOW)
             rms = np.sqrt(np.mean(windows**2, axis=1))
-            if self._native_len:
-                used = n * self.vad_state.window
-                self._native[: self._native_len - used] = self._native[used : self._native_len]
-                self._native_len -= used
             for p, r in zip(np.asarray(probs).tolist(), rms.tolist(), strict=True):
                 self._scored += WINDOW
                 self._step(p, r, events)
@@ -612,8 +552,6 @@ class ManualTurns:
     the end of the stream) ends; no speech events. It offers the VAD no windows, so it rides a stream's VAD
     pass at no cost; what it holds is bounded by the stream's --max-buffer-seconds (pipeline/session.py)."""
 
-    vad_rate = RATE
-
     def __init__(self) -> None:
         self.vad_state = VadState()  # never advanced: there is nothing to score
         self._buf = np.zeros(RATE, dtype=np.float32)
@@ -641,7 +579,7 @@ class ManualTurns:
     def partial(self) -> np.ndarray | None:
         return self._buf[: self._len].copy() if self._len else None
 
-    def push(self, samples: np.ndarray, native: np.ndarray | None = None) -> None:
+    def push(self, samples: np.ndarray) -> None:
         need = self._len + len(samples)
         if need > len(self._buf):
             grown = np.zeros(max(need, 2 * len(self._buf)), dtype=np.float32)

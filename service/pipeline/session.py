@@ -60,7 +60,6 @@ from service.pipeline.endpointing import (
     SpeechEnded,
     SpeechStarted,
     Utterance,
-    vad_rate_for,
 )
 from service.pipeline.interim import InterimPolicy
 from service.pipeline.options import StreamPlan
@@ -144,6 +143,12 @@ class _Channel:
     results: ChannelResults = field(default_factory=lambda: ChannelResults(ResultOptions(), 0))
 
 
+# Per-chunk figures reach Prometheus in steps: in multiprocess mode each write is a lock and an mmap write,
+# a measurable share of a frontend's CPU when done for every 20 ms chunk of every stream.
+_METRIC_FLUSH_S = 1.0  # asr_audio_seconds_total: added every second of a stream's audio, and at its end
+_BUFFER_STEP_S = 0.1  # asr_stream_buffer_seconds: each stream's share, to a tenth of a second
+
+
 def _observe_since(start: float, histogram: Histogram = metrics.UTTERANCE_LATENCY) -> None:
     histogram.observe(time.monotonic() - start)
 
@@ -163,15 +168,13 @@ class StreamSession:
         self.decoder = StreamDecoder(settings.encoding, settings.sample_rate_hertz, settings.channels)
         n = settings.channels if settings.separate_channels else 1
         ep = settings.endpointing
-        vad_rate = vad_rate_for(settings.sample_rate_hertz) if ep is not None else TARGET_RATE
-        self._vad_native = vad_rate != TARGET_RATE  # 8 kHz: scored as it came, not resampled first
         self._vad = vad_batcher()
         self.channels = [
             _Channel(
                 tag=i + 1 if settings.separate_channels else 0,
                 endpointer=ManualTurns()
                 if ep is None
-                else Endpointer(ep, vad_rate=vad_rate, speculative=config.speculative_endpointing),
+                else Endpointer(ep, speculative=config.speculative_endpointing),
             )
             for i in range(n)
         ]
@@ -185,6 +188,7 @@ class StreamSession:
         else:
             self.channel_mode = "separate" if settings.separate_channels else "mixdown"
         self._audio_counter = metrics.AUDIO_SECONDS.labels(self.channel_mode)
+        self._audio_unflushed_s = 0.0  # received, not yet added to asr_audio_seconds_total
         # None tells the writer to end the stream, with _end_status (None: OK). Bounded in bytes
         # (--max-response-backlog-bytes, event_size): a client that does not read cannot grow it past that.
         self._out: asyncio.Queue[_Out | None] = asyncio.Queue()
@@ -379,6 +383,7 @@ class StreamSession:
         if self._idle_timer is not None:
             self._idle_timer.cancel()
         self._set_buffer(0.0)
+        self._flush_audio_seconds()
         self._drop_queued()  # never to be sent
 
     async def close(self) -> None:
@@ -476,7 +481,9 @@ class StreamSession:
             self._finish_input(flush=True)
             return
         self._received_s += seconds
-        self._audio_counter.inc(seconds)
+        self._audio_unflushed_s += seconds
+        if self._audio_unflushed_s >= _METRIC_FLUSH_S:
+            self._flush_audio_seconds()
         self._push(chunk)
         if self._vad.waiting(self) and max(ep.unscored_s for ep in self._endpointers) >= _SCORE_NOW_S:
             # Audio piles up before the pass: the client sends faster than real time. Endpoint now, as
@@ -489,19 +496,13 @@ class StreamSession:
 
     def _push(self, chunk: bytes) -> None:
         """Decoded audio -> endpointer of each channel (or the mixdown), to be scored."""
-        native: np.ndarray | None = None
-        if self._vad_native:  # the VAD scores the audio as it came; the 16 kHz is for the engine
-            native, audio = self.decoder.feed_native(chunk)
-        else:
-            audio = self.decoder.feed(chunk)
-        self._push_audio(audio, native)
+        self._push_audio(self.decoder.feed(chunk))
 
-    def _push_audio(self, audio: np.ndarray, native: np.ndarray | None) -> None:
+    def _push_audio(self, audio: np.ndarray) -> None:
         if not self.settings.separate_channels:
             audio = mixdown(audio)[None]
-            native = None if native is None else mixdown(native)[None]
         for i, ch in enumerate(self.channels):
-            ch.endpointer.push(audio[i], None if native is None else native[i])
+            ch.endpointer.push(audio[i])
 
     def _on_scored(self, probs: list[np.ndarray] | Exception) -> None:
         """This tick's VAD probabilities for each channel: events, interims, buffer limits."""
@@ -623,7 +624,7 @@ class StreamSession:
         if flush:
             try:
                 tail = self.decoder.flush()
-                self._push_audio(tail, tail[:, :0] if self._vad_native else None)
+                self._push_audio(tail)
                 self._endpoint(self._vad.score_now(self._endpointers))  # no wait for the tick
                 for ch in self.channels:
                     for event in ch.endpointer.flush() if self.state.takes_audio else []:
@@ -682,8 +683,16 @@ class StreamSession:
             )
 
     def _set_buffer(self, seconds: float) -> None:
-        metrics.STREAM_BUFFER_SECONDS.inc(seconds - self._buffer_s)
-        self._buffer_s = seconds
+        # To _BUFFER_STEP_S: the gauge moves a few times a second per stream, not at every chunk.
+        shown = round(seconds / _BUFFER_STEP_S) * _BUFFER_STEP_S
+        if shown != self._buffer_s:
+            metrics.STREAM_BUFFER_SECONDS.inc(shown - self._buffer_s)
+            self._buffer_s = shown
+
+    def _flush_audio_seconds(self) -> None:
+        if self._audio_unflushed_s:
+            self._audio_counter.inc(self._audio_unflushed_s)
+            self._audio_unflushed_s = 0.0
 
     # --- finals, in order per channel ---
 

@@ -45,7 +45,6 @@ import asyncio
 import contextlib
 import ctypes
 import logging
-import math
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -67,6 +66,7 @@ from prometheus_client.registry import Collector
 
 from engine.config import EngineConfig
 from engine.core_process import HEARTBEAT_PENDING, HEARTBEAT_PROGRESS, HEARTBEAT_PUBLISHED, HEARTBEAT_SLOTS
+from engine.cpus import usable_cpus
 from service.config import ServerConfig
 from service.core.stream_limit import SharedStreamCounts, SharedStreamLimit
 from service.runtime.exits import EXIT_ENGINE_FAILED, EXIT_LOAD_FAILED, EXIT_OK
@@ -83,27 +83,6 @@ OUTSIDE_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 
 # --- how many frontends ---
-
-
-def usable_cpus() -> int:
-    """CPUs this process may use: its affinity mask, capped by a cgroup CPU quota (a pod's limit)."""
-    cpus = len(os.sched_getaffinity(0))
-    quota: float | None = None
-    with contextlib.suppress(OSError, ValueError):
-        text = (
-            Path("/sys/fs/cgroup/cpu.max").read_text().split()
-        )  # cgroup v2: "max 100000" or "200000 100000"
-        if text[0] != "max":
-            quota = int(text[0]) / int(text[1])
-    if quota is None:
-        with contextlib.suppress(OSError, ValueError):  # cgroup v1
-            us = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())
-            period = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text())
-            if us > 0:
-                quota = us / period
-    if quota is not None:
-        cpus = min(cpus, max(1, math.ceil(quota)))
-    return cpus
 
 
 def default_frontends(cpus: int | None = None) -> int:

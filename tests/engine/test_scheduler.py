@@ -256,6 +256,23 @@ def test_encoder_blocking_is_measured_only_while_sequences_decode(random_model: 
         long.future.result(timeout=60)
 
 
+def test_busy_time_is_counted_by_stage_and_not_while_idle(random_model: Path) -> None:
+    series = [(name, stage) for name in ("asr_engine_busy_seconds", "asr_engine_busy_cpu_seconds")
+              for stage in ("encode", "decode")]  # fmt: skip
+
+    def busy() -> dict[tuple[str, str], float]:
+        return {(n, s): REGISTRY.get_sample_value(f"{n}_total", {"stage": s}) or 0.0 for n, s in series}
+
+    with running(random_model, batch_window_ms=1.0) as engine:
+        before = busy()
+        engine.submit(noise(1, 0), DecodeOptions(max_new_tokens=8)).future.result(timeout=30)
+        time.sleep(0.2)  # the result resolves inside the decode stage, which is counted as it ends
+        worked = busy()
+        assert all(worked[k] > before[k] for k in series), (before, worked)
+        time.sleep(0.3)  # the loop wakes while idle (its heartbeat): that is not work
+        assert busy() == worked
+
+
 def test_a_failing_utterance_fails_alone_and_the_engine_keeps_serving(random_model: Path) -> None:
     def hook(req: object) -> None:
         if getattr(req, "id", "") == "bad":
