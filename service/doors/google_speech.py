@@ -28,7 +28,7 @@ import grpc
 import numpy as np
 from google.cloud.speech_v1.types import cloud_speech
 from google.longrunning import operations_pb2
-from google.protobuf import any_pb2, duration_pb2, timestamp_pb2
+from google.protobuf import any_pb2, descriptor_pb2, descriptor_pool, duration_pb2, timestamp_pb2
 from grpc import aio
 
 from service.core.errors import Code, RecognitionError
@@ -55,6 +55,44 @@ log = logging.getLogger("service.doors.google_speech")
 
 SERVICE = "google.cloud.speech.v1.Speech"
 OPERATIONS_SERVICE = "google.longrunning.Operations"
+
+
+def _describe_service() -> None:
+    """google-cloud-speech carries Speech's messages (proto-plus puts them in the default descriptor pool)
+    but not the service itself, so server reflection (buf curl, grpcurl) could list it yet not describe it:
+    a file declaring it over those messages goes into the pool once."""
+    pool = descriptor_pool.Default()
+    try:
+        pool.FindServiceByName(SERVICE)
+        return
+    except KeyError:
+        pass
+    messages = pool.FindMessageTypeByName("google.cloud.speech.v1.RecognizeRequest").file.name
+    service = descriptor_pb2.ServiceDescriptorProto(name="Speech")
+    for name, request, response, streaming in (
+        ("Recognize", ".google.cloud.speech.v1.RecognizeRequest", ".google.cloud.speech.v1.RecognizeResponse", False),
+        ("LongRunningRecognize", ".google.cloud.speech.v1.LongRunningRecognizeRequest", ".google.longrunning.Operation", False),
+        ("StreamingRecognize", ".google.cloud.speech.v1.StreamingRecognizeRequest", ".google.cloud.speech.v1.StreamingRecognizeResponse", True),
+    ):  # fmt: skip
+        service.method.add(
+            name=name,
+            input_type=request,
+            output_type=response,
+            client_streaming=streaming,
+            server_streaming=streaming,
+        )
+    pool.Add(
+        descriptor_pb2.FileDescriptorProto(
+            name="google/cloud/speech_v1/speech_service.proto",
+            package="google.cloud.speech.v1",
+            dependency=[messages, operations_pb2.DESCRIPTOR.name],
+            service=[service],
+            syntax="proto3",
+        )
+    )
+
+
+_describe_service()
 DOOR = "google"
 FIRST_REQUEST_TIMEOUT_S = 10.0  # a stream that sends no config is not kept waiting for it
 
