@@ -37,6 +37,7 @@ from service.core.types import (
     SpeechStarted,
     StreamSettings,
 )
+from service.doors.grpc_calls import StreamCall
 from service.doors.grpc_status import core_code, grpc_code
 from service.runtime.auth import bearer_token, identity
 
@@ -294,29 +295,18 @@ class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
         stream: Stream | None = None
         reader: asyncio.Task[None] | None = None
 
-        def rpc_done(ctx: aio.ServicerContext) -> None:
-            # A cancel or deadline that lands while the generator is parked at `yield` (gRPC sending a
-            # response) ends the RPC without resuming the generator: its `finally` would only run when
-            # it is garbage-collected, and until then the stream would hold its place and its slots.
-            remaining = ctx.time_remaining()
-            expired = remaining is not None and remaining <= 0
-            if reader is not None:
-                reader.cancel()
-            if stream is not None:
-                stream.cancel(Code.DEADLINE_EXCEEDED if expired else Code.CANCELLED)
-
         try:
             first = await self._first_request(request_iterator)
             # translated once admitted: a loading, draining or full server says so first
             stream = self.recognizer.open_stream(
                 lambda: first_settings(first), door=DOOR, identity=_caller(context)
             )
-            context.add_done_callback(rpc_done)  # type: ignore[arg-type]
+            call = StreamCall(context, stream)
             # Headers now, not with the first result: they tell the client its stream was accepted, so it
             # starts sending audio only then. A client still writing when a refusal arrives gets INTERNAL
             # instead of the refusal from grpc.aio (grpc/grpc#36066); RecognizerClient waits for this.
             await context.send_initial_metadata(((STREAM_ID_HEADER, stream.id),))
-            reader = asyncio.create_task(self._read(request_iterator, stream))
+            reader = call.read(self._read(request_iterator, stream))
             async for event in stream.events():
                 yield response(event)
         except RecognitionError as e:

@@ -48,6 +48,7 @@ from service.core.types import (
     SpeechTimeout,
     StreamSettings,
 )
+from service.doors.grpc_calls import StreamCall
 from service.doors.grpc_status import core_code, grpc_code
 from service.runtime.auth import bearer_token, identity
 
@@ -509,16 +510,6 @@ class GoogleSpeechDoor:
         reader: asyncio.Task[None] | None = None
         translated: list[StreamingCall] = []
 
-        def rpc_done(ctx: aio.ServicerContext) -> None:
-            # A cancel or deadline while the generator is parked at `yield` ends the RPC without resuming
-            # it: free the stream's place and engine work now (as the asr.v1 door does).
-            remaining = ctx.time_remaining()
-            expired = remaining is not None and remaining <= 0
-            if reader is not None:
-                reader.cancel()
-            if stream is not None:
-                stream.cancel(Code.DEADLINE_EXCEEDED if expired else Code.CANCELLED)
-
         def settings() -> StreamSettings:
             c = streaming_call(_first_config(first))
             translated.append(c)
@@ -528,9 +519,9 @@ class GoogleSpeechDoor:
             first = await self._first_request(request_iterator)
             # translated once admitted: a loading, draining or full server says so first
             stream = self.recognizer.open_stream(settings, door=DOOR, identity=_caller(context))
-            context.add_done_callback(rpc_done)  # type: ignore[arg-type]
+            call = StreamCall(context, stream)
             (c,) = translated
-            reader = asyncio.create_task(self._read(request_iterator, stream, c))
+            reader = call.read(self._read(request_iterator, stream, c))
             drained: Reconnect | None = None
             async for event in stream.events():
                 if isinstance(event, Reconnect):

@@ -43,6 +43,7 @@ from service.core.types import (
     StreamSettings,
     Word,
 )
+from service.doors.grpc_calls import StreamCall
 from service.doors.grpc_status import core_code, grpc_code
 from service.pipeline.audio import validate_stream_format
 from service.pipeline.endpointing import EndpointingError
@@ -668,15 +669,6 @@ class RivaServicer(rasr_grpc.RivaSpeechRecognitionServicer):
         stream: Stream | None = None
         reader: asyncio.Task[None] | None = None
 
-        def rpc_done(ctx: aio.ServicerContext) -> None:
-            # a cancel or deadline while the generator is parked at `yield` does not resume it (asr_v1.py)
-            remaining = ctx.time_remaining()
-            expired = remaining is not None and remaining <= 0
-            if reader is not None:
-                reader.cancel()
-            if stream is not None:
-                stream.cancel(Code.DEADLINE_EXCEEDED if expired else Code.CANCELLED)
-
         try:
             requests = aiter(request_iterator)
             opening = await self._opening(requests)
@@ -690,10 +682,10 @@ class RivaServicer(rasr_grpc.RivaSpeechRecognitionServicer):
                 stream = self.recognizer.open_stream(settings, door=DOOR, identity=_caller(context))
             except RecognitionError as e:
                 raise RecognitionError(e.code, riva_error(e, _STREAM_NAMES, _fields(built)), e.field) from e
-            context.add_done_callback(rpc_done)  # type: ignore[arg-type]
+            call = StreamCall(context, stream)
             _, request, feed, offset = built[0]
             await context.send_initial_metadata(_metadata(stream.id, self.recognizer, request))
-            reader = asyncio.create_task(self._read(requests, opening, offset, feed, stream))
+            reader = call.read(self._read(requests, opening, offset, feed, stream))
             reconnect: Reconnect | None = None
             async for event in stream.events():
                 if isinstance(event, Reconnect):
