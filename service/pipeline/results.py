@@ -123,23 +123,28 @@ def recognize_results(
         if not ok:
             results.append(None)
             continue
-        text = _text(t, w, u.audio_start_s, opts)
-        results.append(
-            Result(
-                channel=tag,
-                utterance_index=u.index,
-                is_final=True,
-                transcript=text.transcript,
-                confidence=t.confidence,
-                start_s=u.start_s,
-                end_s=u.end_s,
-                language=t.language,
-                words=text.words,
-                segments=text.segments,
-                ended_by=end_reason(u, at_end=any(u is e for e in at_end)),
-            )
-        )
+        results.append(final_result(tag, u, t, w, opts, end_reason(u, at_end=any(u is e for e in at_end))))
     return results
+
+
+def final_result(
+    tag: int, u: Utterance, t: Transcript, words: Sequence[Word], opts: ResultOptions, ended_by: EndReason
+) -> Result:
+    """The final of utterance `u` on channel `tag` from its transcript; `words` as _text takes them."""
+    text = _text(t, words, u.audio_start_s, opts)
+    return Result(
+        channel=tag,
+        utterance_index=u.index,
+        is_final=True,
+        transcript=text.transcript,
+        confidence=t.confidence,
+        start_s=u.start_s,
+        end_s=u.end_s,
+        language=t.language,
+        words=text.words,
+        segments=text.segments,
+        ended_by=ended_by,
+    )
 
 
 def end_reason(u: Utterance, *, at_end: bool = False, finalized: bool = False) -> EndReason:
@@ -192,25 +197,10 @@ class ChannelResults:
         return self._build(ready)
 
     def _build(self, ready: list[tuple[_Final, list[Word]]]) -> list[tuple[Result, OnSent]]:
-        out = []
-        for f, words in ready:
-            u, t = f.utterance, f.transcript
-            text = _text(t, words, u.audio_start_s, self.opts)
-            result = Result(
-                channel=self.tag,
-                utterance_index=u.index,
-                is_final=True,
-                transcript=text.transcript,
-                confidence=t.confidence,
-                start_s=u.start_s,
-                end_s=u.end_s,
-                language=t.language,
-                words=text.words,
-                segments=text.segments,
-                ended_by=f.ended_by,
-            )
-            out.append((result, f.on_sent))
-        return out
+        return [
+            (final_result(self.tag, f.utterance, f.transcript, words, self.opts, f.ended_by), f.on_sent)
+            for f, words in ready
+        ]
 
     def empty(self, t: Transcript | None, u: Utterance, ended_by: EndReason) -> Result:
         """The final of an utterance in which nothing was recognized (StreamSettings.empty_finals)."""
