@@ -167,8 +167,22 @@ def metadata(
     tags: Sequence[str] = (),
 ) -> ListenV1Metadata:
     """The `Metadata` a live stream ends with (after CloseStream): the audio it received, the model."""
+    body = _metadata_fields(request_id, created, duration, channels, sha256, model, warnings, tags)
+    return ListenV1Metadata.model_validate({"type": "Metadata", **body})
+
+
+def _metadata_fields(
+    request_id: str,
+    created: str,
+    duration: float,
+    channels: int,
+    sha256: str,
+    model: ModelCard,
+    warnings: Sequence[OptionWarning],
+    tags: Sequence[str],
+) -> dict[str, Any]:
+    """What a live stream's `Metadata` and a pre-recorded answer's `metadata` both say."""
     body: dict[str, Any] = {
-        "type": "Metadata",
         "transaction_key": "deprecated",
         "request_id": request_id,
         "sha256": sha256,
@@ -182,7 +196,7 @@ def metadata(
         body["warnings"] = _warnings(warnings)
     if tags:
         body["tags"] = list(tags)
-    return ListenV1Metadata.model_validate(body)
+    return body
 
 
 def speech_started(channel: int, channels: int, timestamp: float) -> ListenV1SpeechStarted:
@@ -303,20 +317,7 @@ def prerecorded(
             "words": [_word(w, punctuated) for w in words],
         }
 
-    metadata: dict[str, Any] = {
-        "transaction_key": "deprecated",
-        "request_id": request_id,
-        "sha256": sha256,
-        "created": created,
-        "duration": round(duration, 3),
-        "channels": channels,
-        "models": [model.uuid],
-        "model_info": {model.uuid: model.info()},
-    }
-    if warnings:
-        metadata["warnings"] = _warnings(warnings)
-    if tags:
-        metadata["tags"] = list(tags)
+    metadata = _metadata_fields(request_id, created, duration, channels, sha256, model, warnings, tags)
     body: dict[str, Any] = {
         "metadata": metadata,
         "results": {"channels": [{"alternatives": [alternative(us)]} for us in per_channel]},
