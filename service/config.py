@@ -30,8 +30,8 @@ class ServerConfig:
     http_port: int = field(
         default=8000,
         metadata={
-            "help": "OpenAI-compatible HTTP port: POST /v1/audio/transcriptions, same tokens, limits and TLS "
-            "as gRPC (0: off)"
+            "help": "HTTP port of the HTTP doors: OpenAI's POST /v1/audio/transcriptions and Realtime "
+            "WebSocket /v1/realtime, Deepgram's /v1/listen; same tokens, limits and TLS as gRPC (0: off)"
         },
     )
     http_read_timeout: float = field(
