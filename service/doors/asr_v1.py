@@ -292,8 +292,7 @@ class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
         context: aio.ServicerContext,
     ) -> AsyncIterator[asr_pb2.StreamingRecognizeResponse]:
         code = grpc.StatusCode.OK
-        stream: Stream | None = None
-        reader: asyncio.Task[None] | None = None
+        call: StreamCall | None = None
 
         try:
             first = await self._first_request(request_iterator)
@@ -306,7 +305,7 @@ class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
             # starts sending audio only then. A client still writing when a refusal arrives gets INTERNAL
             # instead of the refusal from grpc.aio (grpc/grpc#36066); RecognizerClient waits for this.
             await context.send_initial_metadata(((STREAM_ID_HEADER, stream.id),))
-            reader = call.read(self._read(request_iterator, stream))
+            call.read(self._read(request_iterator, stream))
             async for event in stream.events():
                 yield response(event)
         except RecognitionError as e:
@@ -319,10 +318,8 @@ class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
             code = grpc.StatusCode.UNKNOWN
             raise
         finally:
-            if reader is not None:
-                reader.cancel()
-            if stream is not None:
-                await stream.close(core_code(code))
+            if call is not None:
+                await call.close(core_code(code))
 
     async def _first_request(
         self, requests: AsyncIterator[asr_pb2.StreamingRecognizeRequest]

@@ -506,8 +506,7 @@ class GoogleSpeechDoor:
         self, request_iterator: AsyncIterator[Any], context: aio.ServicerContext
     ) -> AsyncIterator[Any]:
         code = grpc.StatusCode.OK
-        stream: Stream | None = None
-        reader: asyncio.Task[None] | None = None
+        call: StreamCall | None = None
         translated: list[StreamingCall] = []
 
         def settings() -> StreamSettings:
@@ -521,7 +520,7 @@ class GoogleSpeechDoor:
             stream = self.recognizer.open_stream(settings, door=DOOR, identity=_caller(context))
             call = StreamCall(context, stream)
             (c,) = translated
-            reader = call.read(self._read(request_iterator, stream, c))
+            call.read(self._read(request_iterator, stream, c))
             drained: Reconnect | None = None
             async for event in stream.events():
                 if isinstance(event, Reconnect):
@@ -551,10 +550,8 @@ class GoogleSpeechDoor:
             code = grpc.StatusCode.UNKNOWN
             raise
         finally:
-            if reader is not None:
-                reader.cancel()
-            if stream is not None:
-                await stream.close(core_code(code))
+            if call is not None:
+                await call.close(core_code(code))
 
     async def _first_request(self, requests: AsyncIterator[Any]) -> Any | None:
         """The stream's first request (None: the client half-closed at once). Refusals come after it is

@@ -1,5 +1,5 @@
 """What every gRPC door's streaming call does the same way: end its core stream and its request reader
-when the RPC ends."""
+when the RPC ends, and close them however the door's handler ends."""
 
 from __future__ import annotations
 
@@ -30,6 +30,13 @@ class StreamCall:
         """Runs the door's reader (requests -> stream) as a task, cancelled when the RPC ends."""
         self.reader = asyncio.create_task(reading)
         return self.reader
+
+    async def close(self, code: Code) -> None:
+        """The handler's end, however it ended: the reader stops, the stream closes with `code` (how the call
+        ended, for the core's metrics)."""
+        if self.reader is not None:
+            self.reader.cancel()
+        await self.stream.close(code)
 
     def _rpc_done(self, context: aio.ServicerContext) -> None:
         remaining = context.time_remaining()

@@ -666,8 +666,7 @@ class RivaServicer(rasr_grpc.RivaSpeechRecognitionServicer):
         context: aio.ServicerContext,
     ) -> AsyncIterator[rasr.StreamingRecognizeResponse]:
         code = grpc.StatusCode.OK  # how the stream ended for the core's metrics (a drain's is OK)
-        stream: Stream | None = None
-        reader: asyncio.Task[None] | None = None
+        call: StreamCall | None = None
 
         try:
             requests = aiter(request_iterator)
@@ -685,7 +684,7 @@ class RivaServicer(rasr_grpc.RivaSpeechRecognitionServicer):
             call = StreamCall(context, stream)
             _, request, feed, offset = built[0]
             await context.send_initial_metadata(_metadata(stream.id, self.recognizer, request))
-            reader = call.read(self._read(requests, opening, offset, feed, stream))
+            call.read(self._read(requests, opening, offset, feed, stream))
             reconnect: Reconnect | None = None
             async for event in stream.events():
                 if isinstance(event, Reconnect):
@@ -712,10 +711,8 @@ class RivaServicer(rasr_grpc.RivaSpeechRecognitionServicer):
             code = grpc.StatusCode.UNKNOWN
             raise
         finally:
-            if reader is not None:
-                reader.cancel()
-            if stream is not None:
-                await stream.close(core_code(code))
+            if call is not None:
+                await call.close(core_code(code))
 
     async def _opening(self, requests: AsyncIterator[rasr.StreamingRecognizeRequest]) -> _Opening:
         """The config (the first request), and for LINEAR_PCM or no encoding the first audio up to a
