@@ -30,6 +30,7 @@ __all__ = [
     "checkout",
     "end_process",
     "merge_base",
+    "short_commit",
     "source_tree",
     "split_server_args",
 ]
@@ -70,6 +71,12 @@ def split_server_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
         return list(argv), []
     cut = list(argv).index("--")
     return list(argv[:cut]), list(argv[cut + 1 :])
+
+
+def short_commit() -> str:
+    """This checkout's HEAD, abbreviated: the commit a benchmark's figures come from."""
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    return out.stdout.strip()
 
 
 def merge_base(branch: str = "main") -> str:

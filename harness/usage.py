@@ -31,6 +31,15 @@ def machine(load_at_start: float) -> dict[str, Any]:
     }
 
 
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), else its architecture."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if "model name" in line:
+                return line.split(":", 1)[1].strip()
+    return platform.machine()
+
+
 def _tree(pid: int | None) -> list[Any]:
     import psutil
 

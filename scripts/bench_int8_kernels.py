@@ -25,8 +25,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
-import subprocess
 import sys
 import time
 import warnings
@@ -43,6 +41,8 @@ from torch import nn  # noqa: E402
 from torch.utils import benchmark  # noqa: E402
 
 from engine.quantize import Int8Linear  # noqa: E402
+from harness.server import short_commit  # noqa: E402
+from harness.usage import cpu_model  # noqa: E402
 
 SHAPES = {  # name: (in_features, out_features)
     "attn qkv": (384, 1152),
@@ -134,17 +134,8 @@ def main() -> None:
             results.append({"shape": shape, "k": k, "n": n, "rows": rows_name, "m": m, "timings": timings})
             print(shape, rows_name, json.dumps(timings), flush=True)
     load_end = os.getloadavg()
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO
-    ).stdout.strip()
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if "model name" in line
-        ),
-        platform.machine(),
-    )
+    commit = short_commit()
+    cpu = cpu_model()
     lines = [
         f"`python scripts/bench_int8_kernels.py --threads {args.threads}` at commit {commit}, "
         f"{started:%Y-%m-%d %H:%M} UTC, {cpu}, {args.threads} thread(s), torch {torch.__version__}; load "

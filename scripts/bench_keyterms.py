@@ -40,6 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from harness.server import short_commit  # noqa: E402
 from scripts.keyterm_clips import (  # noqa: E402
     KEYTERMS,
     Clip,
@@ -267,9 +268,7 @@ def main() -> None:
         )
     espeak, real = espeak_table(results, clips), real_table(results, clips)
     cost = step_cost([1, 16])
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
-    ).stdout.strip()
+    commit = short_commit()
     dirty = subprocess.run(
         ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True
     ).stdout.strip()

@@ -25,8 +25,6 @@ import datetime
 import json
 import math
 import os
-import platform
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -45,6 +43,8 @@ from clients.scoring import corpus_wer, normalize  # noqa: E402
 from engine import Engine, EngineConfig  # noqa: E402
 from engine.config import QUANTIZE_PARTS, parse_quantize_parts  # noqa: E402
 from engine.quantize import describe, resolve_plan, tokens_can_follow_company  # noqa: E402
+from harness.server import short_commit  # noqa: E402
+from harness.usage import cpu_model  # noqa: E402
 from service.pipeline.audio import decode_file  # noqa: E402
 
 SECTION = "## Engine levers"
@@ -225,17 +225,8 @@ def main() -> None:
     load_end = os.getloadavg()
     chosen, score = choose_default(results, batch_invariant=True)
     fastest, fastest_score = choose_default(results, batch_invariant=False)
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO
-    ).stdout.strip()
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if "model name" in line
-        ),
-        platform.machine(),
-    )
+    commit = short_commit()
+    cpu = cpu_model()
     lines = [
         f"`python scripts/bench_levers.py` at commit {commit}, {started:%Y-%m-%d %H:%M} UTC, {cpu}, "
         f"{args.threads} threads, torch {torch.__version__}, model {args.model}; load average (1/5/15 min) "
