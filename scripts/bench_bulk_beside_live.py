@@ -45,6 +45,7 @@ from prometheus_client.parser import text_string_to_metric_families
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from clients.scoring import corpus_wer  # noqa: E402
+from harness.live import PacedCall  # noqa: E402
 from scripts.docs_section import write_section  # noqa: E402
 from scripts.real_speech import build_real_manifest  # noqa: E402
 from service.runtime.ports import LOOPBACK as HOST  # noqa: E402
@@ -139,29 +140,17 @@ class Server:
 async def live_call(channel: aio.Channel, clips: list[Clip], phase: Phase) -> None:
     """One paced call through every clip; each final's latency goes into `phase`."""
     data = b"".join(SILENCE * round(LEAD_S * RATE) + c.mulaw + SILENCE * round(TAIL_S * RATE) for c in clips)
-    frame = round(FRAME_S * RATE)
     config = asr_pb2.StreamingRecognitionConfig(
         config=asr_pb2.RecognitionConfig(encoding=asr_pb2.MULAW, sample_rate_hertz=RATE)
     )
-    t0 = 0.0
-
-    async def requests():  # type: ignore[no-untyped-def]
-        nonlocal t0
-        yield asr_pb2.StreamingRecognizeRequest(streaming_config=config)
-        t0 = time.monotonic()
-        for k, i in enumerate(range(0, len(data), frame)):
-            delay = t0 + (k + 1) * FRAME_S - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            yield asr_pb2.StreamingRecognizeRequest(audio_content=data[i : i + frame])
-
-    call = asr_pb2_grpc.RecognizerStub(channel).StreamingRecognize(requests(), timeout=900)
+    paced = PacedCall(config, data, round(FRAME_S * RATE), FRAME_S)
+    call = asr_pb2_grpc.RecognizerStub(channel).StreamingRecognize(paced.requests(), timeout=900)
     try:
         async for response in call:
             now = time.monotonic()
             for r in response.results:
                 if r.is_final:
-                    phase.latencies.append(now - (t0 + r.end_offset.ToNanoseconds() / 1e9))
+                    phase.latencies.append(paced.latency_s(r.end_offset.ToNanoseconds() / 1e9, now))
     except aio.AioRpcError:
         pass
     phase.live_codes.append((await call.code()).name)

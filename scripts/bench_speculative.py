@@ -33,6 +33,7 @@ from grpc import aio
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from harness.live import PacedCall  # noqa: E402
 from harness.server import ServerProcess  # noqa: E402
 from harness.stats import percentile  # noqa: E402
 from scripts.docs_section import write_section  # noqa: E402
@@ -92,25 +93,13 @@ def metrics(server: ServerProcess) -> dict[str, float]:
 async def call(server: ServerProcess, clip: Clip) -> list[Final]:
     """One paced stream; returns its finals with their latencies."""
     data = MULAW_SILENCE * round(LEAD_S * RATE) + clip.mulaw + MULAW_SILENCE * round(TAIL_S * RATE)
-    frame = round(FRAME_S * RATE)
     config = asr_pb2.StreamingRecognitionConfig(
         config=asr_pb2.RecognitionConfig(encoding=asr_pb2.MULAW, sample_rate_hertz=RATE)
     )
-    t0 = 0.0
-
-    async def requests():  # type: ignore[no-untyped-def]
-        nonlocal t0
-        yield asr_pb2.StreamingRecognizeRequest(streaming_config=config)
-        t0 = time.monotonic()
-        for k, i in enumerate(range(0, len(data), frame)):
-            delay = t0 + (k + 1) * FRAME_S - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            yield asr_pb2.StreamingRecognizeRequest(audio_content=data[i : i + frame])
-
+    paced = PacedCall(config, data, round(FRAME_S * RATE), FRAME_S)
     finals = []
     async with aio.insecure_channel(server.target) as channel:
-        async for response in asr_pb2_grpc.RecognizerStub(channel).StreamingRecognize(requests()):
+        async for response in asr_pb2_grpc.RecognizerStub(channel).StreamingRecognize(paced.requests()):
             now = time.monotonic()
             for r in response.results:
                 if r.is_final:
@@ -121,7 +110,7 @@ async def call(server: ServerProcess, clip: Clip) -> list[Final]:
                             r.utterance_index,
                             r.alternatives[0].transcript,
                             end_s,
-                            now - (t0 + end_s),
+                            paced.latency_s(end_s, now),
                         )
                     )
     return finals

@@ -4,18 +4,22 @@ tree's code. Real processes and prometheus_client's own exposition throughout; n
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import pytest
+from asr.v1 import asr_pb2
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from harness.live import PacedCall
 from harness.metrics import Metrics
 from harness.server import ServerProcess, end_process, source_tree, split_server_args
 from harness.stats import percentile
@@ -146,3 +150,19 @@ def test_a_server_of_another_tree_runs_that_trees_code(tmp_path: Path) -> None:
         assert "supervisor of the extracted tree" in str(failed.value)
     finally:
         server.stop()
+
+
+def test_a_paced_call_sends_each_frame_once_its_audio_was_spoken() -> None:
+    config = asr_pb2.StreamingRecognitionConfig(config=asr_pb2.RecognitionConfig(encoding=asr_pb2.MULAW))
+    paced = PacedCall(config, bytes(250), frame_bytes=100, frame_s=0.05)
+
+    async def sent() -> list[tuple[float, asr_pb2.StreamingRecognizeRequest]]:
+        return [(time.monotonic(), r) async for r in paced.requests()]
+
+    requests = asyncio.run(sent())
+    assert requests[0][1].streaming_config == config
+    frames = requests[1:]
+    assert [len(r.audio_content) for _, r in frames] == [100, 100, 50]
+    for k, (at, _) in enumerate(frames):
+        assert at >= paced.started_at + (k + 1) * 0.05  # never before its audio ended
+    assert paced.latency_s(0.1, received_at=paced.started_at + 0.4) == pytest.approx(0.3)
