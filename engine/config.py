@@ -123,6 +123,15 @@ class EngineConfig:
             "0.0125 (the log-mel's reflect padding, n_fft/2 samples), at most 30"
         },
     )
+    trim_floor_s: float = field(
+        default=10.0,
+        metadata={
+            "help": "with --encoder-context trim: the least context a trimmed pass keeps, in seconds, however "
+            "short the utterance (with 2 s after 1-2 s of real speech tiny.en looped on 3 of 5 "
+            "pocketsphinx cards clips and each went back for a 30 s pass; with 10 s none did as 8 kHz mu-law, one "
+            'at 16 kHz: 1.39x the throughput through the server, docs/benchmarks.md "Issue 22"); 0 up to 30'
+        },
+    )
     max_encoder_batch_while_decoding: int = field(
         default=0,
         metadata={
@@ -269,6 +278,7 @@ class EngineConfig:
         check("max_recorded_rows", 0, 4096)  # 0: an eighth of --kv-slots
         check("recorded_encoder_budget_ms", 0, 60_000, " ms")  # 0: off
         check("trim_margin_s", MIN_TRIM_MARGIN_S, MAX_TRIM_MARGIN_S, " s")
+        check("trim_floor_s", 0, MAX_TRIM_MARGIN_S, " s")
         check("max_encoder_batch_while_decoding", 0, 1024)  # 0: no bound beyond --max-batch
         check("encoder_budget_while_decoding_ms", 0, 60_000, " ms")  # 0: off
         check("threads", 0, 1024)  # 0: torch's default

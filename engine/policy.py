@@ -49,10 +49,11 @@ MAX_REORDER_S = 1.0  # a final older than this is served by age, ahead of shorte
 
 def encoder_positions(config: EngineConfig, full_audio_ctx: int, n_samples: int, full: bool = False) -> int:
     """Encoder positions for audio of n_samples: Whisper's 30 s (`full`, or --encoder-context full), or
-    trimmed to the audio plus --trim-margin-s, in whole seconds so that a handful of shapes repeat."""
+    trimmed to the audio plus --trim-margin-s but never below --trim-floor-s, in whole seconds so that a
+    handful of shapes repeat."""
     if full or config.encoder_context == "full":
         return full_audio_ctx
-    seconds = math.ceil(n_samples / SAMPLE_RATE + config.trim_margin_s)
+    seconds = max(math.ceil(n_samples / SAMPLE_RATE + config.trim_margin_s), math.ceil(config.trim_floor_s))
     return min(full_audio_ctx, seconds * POSITIONS_PER_SECOND)
 
 

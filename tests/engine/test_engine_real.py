@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
+import soundfile as sf
 import torch
+from prometheus_client import REGISTRY
 from transformers import WhisperFeatureExtractor
 
 from clients.scoring import corpus_wer, normalize
@@ -83,7 +87,11 @@ def test_batched_equals_alone_at_the_trim_margin_bound() -> None:
         Engine(EngineConfig(threads=2, trim_margin_s=MIN_TRIM_MARGIN_S * 0.99))
     engine = Engine(
         EngineConfig(
-            threads=2, encoder_context="trim", trim_margin_s=MIN_TRIM_MARGIN_S, batch_window_ms=300.0
+            threads=2,
+            encoder_context="trim",
+            trim_margin_s=MIN_TRIM_MARGIN_S,
+            trim_floor_s=0.0,  # the clips' own lengths set their windows
+            batch_window_ms=300.0,
         )
     )
     engine.start()
@@ -103,6 +111,32 @@ def test_batched_equals_alone_at_the_trim_margin_bound() -> None:
         engine.stop()
     assert [r.stats.encoder_batch_size for r in together] == [3, 3, 3]
     assert [r.tokens for r in together] == alone
+
+
+CARDS = Path("/usr/share/pocketsphinx/test/data/cards")  # pocketsphinx-testdata (scripts/setup.sh)
+
+
+def encoder_fallbacks() -> float:
+    return sum(
+        REGISTRY.get_sample_value("asr_encoder_fallbacks_total", {"reason": reason}) or 0.0
+        for reason in ("no_eot", "repeat", "compression")
+    )
+
+
+def test_short_real_utterances_mostly_decode_in_one_trimmed_pass(tiny_engine: Engine) -> None:
+    """Real speech, 1.1-3.5 s ("ten of clubs", "five five"): call-center utterances are this short.
+    With only 2 s of context after the audio tiny.en looped on three of these five ("Seven of clubs.
+    Seven of clubs.") and each went back for a 30 s pass, six times the encoder work of its trimmed one.
+    With the default --trim-floor-s (10 s) one still loops at 16 kHz ("ten of clubs", 1.1 s; none as
+    8 kHz mu-law, docs/benchmarks.md); 15 s would stop that one too but costs every utterance more."""
+    clips = [sf.read(path, dtype="float32")[0] for path in sorted(CARDS.glob("*.wav"))]
+    assert len(clips) == 5 and max(len(c) for c in clips) < 4 * 16000
+    before = encoder_fallbacks()
+    texts = [tiny_engine.submit(c).future.result(timeout=120).text for c in clips]
+    assert encoder_fallbacks() - before <= 1, texts
+    lines = (CARDS / "cards.transcription").read_text().splitlines()
+    references = [line.split("(")[0].replace("<s>", "").replace("</s>", "") for line in lines]
+    assert corpus_wer(references, texts) <= 0.25, texts
 
 
 def test_espeak_sentences_within_the_wer_bound(tiny_engine: Engine) -> None:

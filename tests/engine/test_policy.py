@@ -17,7 +17,7 @@ from engine.config import EngineConfig
 from engine.constants import SAMPLE_RATE
 from engine.decoding import DecodingRules
 from engine.outcome import loop_reason, repeats_at_end, window_ended
-from engine.policy import IDLE_POLL_S, MAX_REORDER_S, Policy, Snapshot, Waiting
+from engine.policy import IDLE_POLL_S, MAX_REORDER_S, Policy, Snapshot, Waiting, encoder_positions
 from engine.request import DecodeOptions, Priority, Request, RequestStatus
 
 FULL_CTX = 1500
@@ -341,6 +341,19 @@ def test_a_window_ends_at_end_of_text_its_budget_or_a_full_row(rules: DecodingRu
     assert window_ended(req, eot, 224, FULL_CTX)
     req.max_new, req.length = 100, 223
     assert window_ended(req, eot, 224, FULL_CTX)
+
+
+def test_a_trimmed_pass_spans_the_audio_and_its_margin_in_whole_seconds_above_the_floor() -> None:
+    config = EngineConfig()  # --trim-margin-s 2, --trim-floor-s 10
+    positions = [
+        encoder_positions(config, FULL_CTX, int(s * SAMPLE_RATE)) for s in (0.5, 7.9, 8.01, 12.2, 29.0)
+    ]
+    assert positions == [500, 500, 550, 750, FULL_CTX]
+    assert encoder_positions(config, FULL_CTX, SAMPLE_RATE, full=True) == FULL_CTX
+    unfloored = replace(config, trim_floor_s=0.0)
+    assert encoder_positions(unfloored, FULL_CTX, int(1.5 * SAMPLE_RATE)) == 200  # 1.5 + 2 s: 4 s
+    assert encoder_positions(replace(config, encoder_context="full"), FULL_CTX, SAMPLE_RATE) == FULL_CTX
+    assert EngineConfig(trim_floor_s=30.5).validate() == ["--trim-floor-s must be 0-30.0 s (got 30.5)"]
 
 
 def test_a_trimmed_decode_that_starts_looping_ends_at_once_as_a_repeat(rules: DecodingRules) -> None:

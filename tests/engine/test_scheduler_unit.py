@@ -166,7 +166,7 @@ def test_an_encoder_batch_takes_consecutive_rows_and_leaves_the_queue_count() ->
     assert not out.blocked and out.step
     stats = s.stats()
     assert (stats["queued"], stats["waiting"], stats["slots_used"], stats["slots_free"]) == (0, 0, 3, 1)
-    assert [r.audio_ctx for r in out.encode] == [150, 200, 250]  # trimmed: audio + 2 s, 50 positions/s
+    assert [r.audio_ctx for r in out.encode] == [500] * 3  # trimmed, to the 10 s floor (50 positions/s)
 
 
 def test_no_more_rows_than_slots_and_a_pass_planned_while_others_decode_is_blocking() -> None:
