@@ -66,6 +66,11 @@ def leaks(text: str) -> list[str]:
     return re.findall(r"\d+", text) + NUMBER_WORDS.findall(text)
 
 
+def digits_shown(text: str) -> int:
+    """How many digits `text` shows, written or spoken ("45 six" shows three)."""
+    return sum(len(d) for d in re.findall(r"\d+", text)) + len(NUMBER_WORDS.findall(text))
+
+
 def stream_config(redact: list[int], rate: int = 16000, encoding: int = asr_pb2.LINEAR16) -> Request:
     return Request(
         streaming_config=asr_pb2.StreamingRecognitionConfig(
@@ -281,7 +286,8 @@ async def real_time(requests: list[Request], chunk_s: float) -> AsyncIterator[Re
 
 async def test_interims_of_a_card_read_in_four_groups_in_real_time_are_masked(service_engine: Engine) -> None:
     """Real-time pace, interims due every 0.3 s: each group is an interim before it is a final, and
-    each interim masks its digits (an open cluster may be a card's start) though no card word is said."""
+    each interim masks its digits (an open cluster of two or more may be a card's start) though no card
+    word is said; the finals mask every digit of the card."""
     server = ServerThread(ServerConfig(interim_interval_s=0.3), service_engine).start()
     try:
         async with aio.insecure_channel(server.target) as channel:
@@ -299,8 +305,14 @@ async def test_interims_of_a_card_read_in_four_groups_in_real_time_are_masked(se
     ]
     print(interims, [r.alternatives[0].transcript for r in outcome.finals])
     assert any("[PCI]" in i for i in interims), interims
+    for final in outcome.finals:
+        assert not leaks(final.alternatives[0].transcript), final
+    # An interim masks an open cluster from two digits (service/pipeline/redaction.py): a lone digit
+    # is no part of a card anyone can rebuild (PCI DSS lets even the first six show), and masking every
+    # lone digit would blank "wait 2 minutes" in every interim. tiny.en's first interim here was once
+    # "okay, so it didn't 4 times".
     for text in texts(outcome):
-        assert not leaks(text), text
+        assert digits_shown(text) <= 1, text
 
 
 # --- real people reading digits (pocketsphinx-testdata) -------------------------------------------------
