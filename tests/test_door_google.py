@@ -46,6 +46,7 @@ from tests.support.audio import (
     to_mulaw_8k_bytes,
 )
 from tests.support.server import ServerProcess, ServerThread
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -761,5 +762,56 @@ def test_drain_gives_the_finals_then_unavailable(two_sentences: bytes) -> None:
         assert call.finals, "what was heard gets its final before the stream ends"
         assert corpus_wer([AGENT], [call.finals[0].alternatives[0].transcript]) <= 0.2
         assert server.wait(60) == 0
+    finally:
+        server.stop()
+
+
+def test_a_drained_stream_counts_as_ended_normally(
+    service_engine: Engine, tmp_path: Path, two_sentences: bytes
+) -> None:
+    """The client sees UNAVAILABLE (Google's "retry elsewhere"), yet the server ended the call in order
+    (every final of what it heard sent): asr_door_calls_total counts it OK, as the Riva door's, so that
+    a rolling deploy does not raise the per-door server-error ratio the alert watches."""
+
+    def count(code: str) -> float:
+        labels = {"door": "google", "kind": "stream", "code": code}
+        return REGISTRY.get_sample_value("asr_door_calls_total", labels) or 0.0
+
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"{TOKEN}\n")
+    server = ServerThread(ServerConfig(auth_tokens_file=str(tokens)), service_engine).start()
+    try:
+        before = {code: count(code) for code in ("OK", "UNAVAILABLE")}
+        stop, heard = threading.Event(), threading.Event()
+
+        def audio() -> Iterator[bytes]:
+            yield from chunked(two_sentences, 800)
+            heard.set()
+            while not stop.is_set():  # the call goes on (silence) until the server ends it
+                yield b"\xff" * 800
+
+        result: list[Streamed] = []
+        caller = threading.Thread(
+            target=lambda: result.append(
+                stream(server.target, mulaw_config(), audio(), pace_s=0.02, stop=stop)
+            )
+        )
+        caller.start()
+        assert heard.wait(60)
+
+        async def drain() -> None:
+            server.server.recognizer.drain()
+
+        server.call(drain())
+        caller.join(CALL_TIMEOUT_S)
+        stop.set()
+        (call,) = result
+        assert isinstance(call.error, gexc.ServiceUnavailable), call.error
+
+        def counted() -> tuple[float, float]:
+            return count("OK") - before["OK"], count("UNAVAILABLE") - before["UNAVAILABLE"]
+
+        wait_until(lambda: sum(counted()) > 0, 10, "the call counted")  # counted as the handler ends
+        assert counted() == (1, 0)
     finally:
         server.stop()

@@ -505,7 +505,7 @@ class GoogleSpeechDoor:
     async def StreamingRecognize(
         self, request_iterator: AsyncIterator[Any], context: aio.ServicerContext
     ) -> AsyncIterator[Any]:
-        code = grpc.StatusCode.OK
+        code = grpc.StatusCode.OK  # how the stream ended for the core's metrics (a drain's is OK)
         call: StreamCall | None = None
         translated: list[StreamingCall] = []
 
@@ -534,17 +534,21 @@ class GoogleSpeechDoor:
             yield StreamingRecognizeResponse(total_billed_time=duration(stream.heard_s))
             if drained is not None:
                 # Google has no reconnect message: the finals of what was heard came; UNAVAILABLE is what
-                # Google's clients retry, on another replica
-                raise RecognitionError(
+                # Google's clients retry, on another replica. The server ended the call in order: OK to
+                # its metrics, so that a rolling deploy is no server error to the alert.
+                drain = RecognitionError(
                     Code.UNAVAILABLE,
                     f"server is draining: every final of the {drained.offset_s:.2f} s heard was sent; "
                     "continue the call on a new stream (another replica)",
                 )
+                await _abort(context, drain, STREAM_FIELDS)
         except RecognitionError as e:
             code = grpc_code(e.code)
             await _abort(context, e, STREAM_FIELDS)
         except asyncio.CancelledError:
             code = grpc.StatusCode.CANCELLED
+            raise
+        except aio.AbortError:  # the status is already sent, and `code` says what it meant
             raise
         except Exception:
             code = grpc.StatusCode.UNKNOWN
