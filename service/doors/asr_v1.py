@@ -37,7 +37,7 @@ from service.core.types import (
     SpeechStarted,
     StreamSettings,
 )
-from service.doors.grpc_calls import StreamCall
+from service.doors.grpc_calls import StreamCall, first_request
 from service.doors.grpc_status import core_code, grpc_code
 from service.runtime.auth import bearer_token, identity
 
@@ -45,7 +45,6 @@ log = logging.getLogger("service.doors.asr_v1")
 
 DOOR = "asr.v1"
 STREAM_ID_HEADER = "asr-stream-id"  # initial metadata of an accepted stream (see StreamingRecognize)
-FIRST_REQUEST_TIMEOUT_S = 10.0  # a stream that sends no config is not kept waiting for it
 MAX_REDACT_VALUES = 8  # three kinds exist; a repeat is harmless, a million of them is not
 EventType = asr_pb2.StreamingRecognizeResponse.SpeechEventType
 # The core's setting names -> asr.v1's field paths, where they differ (RecognitionError.message_for).
@@ -295,7 +294,7 @@ class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
         call: StreamCall | None = None
 
         try:
-            first = await self._first_request(request_iterator)
+            first = await first_request(request_iterator, self.recognizer, DOOR)
             # translated once admitted: a loading, draining or full server says so first
             stream = self.recognizer.open_stream(
                 lambda: first_settings(first), door=DOOR, identity=_caller(context)
@@ -320,23 +319,6 @@ class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
         finally:
             if call is not None:
                 await call.close(core_code(code))
-
-    async def _first_request(
-        self, requests: AsyncIterator[asr_pb2.StreamingRecognizeRequest]
-    ) -> asr_pb2.StreamingRecognizeRequest | None:
-        """The stream's first request (None: the client half-closed at once). Refusals come after it is
-        read, never before: a grpc.aio client whose first write races a status reports INTERNAL instead
-        of it (grpc/grpc#36066). The config is the first thing any client sends, so this is still at once."""
-        try:
-            async with asyncio.timeout(FIRST_REQUEST_TIMEOUT_S):
-                return await anext(aiter(requests), None)
-        except TimeoutError:
-            error = RecognitionError(
-                Code.INVALID_ARGUMENT,
-                f"first request must carry streaming_config; none came within {FIRST_REQUEST_TIMEOUT_S:g} s",
-            )
-            self.recognizer.refused(DOOR, error)
-            raise error from None
 
     async def _read(self, requests: AsyncIterator[asr_pb2.StreamingRecognizeRequest], stream: Stream) -> None:
         """The requests after the config: their audio into the stream, the half-close as its end."""

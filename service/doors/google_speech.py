@@ -48,7 +48,7 @@ from service.core.types import (
     SpeechTimeout,
     StreamSettings,
 )
-from service.doors.grpc_calls import StreamCall
+from service.doors.grpc_calls import StreamCall, first_request
 from service.doors.grpc_status import core_code, grpc_code
 from service.runtime.auth import bearer_token, identity
 
@@ -95,7 +95,6 @@ def _describe_service() -> None:
 
 _describe_service()
 DOOR = "google"
-FIRST_REQUEST_TIMEOUT_S = 10.0  # a stream that sends no config is not kept waiting for it
 
 # The raw protobuf classes the door serves (google-cloud-speech's proto-plus types wrap these).
 StreamingRecognizeRequest: Any = cloud_speech.StreamingRecognizeRequest.pb()
@@ -515,7 +514,7 @@ class GoogleSpeechDoor:
             return c.settings
 
         try:
-            first = await self._first_request(request_iterator)
+            first = await first_request(request_iterator, self.recognizer, DOOR)
             # translated once admitted: a loading, draining or full server says so first
             stream = self.recognizer.open_stream(settings, door=DOOR, identity=_caller(context))
             call = StreamCall(context, stream)
@@ -556,19 +555,6 @@ class GoogleSpeechDoor:
         finally:
             if call is not None:
                 await call.close(core_code(code))
-
-    async def _first_request(self, requests: AsyncIterator[Any]) -> Any | None:
-        """The stream's first request (None: the client half-closed at once). Refusals come after it is
-        read (grpc/grpc#36066: a client whose first write races a status may see INTERNAL instead)."""
-        try:
-            async with asyncio.timeout(FIRST_REQUEST_TIMEOUT_S):
-                return await anext(aiter(requests), None)
-        except TimeoutError:
-            error = _invalid(
-                f"the first request must carry streaming_config; none came within {FIRST_REQUEST_TIMEOUT_S:g} s"
-            )
-            self.recognizer.refused(DOOR, error)
-            raise error from None
 
     async def _read(self, requests: AsyncIterator[Any], stream: Stream, c: StreamingCall) -> None:
         """The requests after the config: their audio into the stream, the half-close as its end."""

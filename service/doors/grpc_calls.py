@@ -1,16 +1,38 @@
-"""What every gRPC door's streaming call does the same way: end its core stream and its request reader
-when the RPC ends, and close them however the door's handler ends."""
+"""What every gRPC door's streaming call does the same way: wait for its first request (the config) only
+so long, end its core stream and its request reader when the RPC ends, and close them however the door's
+handler ends."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
-from typing import Any
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any, TypeVar
 
 from grpc import aio
 
-from service.core.errors import Code
-from service.core.recognizer import Stream
+from service.core.errors import Code, RecognitionError
+from service.core.recognizer import Recognizer, Stream
+
+FIRST_REQUEST_TIMEOUT_S = 10.0  # a stream that sends no config is not kept waiting for it
+
+R = TypeVar("R")
+
+
+async def first_request(requests: AsyncIterator[R], recognizer: Recognizer, door: str) -> R | None:
+    """A stream's first request (None: the client half-closed at once), or INVALID_ARGUMENT, counted
+    under `door`, once FIRST_REQUEST_TIMEOUT_S passed without one. Refusals come after it is read, never
+    before: a grpc.aio client whose first write races a status reports INTERNAL instead of it
+    (grpc/grpc#36066). The config is the first thing any client sends, so this is still at once."""
+    try:
+        async with asyncio.timeout(FIRST_REQUEST_TIMEOUT_S):
+            return await anext(aiter(requests), None)
+    except TimeoutError:
+        error = RecognitionError(
+            Code.INVALID_ARGUMENT,
+            f"first request must carry streaming_config; none came within {FIRST_REQUEST_TIMEOUT_S:g} s",
+        )
+        recognizer.refused(door, error)
+        raise error from None
 
 
 class StreamCall:

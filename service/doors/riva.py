@@ -43,7 +43,7 @@ from service.core.types import (
     StreamSettings,
     Word,
 )
-from service.doors.grpc_calls import StreamCall
+from service.doors.grpc_calls import StreamCall, first_request
 from service.doors.grpc_status import core_code, grpc_code
 from service.pipeline.audio import validate_stream_format
 from service.pipeline.endpointing import EndpointingError
@@ -53,7 +53,6 @@ log = logging.getLogger("service.doors.riva")
 
 SERVICE_NAME = rasr.DESCRIPTOR.services_by_name["RivaSpeechRecognition"].full_name
 DOOR = "riva"  # the core's `door` metrics label
-FIRST_REQUEST_TIMEOUT_S = 10.0  # a stream that sends no config is not kept waiting for it
 # Initial metadata of every answered call: the model that answers whatever `model` a request names, the
 # options accepted as hints (comma-separated), and a stream's id (as in the server's logs).
 MODEL_HEADER = "asr-model"
@@ -716,17 +715,8 @@ class RivaServicer(rasr_grpc.RivaSpeechRecognitionServicer):
 
     async def _opening(self, requests: AsyncIterator[rasr.StreamingRecognizeRequest]) -> _Opening:
         """The config (the first request), and for LINEAR_PCM or no encoding the first audio up to a
-        WAV header's end. Refusals come only after the first request is read (asr_v1.py's reason)."""
-        try:
-            async with asyncio.timeout(FIRST_REQUEST_TIMEOUT_S):
-                first = await anext(requests, None)
-        except TimeoutError:
-            error = RecognitionError(
-                Code.INVALID_ARGUMENT,
-                f"first request must carry streaming_config; none came within {FIRST_REQUEST_TIMEOUT_S:g} s",
-            )
-            self.recognizer.refused(DOOR, error)
-            raise error from None
+        WAV header's end (first_request: refusals come only after the first request is read)."""
+        first = await first_request(requests, self.recognizer, DOOR)
         if first is None or first.WhichOneof("streaming_request") != "streaming_config":
             error = RecognitionError(
                 Code.INVALID_ARGUMENT,
