@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from engine import Engine, EngineConfig
 from engine.hooks import EngineHooks
 from service.config import ServerConfig
-from tests.support.server import ServerProcess, ServerThread
+from tests.support.server import DOOR_TOKEN, ServerProcess, ServerThread
 
 
 @pytest.fixture(scope="session")
@@ -45,4 +46,26 @@ def server_process() -> Iterator[ServerProcess]:
     yield server
     server.terminate()
     server.wait(60)
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def door_tokens_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """--auth-tokens-file holding DOOR_TOKEN, the bearer token the protocol doors' tests send."""
+    path = tmp_path_factory.mktemp("door-auth") / "tokens"
+    path.write_text(f"{DOOR_TOKEN}\n")
+    return path
+
+
+@pytest.fixture(scope="session")
+def door_server(service_engine: Engine, door_tokens_file: Path) -> Iterator[ServerThread]:
+    """One server for the protocol doors' tests (Riva, Google, Deepgram, OpenAI Realtime): auth on, the
+    HTTP port on (Deepgram, Realtime), an interim at most every 0.5 s so that a sentence of real speech
+    has one. Tests that need limits of their own, or drain a server, start their own."""
+    server = ServerThread(
+        ServerConfig(auth_tokens_file=str(door_tokens_file), interim_interval_s=0.5),
+        service_engine,
+        http=True,
+    ).start()
+    yield server
     server.stop()

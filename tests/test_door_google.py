@@ -45,12 +45,12 @@ from tests.support.audio import (
     to_linear16_bytes,
     to_mulaw_8k_bytes,
 )
-from tests.support.server import ServerProcess, ServerThread
+from tests.support.server import DOOR_TOKEN, ServerProcess, ServerThread
 from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.slow
 
-TOKEN = "google-door-token"
+TOKEN = DOOR_TOKEN
 AUTH = [("authorization", f"Bearer {TOKEN}")]
 Encoding = speech_v1.RecognitionConfig.AudioEncoding
 Event = speech_v1.StreamingRecognizeResponse.SpeechEventType
@@ -69,16 +69,9 @@ def _no_client_certificates() -> Iterator[None]:
         yield
 
 
-@pytest.fixture(scope="module")
-def google_server(service_engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
-    """One server with bearer tokens for every test of the door (interims every 0.5 s of wall time)."""
-    tokens = tmp_path_factory.mktemp("google-door") / "tokens"
-    tokens.write_text(f"{TOKEN}\n")
-    server = ServerThread(
-        ServerConfig(auth_tokens_file=str(tokens), interim_interval_s=0.5, max_streams=8), service_engine
-    ).start()
-    yield server
-    server.stop()
+@pytest.fixture(scope="session")
+def google_server(door_server: ServerThread) -> ServerThread:
+    return door_server
 
 
 class _ChannelMetadata(grpc.UnaryUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):  # type: ignore[misc]

@@ -13,7 +13,7 @@ import itertools
 import json
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,10 +57,10 @@ from tests.support.audio import (
     to_linear16_bytes,
     to_mulaw_8k_bytes,
 )
-from tests.support.server import ServerThread
+from tests.support.server import DOOR_TOKEN, ServerThread
 
 pytestmark = pytest.mark.slow
-TOKEN = "realtime-test-token"
+TOKEN = DOOR_TOKEN
 STEP_S = 60.0  # the longest the server may take to answer anything here (2 shared cores, real tiny.en)
 
 SERVER_EVENTS: dict[str, type[openai.BaseModel]] = {
@@ -80,16 +80,9 @@ SERVER_EVENTS: dict[str, type[openai.BaseModel]] = {
 # --- the server and the client ---
 
 
-@pytest.fixture(scope="module")
-def rt_server(service_engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
-    """One in-process server with the HTTP door (and so /v1/realtime) on, bearer tokens on; interims every
-    0.5 s so that a real-time call gets several per turn."""
-    tokens = tmp_path_factory.mktemp("auth") / "tokens"
-    tokens.write_text(f"{TOKEN}\n")
-    config = ServerConfig(auth_tokens_file=str(tokens), interim_interval_s=0.5)
-    server = ServerThread(config, service_engine, http=True).start()
-    yield server
-    server.stop()
+@pytest.fixture(scope="session")
+def rt_server(door_server: ServerThread) -> ServerThread:
+    return door_server
 
 
 def client_for(server: ServerThread, token: str = TOKEN) -> openai.AsyncOpenAI:

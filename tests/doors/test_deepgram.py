@@ -57,33 +57,25 @@ from tests.support.audio import (
     to_mulaw_8k_bytes,
 )
 from tests.support.engine import jfk_16k
-from tests.support.server import ServerProcess, ServerThread
+from tests.support.server import DOOR_TOKEN, ServerProcess, ServerThread
 
 Server = ServerThread | ServerProcess
 
 pytestmark = pytest.mark.slow
-TOKEN = "deepgram-test-token"
+TOKEN = DOOR_TOKEN
 CALL_DEADLINE_S = 120.0
 AGENT = ["Thank you for calling, how can I help you today?"]
 CUSTOMER = ["I would like to cancel my subscription please."]
 
 
-@pytest.fixture(scope="module")
-def tokens_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("auth") / "tokens"
-    path.write_text(f"{TOKEN}\n")
-    return path
+@pytest.fixture(scope="session")
+def tokens_file(door_tokens_file: Path) -> Path:
+    return door_tokens_file
 
 
-@pytest.fixture(scope="module")
-def server(service_engine: Engine, tokens_file: Path) -> Iterator[ServerThread]:
-    """One server with the HTTP door (and so the Deepgram door) on, with auth, for every test here; an
-    interim at most every 0.5 s so that a real-time sentence gets some."""
-    s = ServerThread(
-        ServerConfig(auth_tokens_file=str(tokens_file), interim_interval_s=0.5), service_engine, http=True
-    ).start()
-    yield s
-    s.stop()
+@pytest.fixture(scope="session")
+def server(door_server: ServerThread) -> ServerThread:
+    return door_server
 
 
 def environment(server: Server) -> DeepgramClientEnvironment:

@@ -40,13 +40,13 @@ from tests.support.audio import (
     to_mulaw_8k_bytes,
 )
 from tests.support.engine import JFK_TEXT, jfk_16k
-from tests.support.server import ServerProcess, ServerThread
+from tests.support.server import DOOR_TOKEN, ServerProcess, ServerThread
 from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.slow
 
 SERVICE = "nvidia.riva.asr.RivaSpeechRecognition"
-TOKEN = "riva-door-test-token"
+TOKEN = DOOR_TOKEN
 DEADLINE_S = 120
 # riva.client's calls take no timeout: the channel's service config gives each one a deadline, so a server
 # bug fails the test instead of hanging the suite.
@@ -58,22 +58,9 @@ BOUNDED = (
 RIVA_MODEL = "parakeet-1.1b-en-US-asr-streaming"
 
 
-@pytest.fixture(scope="module")
-def tokens_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("riva-auth") / "tokens"
-    path.write_text(f"{TOKEN}\n")
-    return path
-
-
-@pytest.fixture(scope="module")
-def server(service_engine: Engine, tokens_file: Path) -> Iterator[ServerThread]:
-    """One server for the door's tests: auth on (every call passes the token), interims every 0.5 s so
-    that a sentence of real speech has one."""
-    s = ServerThread(
-        ServerConfig(auth_tokens_file=str(tokens_file), interim_interval_s=0.5), service_engine
-    ).start()
-    yield s
-    s.stop()
+@pytest.fixture(scope="session")
+def server(door_server: ServerThread) -> ServerThread:
+    return door_server
 
 
 @contextlib.contextmanager
