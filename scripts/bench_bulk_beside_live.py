@@ -24,32 +24,25 @@ import dataclasses
 import json
 import math
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import grpc
-import numpy as np
 from asr.v1 import asr_pb2, asr_pb2_grpc
 from grpc import aio
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from clients.scoring import corpus_wer  # noqa: E402
 from harness.live import PacedCall  # noqa: E402
+from harness.server import ServerProcess  # noqa: E402
+from harness.stats import percentile  # noqa: E402
 from scripts.docs_section import write_section  # noqa: E402
 from scripts.real_speech import build_real_manifest  # noqa: E402
-from service.runtime.ports import LOOPBACK as HOST  # noqa: E402
-from service.runtime.ports import free_port  # noqa: E402
 
 FRAME_S = 0.02
 RATE = 8000
@@ -82,59 +75,6 @@ def real_clips(work: Path) -> list[Clip]:
         entry = json.loads(line)
         out.append(Clip(entry["source"], (work / entry["audio"]).read_bytes(), entry["text"]))
     return out
-
-
-class Server:
-    def __init__(self, out: Path, extra: list[str]) -> None:
-        self.port, self.metrics_port = free_port(), free_port()
-        exe = Path(sys.executable).with_name("asr-server")
-        cmd = [
-            str(exe),
-            *("--host", HOST, "--port", str(self.port), "--metrics-port", str(self.metrics_port)),
-            *("--http-port", "0", "--log-format", "text", "--log-level", "warning"),
-            *extra,
-        ]
-        self._log = (out / "server.log").open("w")
-        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT)
-
-    @property
-    def target(self) -> str:
-        return f"{HOST}:{self.port}"
-
-    def wait_serving(self, timeout: float = 300) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit("asr-server exited; see its log")
-            try:
-                with grpc.insecure_channel(self.target) as ch:
-                    reply = health_pb2_grpc.HealthStub(ch).Check(
-                        health_pb2.HealthCheckRequest(service="asr.v1.Recognizer"), timeout=2
-                    )
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.RpcError:
-                pass
-            time.sleep(0.5)
-        raise SystemExit(f"asr-server not serving after {timeout} s")
-
-    def cpu_s(self) -> float:
-        with urllib.request.urlopen(f"http://{HOST}:{self.metrics_port}/metrics", timeout=10) as r:
-            text = r.read().decode()
-        return sum(
-            s.value
-            for family in text_string_to_metric_families(text)
-            for s in family.samples
-            if s.name == "process_cpu_seconds_total"
-        )
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self._log.close()
 
 
 async def live_call(channel: aio.Channel, clips: list[Clip], phase: Phase) -> None:
@@ -180,13 +120,13 @@ async def bulk_job(
 
 
 async def run_phase(
-    server: Server, clips: list[Clip], args: argparse.Namespace, live: bool, bulk: bool
+    server: ServerProcess, clips: list[Clip], args: argparse.Namespace, live: bool, bulk: bool
 ) -> Phase:
     phase = Phase()
     recording = SILENCE * round(LEAD_S * RATE) + b"".join(
         c.mulaw + SILENCE * round(PAUSE_S * RATE) for c in clips
     )
-    cpu = server.cpu_s()
+    cpu = server_cpu_s(server)
     start = time.monotonic()
     async with aio.insecure_channel(server.target) as channel:
         jobs = []
@@ -196,12 +136,17 @@ async def run_phase(
             jobs.append(bulk_job(channel, recording, args.recordings, args.concurrency, phase))
         await asyncio.gather(*jobs)
     phase.wall_s = time.monotonic() - start
-    phase.cpu_s = server.cpu_s() - cpu
+    phase.cpu_s = server_cpu_s(server) - cpu
     return phase
 
 
+def server_cpu_s(server: ServerProcess) -> float:
+    """CPU seconds of every process of the server so far (supervisor, frontends, engine)."""
+    return server.metrics().sum("process_cpu_seconds_total")
+
+
 def pct(values: list[float], q: float) -> float:
-    return float(np.percentile(values, q)) if values else float("nan")
+    return math.nan if (v := percentile(values, q)) is None else v
 
 
 def load() -> str:
@@ -251,9 +196,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "references": [c.text for c in clips],
         "phases": {},
     }
-    server = Server(args.out, args.server_args.split())
+    server = ServerProcess(
+        "--log-level", "warning", *args.server_args.split(),
+        threads=None, log_format="text", log_path=args.out / "server.log",
+    )  # fmt: skip
     try:
-        server.wait_serving()
+        server.wait_serving(300)
         for name, live, bulk in (
             ("live calls alone", True, False),
             ("bulk job alone", False, True),
@@ -263,7 +211,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             run["phases"][name] = dataclasses.asdict(phase) | {"load": load()}
             print(f"{name}: done in {phase.wall_s:.1f} s; load average {load()}", flush=True)
     finally:
-        server.stop()
+        server.stop(grace_s=60)
     return run
 
 
