@@ -56,4 +56,5 @@ def test_a_refusal_on_one_channel_sends_every_final_of_the_other_first(slow_serv
     assert outcome.code == grpc.StatusCode.RESOURCE_EXHAUSTED, outcome
     assert "--max-queue" in outcome.details
     finals = [(r.channel_tag, r.utterance_index) for r in outcome.finals]
-    assert finals == [(2, 0), (2, 1)], outcome
+    said = [(r.channel_tag, r.utterance_index, r.alternatives[0].transcript) for r in outcome.finals]
+    assert finals == [(2, 0), (2, 1)], (said, outcome.details)

@@ -105,6 +105,7 @@ ENGINE_OUT_OF_RANGE = [
     ("--recorded-encoder-budget-ms", "-1", "--recorded-encoder-budget-ms must be 0-60000 ms"),
     ("--trim-margin-s", "0", "--trim-margin-s must be 0.0125-30.0 s"),
     ("--trim-margin-s", "0.0124", "--trim-margin-s must be 0.0125-30.0 s"),
+    ("--trim-floor-s", "31", "--trim-floor-s must be 0-30.0 s"),
     ("--batch-window-ms", "-1", "--batch-window-ms must be 0-60000 ms"),
     ("--max-tokens", "0", "--max-tokens must be 7-448"),
     ("--max-tokens", "449", "--max-tokens must be 7-448"),

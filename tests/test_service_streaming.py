@@ -52,13 +52,14 @@ SENTENCES = [
 # Measured on tiny.en (CPU, fp32, 2 threads) with these espeak-ng sentences. 16 kHz measured 0.0 every
 # time: its bound allows 3 of the 38 words.
 PACED_WER_MEASURED, PACED_WER_BOUND = 0.0, 0.08
-# 8 kHz bounds: measured 2026-12-01 in three runs of this file's telephone and jfk tests (identical
-# each run: sox converts with -D, no dither, and greedy decoding is deterministic), each bound the
-# measurement plus 2 words, so that a regression of 3 words fails. Re-measure when the model, the
-# engine's decoding or the endpointer changes.
+# 8 kHz bounds: measured 2026-12-02 (identical each run: sox converts with -D, no dither, and greedy
+# decoding is deterministic), each bound the measurement plus 2 words, so that a regression of 3 words
+# fails. Re-measure when the model, the engine's decoding or the endpointer changes. The 10 s encoder
+# context floor moved these espeak clips both ways (mu-law 14 -> 12 errors, A-law 7 -> 15; 40 espeak
+# telephone clips 36.7 -> 37.1 %, real speech 7.1 -> 6.2 %: docs/benchmarks.md "Issue 22").
 TELEPHONE_WER = {  # encoding: (measured, bound) over the 38 words of SENTENCES
-    "MULAW": (0.368, 0.43),  # 14 errors, bound 16
-    "ALAW": (0.184, 0.24),  # 7 errors, bound 9
+    "MULAW": (0.316, 0.37),  # 12 errors, bound 14
+    "ALAW": (0.395, 0.45),  # 15 errors, bound 17
 }
 JFK_MULAW_WER_MEASURED, JFK_MULAW_WER_BOUND = 0.045, 0.14  # of 22 words: 1 error, bound 3
 OFFSET_TOLERANCE_S = 0.3
