@@ -5,7 +5,7 @@ utterance's future, after the stream has moved on)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import grpc
 import numpy as np
@@ -14,7 +14,7 @@ from asr.v1 import asr_pb2
 from grpc import aio
 
 from tests.support.audio import make_conversation, silence, stereo, to_linear16_bytes
-from tests.support.calls import Outcome, audio_requests, config_request, run_stream
+from tests.support.calls import Outcome, Request, audio_requests, config_request, run_stream
 from tests.support.server import ServerProcess
 
 pytestmark = pytest.mark.slow
@@ -22,6 +22,7 @@ pytestmark = pytest.mark.slow
 # Each ends in a digit run: a redacting channel holds such a final back until its next one (or the end).
 CUSTOMER = ["My account number is four one one.", "The code is five five five."]
 AGENT = ["Thank you, one moment please."]
+FIRST_TAKEN_S = 1.5  # well within the first utterance's 5 s encoder pass
 
 
 @pytest.fixture(scope="module")
@@ -48,9 +49,23 @@ def test_a_refusal_on_one_channel_sends_every_final_of_the_other_first(slow_serv
         audio_channel_count=2, enable_separate_recognition_per_channel=True, redact=[asr_pb2.PCI]
     )
 
+    data = to_linear16_bytes(audio)
+    # Up to where the customer's second sentence starts (the first's pause, past --min-silence, is in it),
+    # then a wait: the engine takes the first utterance out of its one-place queue before the rest comes.
+    # Sent in one burst, the first two can reach a loaded engine together, and the second is refused.
+    split = round(bounds[1][0] * 16000) * 4  # 16-bit stereo frames
+
+    async def requests() -> AsyncIterator[Request]:
+        yield config
+        for r in audio_requests(data[:split], 6400):
+            yield r
+        await asyncio.sleep(FIRST_TAKEN_S)
+        for r in audio_requests(data[split:], 6400):
+            yield r
+
     async def call() -> Outcome:
         async with aio.insecure_channel(slow_server.target) as channel:
-            return await run_stream(channel, [config, *audio_requests(to_linear16_bytes(audio), 6400)])
+            return await run_stream(channel, requests())
 
     outcome = asyncio.run(call())
     assert outcome.code == grpc.StatusCode.RESOURCE_EXHAUSTED, outcome
