@@ -308,6 +308,24 @@ def _engine(system: str, threads: int, options: Sequence[str]) -> Transcriber:
     return run
 
 
+def throughput(
+    entries: Sequence[ManifestEntry], hyps: Sequence[str], audio_s: float, wall: float, cpu: float
+) -> dict[str, Any]:
+    """What every system's row says of one timed pass over `entries`: speed, CPU (every thread and
+    process of the system: robust to other load on a shared machine) and WER."""
+    n = len(entries)
+    return {
+        "utterances": n,
+        "audio_s": round(audio_s, 3),
+        "wall_s": round(wall, 3),
+        "utt_per_s": n / wall,
+        "s_per_utt": wall / n,
+        "rtfx": audio_s / wall,
+        "cpu_s_per_utt": cpu / n,
+        "wer": corpus_wer([e.text for e in entries], hyps),
+    }
+
+
 def run_server(system: str, manifest: Path, repeat: int, before: str) -> dict[str, Any]:
     """16 gRPC streams through asr-server (this checkout's, or `before`'s code), as fast as possible."""
     import asyncio
@@ -360,15 +378,8 @@ def run_server(system: str, manifest: Path, repeat: int, before: str) -> dict[st
         "system": system,
         "description": DESCRIPTIONS[system].format(before=before[:7]),
         "batch_size": STREAMS,
-        "utterances": n,
-        "audio_s": round(audio_s, 3),
-        "wall_s": round(wall, 3),
-        "utt_per_s": n / wall,
-        "s_per_utt": wall / n,
-        "rtfx": audio_s / wall,
-        "cpu_s_per_utt": cpu / n,
+        **throughput(entries, hyps, audio_s, wall, cpu),
         "engine_cpu_s_per_utt": gained.sum("process_cpu_seconds_total", process="engine") / n,
-        "wer": corpus_wer([e.text for e in entries], hyps),
         "peak_rss_bytes": after.sum("process_resident_memory_bytes"),
         # the engine's own account of its time, per utterance (absent in code from before these metrics)
         "engine_busy_s_per_utt": {
@@ -428,14 +439,7 @@ def run_one(
         "description": DESCRIPTIONS[system].format(quantize=quantize)
         + (f" ({', '.join(engine_options)})" if system.startswith("engine") and engine_options else ""),
         "batch_size": 1 if system.endswith("-seq") else batch.get(system, batch_size),
-        "utterances": n,
-        "audio_s": round(audio_s, 3),
-        "wall_s": round(wall, 3),
-        "utt_per_s": n / wall,
-        "s_per_utt": wall / n,
-        "rtfx": audio_s / wall,
-        "cpu_s_per_utt": cpu / n,  # all threads: robust to other load on a shared machine
-        "wer": corpus_wer([e.text for e in entries], hyps),
+        **throughput(entries, hyps, audio_s, wall, cpu),
         # with worker processes, the parent's peak plus each worker's
         "peak_rss_bytes": peak_rss_bytes(),
         "load_s": round(load_s, 2),
