@@ -281,7 +281,7 @@ class EngineConfig:
         check("trim_floor_s", 0, MAX_TRIM_MARGIN_S, " s")
         check("max_encoder_batch_while_decoding", 0, 1024)  # 0: no bound beyond --max-batch
         check("encoder_budget_while_decoding_ms", 0, 60_000, " ms")  # 0: off
-        check("threads", 0, 1024)  # 0: torch's default
+        check("threads", 0, 1024)  # 0: the CPUs this process may use (engine/cpus.py)
         check("keyterm_bonus", 0, 30)  # nats; 30: every first piece of a term starts a match
         check("keyterm_max_gap", 0, 100)
         check("debug_crash_scheduler_after", 0, 1_000_000)  # test seam (engine/faults.py); 0: off
