@@ -180,6 +180,12 @@ def mulaw_config(**streaming: Any) -> speech_v1.StreamingRecognitionConfig:
     )
 
 
+def streams_ended(code: str) -> float:
+    """Google door streams that ended with `code`, as the core counts them (asr_door_calls_total)."""
+    labels = {"door": "google", "kind": "stream", "code": code}
+    return REGISTRY.get_sample_value("asr_door_calls_total", labels) or 0.0
+
+
 def seconds(d: Any) -> float:
     return d.total_seconds()
 
@@ -708,14 +714,10 @@ def test_auth_accepted_with_a_known_token(google_server: ServerThread, two_sente
 def test_streams_and_requests_are_counted_under_the_google_door(
     google_server: ServerThread, two_sentences: bytes
 ) -> None:
-    def count() -> float:
-        labels = {"door": "google", "kind": "stream", "code": "OK"}
-        return REGISTRY.get_sample_value("asr_door_calls_total", labels) or 0.0
-
-    before = count()
+    before = streams_ended("OK")
     call = stream(google_server.target, mulaw_config(), chunked(two_sentences, 800))
     assert call.error is None
-    assert count() == before + 1
+    assert streams_ended("OK") == before + 1
 
 
 # --- drain: finals, then "go elsewhere" ----------------------------------------------------------------------
@@ -760,21 +762,15 @@ def test_drain_gives_the_finals_then_unavailable(two_sentences: bytes) -> None:
 
 
 def test_a_drained_stream_counts_as_ended_normally(
-    service_engine: Engine, tmp_path: Path, two_sentences: bytes
+    service_engine: Engine, door_tokens_file: Path, two_sentences: bytes
 ) -> None:
     """The client sees UNAVAILABLE (Google's "retry elsewhere"), yet the server ended the call in order
     (every final of what it heard sent): asr_door_calls_total counts it OK, as the Riva door's, so that
-    a rolling deploy does not raise the per-door server-error ratio the alert watches."""
-
-    def count(code: str) -> float:
-        labels = {"door": "google", "kind": "stream", "code": code}
-        return REGISTRY.get_sample_value("asr_door_calls_total", labels) or 0.0
-
-    tokens = tmp_path / "tokens"
-    tokens.write_text(f"{TOKEN}\n")
-    server = ServerThread(ServerConfig(auth_tokens_file=str(tokens)), service_engine).start()
+    a rolling deploy does not raise the per-door server-error ratio the alert watches. A server of its
+    own: this one drains."""
+    server = ServerThread(ServerConfig(auth_tokens_file=str(door_tokens_file)), service_engine).start()
     try:
-        before = {code: count(code) for code in ("OK", "UNAVAILABLE")}
+        before = {code: streams_ended(code) for code in ("OK", "UNAVAILABLE")}
         stop, heard = threading.Event(), threading.Event()
 
         def audio() -> Iterator[bytes]:
@@ -802,7 +798,7 @@ def test_a_drained_stream_counts_as_ended_normally(
         assert isinstance(call.error, gexc.ServiceUnavailable), call.error
 
         def counted() -> tuple[float, float]:
-            return count("OK") - before["OK"], count("UNAVAILABLE") - before["UNAVAILABLE"]
+            return streams_ended("OK") - before["OK"], streams_ended("UNAVAILABLE") - before["UNAVAILABLE"]
 
         wait_until(lambda: sum(counted()) > 0, 10, "the call counted")  # counted as the handler ends
         assert counted() == (1, 0)
