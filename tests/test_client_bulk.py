@@ -365,7 +365,11 @@ def test_a_stream_drained_mid_file_is_continued_on_another_replica(
             "--retries",
             "5",
         )
-        wait_for(lambda: '"message": "utterance"' in first.log(), 60, "a first final on the first replica")
+        # Two finals: the drain can come right behind a speculative final, within CUT_SLACK_S of where the
+        # replica stopped hearing, and the client then rightly redoes that utterance from its start.
+        wait_for(
+            lambda: first.log().count('"message": "utterance"') >= 2, 60, "two finals on the first replica"
+        )
         assert client.poll() is None, "the file must still be streaming when the drain comes"
         first.terminate()
         _, stderr = client.communicate(timeout=180)
