@@ -157,7 +157,14 @@ VAD_BATCH_CHANNELS = Histogram(
     "Channels (streams, or each channel of a separately recognized stream) scored in one batched VAD pass",
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
 )
-VAD_WINDOWS = Counter("asr_vad_windows_total", "32 ms windows scored by the streaming VAD")
+VAD_WINDOWS = Counter(
+    "asr_vad_windows_total", "32 ms windows the streaming VAD was given (scored, or gated as line noise)"
+)
+VAD_WINDOWS_GATED = Counter(
+    "asr_vad_windows_gated_total",
+    "32 ms windows not scored by the VAD model: a channel's line noise after 0.5 s of non-speech "
+    "(service/pipeline/noise_gate.py); every path, streams and Recognize",
+)
 
 # Call metrics (service/pipeline/call_metrics.py), one observation per call (stream or Recognize) as it
 # ends: distributions over calls, no label per call. `channel` is the channel's position (channel_tag:

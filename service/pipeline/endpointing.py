@@ -27,6 +27,9 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from service import metrics
+from service.pipeline.noise_gate import MARGIN_DB, NoiseFloor, levels_db
+
 RATE = 16000
 WINDOW = 512  # samples the model scores at a time (32 ms)
 _CONTEXT = 64  # samples of the previous window the model sees in front of each window
@@ -163,6 +166,7 @@ class VadState:
 
     state: np.ndarray = field(default_factory=lambda: np.zeros((2, 128), dtype=np.float32))
     context: np.ndarray = field(default_factory=lambda: np.zeros(_CONTEXT, dtype=np.float32))
+    noise: NoiseFloor = field(default_factory=NoiseFloor)
 
 
 class SileroVad:
@@ -170,10 +174,12 @@ class SileroVad:
 
     `score()` is the one place probabilities are computed: any number of channels, each with any number
     of windows. Channels are batched a window at a time (the LSTM makes a channel's own
-    windows sequential), so N streams with a window each cost one call, not N.
+    windows sequential), so N streams with a window each cost one call, not N. A channel's line noise,
+    once the model has called it non-speech, is not scored at all (service/pipeline/noise_gate.py;
+    `gate_margin_db` 0 scores every window).
     """
 
-    def __init__(self, path: Path | None = None) -> None:
+    def __init__(self, path: Path | None = None, gate_margin_db: float = MARGIN_DB) -> None:
         opts = ort.SessionOptions()
         # One thread per call: 64 streams are parallel work already, and the engine needs the cores.
         opts.intra_op_num_threads = 1
@@ -186,6 +192,7 @@ class SileroVad:
             str(_model_path(_BATCH_MODEL)), sess_options=opts, providers=["CPUExecutionProvider"]
         )
         self._rate = np.array(RATE, dtype=np.int64)
+        self.gate_margin_db = gate_margin_db
 
     def new_state(self) -> VadState:
         return VadState()
@@ -197,42 +204,61 @@ class SileroVad:
     def score(self, states: Sequence[VadState], windows: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Speech probability of each window of each channel (windows[i] is [n_i, WINDOW]); advances
         every state. One channel alone runs the sequence export (many windows in one call); more run
-        batched across channels, a window at a time."""
+        batched across channels, a window at a time. Skipped line noise scores 0."""
         out = [_EMPTY] * len(states)
-        group = [i for i in range(len(states)) if len(windows[i])]
+        skips = [0] * len(states)
+        levels: dict[int, np.ndarray] = {}
+        for i, w in enumerate(windows):
+            if len(w):
+                levels[i] = levels_db(w)
+                skips[i] = states[i].noise.leading_skips(levels[i], self.gate_margin_db)
+        group = [i for i in levels if len(windows[i]) > skips[i]]
         if len(group) == 1:
             i = group[0]
-            out[i] = self._sequence(states[i], windows[i])
+            out[i] = self._sequence(states[i], windows[i], skips[i])
         elif group:
-            for i, probs in zip(
-                group, self._batched([states[i] for i in group], [windows[i] for i in group]), strict=True
-            ):
+            scored = self._batched(
+                [states[i] for i in group], [windows[i] for i in group], [skips[i] for i in group]
+            )
+            for i, probs in zip(group, scored, strict=True):
                 out[i] = probs
+        skipped = 0
+        for i, level in levels.items():
+            states[i].noise.heard(level[skips[i] :], out[i])
+            states[i].context = windows[i][-1, -_CONTEXT:].copy()
+            if skips[i]:
+                out[i] = np.concatenate([np.zeros(skips[i], dtype=np.float32), out[i]])
+                skipped += skips[i]
+        if skipped:
+            metrics.VAD_WINDOWS_GATED.inc(skipped)
         return out
 
-    def _sequence(self, state: VadState, windows: np.ndarray) -> np.ndarray:
-        contexts = np.concatenate([state.context[None], windows[:-1, -_CONTEXT:]])
+    def _sequence(self, state: VadState, windows: np.ndarray, first: int) -> np.ndarray:
+        """Windows[first:] scored in one call (the ones before it were skipped)."""
+        before = state.context if first == 0 else windows[first - 1, -_CONTEXT:]
+        contexts = np.concatenate([before[None], windows[first:-1, -_CONTEXT:]])
         probs, h, c = self._session.run(
             None,
             {
-                "input": np.concatenate([contexts, windows], axis=1),
+                "input": np.concatenate([contexts, windows[first:]], axis=1),
                 "h": state.state[0].reshape(1, 1, -1),
                 "c": state.state[1].reshape(1, 1, -1),
             },
         )
         state.state = np.concatenate([h.reshape(1, -1), c.reshape(1, -1)])
-        state.context = windows[-1, -_CONTEXT:].copy()
         return np.asarray(probs, dtype=np.float32).reshape(-1)
 
-    def _batched(self, states: list[VadState], windows: list[np.ndarray]) -> list[np.ndarray]:
+    def _batched(
+        self, states: list[VadState], windows: list[np.ndarray], firsts: list[int]
+    ) -> list[np.ndarray]:
+        """Each channel's windows from its `first` on, one call per window depth."""
         window, ctx = WINDOW, _CONTEXT
-        counts = np.array([len(w) for w in windows])
-        probs = [np.empty(n, dtype=np.float32) for n in counts]
-        live = list(range(len(states)))
-        # One call per window depth: every channel that still has a window at depth d is in it. The input
-        # row is [context | window], written straight into the batch (the one copy the model needs).
-        for d in range(int(counts.max())):
-            live = [i for i in live if counts[i] > d]
+        counts = [len(w) for w in windows]
+        probs = [np.empty(n - f, dtype=np.float32) for n, f in zip(counts, firsts, strict=True)]
+        # One call per window depth: every channel that has a window to score at depth d is in it. The
+        # input row is [context | window], written straight into the batch (the one copy the model needs).
+        for d in range(min(firsts), max(counts)):
+            live = [i for i in range(len(states)) if firsts[i] <= d < counts[i]]
             batch = np.empty((len(live), ctx + window), dtype=np.float32)
             state = np.empty((2, len(live), 128), dtype=np.float32)
             for row, i in enumerate(live):
@@ -243,10 +269,8 @@ class SileroVad:
             p, state_n = self._batch.run(None, {"input": batch, "state": state, "sr": self._rate})
             p = np.asarray(p).reshape(-1)
             for row, i in enumerate(live):
-                probs[i][d] = p[row]
+                probs[i][d - firsts[i]] = p[row]
                 states[i].state = state_n[:, row]
-        for s, w in zip(states, windows, strict=True):
-            s.context = w[-1, -ctx:].copy()
         return probs
 
 
