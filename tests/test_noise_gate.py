@@ -129,3 +129,27 @@ def test_real_speech_over_line_noise_is_cut_as_without_the_gate(
     # of the 4 s of line around the speech, all but the first 0.5 s after each stretch of speech went
     # unscored (jfk 3.0 s; librivox 6.8-8.0 s: its 1 s gaps between clips count too)
     assert skipped * WINDOW / RATE >= 2.5, skipped * WINDOW / RATE
+
+
+def test_how_the_windows_are_split_into_passes_changes_no_probability() -> None:
+    """The gate decides window by window: one window per pass (a live call), 7 per pass, all in one
+    pass (a recording), and batched beside other channels give the same probabilities and skips."""
+    vad = SileroVad()
+    windows = windows_of(call_over_line_noise(jfk_16k(), 0.0, -50.0))
+    other = windows_of(call_over_line_noise(pocketsphinx_16k("cards"), -10.0, -55.0))[: len(windows)]
+
+    def passes(size: int, beside: np.ndarray | None = None) -> tuple[np.ndarray, float]:
+        state, company, before, out = vad.new_state(), vad.new_state(), gated_windows(), []
+        for i in range(0, len(windows), size):
+            if beside is None:
+                out.append(vad(state, windows[i : i + size]))
+            else:
+                out.append(vad.score([state, company], [windows[i : i + size], beside[i : i + size]])[0])
+        return np.concatenate(out), gated_windows() - before
+
+    one_pass, _ = passes(len(windows))
+    for size, beside in ((1, None), (7, None), (3, other)):
+        probs, _ = passes(size, beside)
+        np.testing.assert_allclose(probs, one_pass, atol=1e-5, err_msg=f"{size} per pass")
+    alone, skipped = passes(1)
+    assert skipped > 0 and int((alone == 0).sum()) >= skipped  # some windows were skipped, all as 0

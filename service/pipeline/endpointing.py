@@ -203,44 +203,51 @@ class SileroVad:
 
     def score(self, states: Sequence[VadState], windows: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Speech probability of each window of each channel (windows[i] is [n_i, WINDOW]); advances
-        every state. One channel alone runs the sequence export (many windows in one call); more run
-        batched across channels, a window at a time. Skipped line noise scores 0."""
-        out = [_EMPTY] * len(states)
-        skips = [0] * len(states)
-        levels: dict[int, np.ndarray] = {}
-        for i, w in enumerate(windows):
-            if len(w):
-                levels[i] = levels_db(w)
-                skips[i] = states[i].noise.leading_skips(levels[i], self.gate_margin_db)
-        group = [i for i in levels if len(windows[i]) > skips[i]]
-        if len(group) == 1:
-            i = group[0]
-            out[i] = self._sequence(states[i], windows[i], skips[i])
-        elif group:
-            scored = self._batched(
-                [states[i] for i in group], [windows[i] for i in group], [skips[i] for i in group]
-            )
-            for i, probs in zip(group, scored, strict=True):
-                out[i] = probs
+        every state. Skipped line noise scores 0. The gate decides window by window, so how the windows
+        are split into passes never changes a probability: each round skips what it can, then scores
+        each channel's windows up to the next one the gate might skip (one channel: the sequence export,
+        many windows in one call; more: batched across channels, a window depth at a time)."""
+        out = [np.zeros(len(w), dtype=np.float32) for w in windows]
+        levels = [levels_db(w) if len(w) else _EMPTY for w in windows]
+        at = [0] * len(states)  # each channel's next window
         skipped = 0
-        for i, level in levels.items():
-            states[i].noise.heard(level[skips[i] :], out[i])
-            states[i].context = windows[i][-1, -_CONTEXT:].copy()
-            if skips[i]:
-                out[i] = np.concatenate([np.zeros(skips[i], dtype=np.float32), out[i]])
-                skipped += skips[i]
+        while True:
+            runs: dict[int, int] = {}  # channel -> windows to score this round from at[channel]
+            for i, state in enumerate(states):
+                skip = state.noise.leading_skips(levels[i][at[i] :], self.gate_margin_db)
+                at[i] += skip
+                skipped += skip
+                if at[i] < len(windows[i]):
+                    runs[i] = min(
+                        len(windows[i]) - at[i], state.noise.scored_before_gating(self.gate_margin_db)
+                    )
+            if not runs:
+                break
+            if len(runs) == 1:
+                ((i, n),) = runs.items()
+                scored = {i: self._sequence(states[i], windows[i], at[i], n)}
+            else:
+                scored = self._batched(states, windows, at, runs)
+            for i, probs in scored.items():
+                out[i][at[i] : at[i] + len(probs)] = probs
+                states[i].noise.heard(levels[i][at[i] : at[i] + len(probs)], probs)
+                at[i] += len(probs)
+        for state, w in zip(states, windows, strict=True):
+            if len(w):
+                state.context = w[-1, -_CONTEXT:].copy()
         if skipped:
             metrics.VAD_WINDOWS_GATED.inc(skipped)
         return out
 
-    def _sequence(self, state: VadState, windows: np.ndarray, first: int) -> np.ndarray:
-        """Windows[first:] scored in one call (the ones before it were skipped)."""
+    def _sequence(self, state: VadState, windows: np.ndarray, first: int, n: int) -> np.ndarray:
+        """windows[first:first + n] of one channel in one call."""
         before = state.context if first == 0 else windows[first - 1, -_CONTEXT:]
-        contexts = np.concatenate([before[None], windows[first:-1, -_CONTEXT:]])
+        run = windows[first : first + n]
+        contexts = np.concatenate([before[None], run[:-1, -_CONTEXT:]])
         probs, h, c = self._session.run(
             None,
             {
-                "input": np.concatenate([contexts, windows[first:]], axis=1),
+                "input": np.concatenate([contexts, run], axis=1),
                 "h": state.state[0].reshape(1, 1, -1),
                 "c": state.state[1].reshape(1, 1, -1),
             },
@@ -249,27 +256,26 @@ class SileroVad:
         return np.asarray(probs, dtype=np.float32).reshape(-1)
 
     def _batched(
-        self, states: list[VadState], windows: list[np.ndarray], firsts: list[int]
-    ) -> list[np.ndarray]:
-        """Each channel's windows from its `first` on, one call per window depth."""
+        self, states: Sequence[VadState], windows: Sequence[np.ndarray], at: list[int], runs: dict[int, int]
+    ) -> dict[int, np.ndarray]:
+        """runs[i] windows of each channel i from at[i] on, one call per window depth."""
         window, ctx = WINDOW, _CONTEXT
-        counts = [len(w) for w in windows]
-        probs = [np.empty(n - f, dtype=np.float32) for n, f in zip(counts, firsts, strict=True)]
+        probs = {i: np.empty(n, dtype=np.float32) for i, n in runs.items()}
         # One call per window depth: every channel that has a window to score at depth d is in it. The
         # input row is [context | window], written straight into the batch (the one copy the model needs).
-        for d in range(min(firsts), max(counts)):
-            live = [i for i in range(len(states)) if firsts[i] <= d < counts[i]]
+        for d in range(max(runs.values())):
+            live = [i for i, n in runs.items() if d < n]
             batch = np.empty((len(live), ctx + window), dtype=np.float32)
             state = np.empty((2, len(live), 128), dtype=np.float32)
             for row, i in enumerate(live):
-                w = windows[i]
-                batch[row, :ctx] = states[i].context if d == 0 else w[d - 1, -ctx:]
-                batch[row, ctx:] = w[d]
+                w, k = windows[i], at[i] + d
+                batch[row, :ctx] = states[i].context if k == 0 else w[k - 1, -ctx:]
+                batch[row, ctx:] = w[k]
                 state[:, row] = states[i].state
             p, state_n = self._batch.run(None, {"input": batch, "state": state, "sr": self._rate})
             p = np.asarray(p).reshape(-1)
             for row, i in enumerate(live):
-                probs[i][d - firsts[i]] = p[row]
+                probs[i][d] = p[row]
                 states[i].state = state_n[:, row]
         return probs
 

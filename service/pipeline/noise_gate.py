@@ -14,13 +14,14 @@ non-speech for a while:
 - anything louder is scored, so speech above the hiss (SNR > `margin_db`) starts as it did without the
   gate, from the model state of the last non-speech window it scored.
 
-Only the leading run of a channel's pending windows can be skipped: a live call's pass holds one to
-three windows, so that is nearly every skippable window, and the rest keeps one batched call per depth.
+The decision is made window by window (a skip depends on the probabilities before it), so splitting a
+channel's audio into other passes never changes what is skipped or any probability.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,6 +51,13 @@ class NoiseFloor:
             self._quiet(level)
             n += 1
         return n
+
+    def scored_before_gating(self, margin_db: float) -> int:
+        """How many windows from here on the model must score before the gate could skip one: a run of
+        them needs no decision in between, so it can go to the model in one call."""
+        if margin_db <= 0:
+            return sys.maxsize
+        return max(1, GATE_AFTER_WINDOWS - self.quiet_run)
 
     def heard(self, levels_db: np.ndarray, probs: np.ndarray) -> None:
         """The model scored these windows: learn the floor from the non-speech among them."""
