@@ -146,8 +146,11 @@ class StreamDecoder:
 
 
 def _finish(x: np.ndarray) -> np.ndarray:
-    """[n, channels] -> contiguous [channels, n] float32, clipped (resampling can overshoot full scale)."""
-    return np.ascontiguousarray(np.clip(x.T, -1.0, 1.0), dtype=np.float32)
+    """[n, channels] -> contiguous [channels, n] float32, clipped (resampling can overshoot full scale).
+    Two ufuncs into one new array: np.clip's Python wrapper costs a third more per 20 ms chunk."""
+    out = np.empty((x.shape[1], x.shape[0]), dtype=np.float32)
+    np.maximum(x.T, -1.0, out=out)
+    return np.minimum(out, 1.0, out=out)
 
 
 class AudioTooLong(ValueError):

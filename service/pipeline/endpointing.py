@@ -393,7 +393,7 @@ class Endpointer:
         if n:
             start = self._scored - self._buf_start
             windows = self._buf[start : start + n * WINDOW].reshape(n, WINDOW)
-            rms = np.sqrt(np.mean(windows**2, axis=1))
+            rms = np.sqrt(np.einsum("ij,ij->i", windows, windows) / WINDOW)  # half the cost of mean(w**2)
             for p, r in zip(np.asarray(probs).tolist(), rms.tolist(), strict=True):
                 self._scored += WINDOW
                 self._step(p, r, events)

@@ -30,7 +30,7 @@ MARGIN_DB = 3.0  # white noise's 32 ms windows spread about +-1.2 dB around thei
 GATE_AFTER_WINDOWS = 16  # 0.5 s of non-speech before the first skip: an utterance's end is the model's
 QUIET_PROB = 0.1  # a window the model scores below this is non-speech (silero's end threshold is 0.35)
 FLOOR_RISE_DB = 0.15  # per 32 ms window (~5 dB/s): the floor's climb towards louder non-speech
-FLOOR_MIN_DB = -100.0  # digital silence (-inf) would otherwise hold the floor down for minutes
+FLOOR_MIN_DB = -100.0  # digital silence (-300) would otherwise hold the floor down for minutes
 
 
 @dataclass
@@ -74,7 +74,6 @@ class NoiseFloor:
 
 
 def levels_db(windows: np.ndarray) -> np.ndarray:
-    """Each window's RMS level in dBFS (full scale 1.0); -inf for digital silence."""
+    """Each window's RMS level in dBFS (full scale 1.0); -300 for digital silence."""
     power = np.einsum("ij,ij->i", windows, windows) / max(windows.shape[1], 1)
-    with np.errstate(divide="ignore"):
-        return 10.0 * np.log10(power)
+    return 10.0 * np.log10(np.maximum(power, 1e-30))
