@@ -29,6 +29,9 @@ from asr.v1 import asr_pb2, asr_pb2_grpc
 from grpc import aio
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # runnable as a plain script from a checkout
+from service.runtime.ports import free_port  # noqa: E402
+
 G711_BYTES_PER_S = 8000
 
 
@@ -90,12 +93,13 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=128)
     ap.add_argument("--chunk-ms", default="20,100", help="message sizes, comma-separated")
     ap.add_argument("--seconds", type=float, default=10.0, help="audio per call")
-    ap.add_argument("--port", type=int, default=50093)
+    ap.add_argument("--port", type=int, default=0, help="the bare server's port (0: a free one)")
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve:
         asyncio.run(serve(args.port))
         return
+    args.port = args.port or free_port()
     proc = subprocess.Popen(
         [sys.executable, __file__, "--serve", "--port", str(args.port)], stdout=subprocess.PIPE, text=True
     )
