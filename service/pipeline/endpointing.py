@@ -13,6 +13,8 @@ batched call per event-loop tick, and hands the probabilities back (`advance()`)
 scored on its 16 kHz resampling, the engine's audio: silero's 8 kHz model on the call's own audio cost
 about a fifth less VAD CPU but cut real speech into utterances the engine transcribed worse (WER 9.7 vs
 7.0 % through the server at 16 real-time calls; docs/benchmarks.md "Endpointing cost: batched VAD").
+A channel's line noise is not scored at all once the model has called it non-speech
+(service/pipeline/noise_gate.py).
 """
 
 from __future__ import annotations
