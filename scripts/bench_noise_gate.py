@@ -37,7 +37,8 @@ from clients.scoring import corpus_wer  # noqa: E402
 from engine import DecodeOptions, Engine  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from service import metrics  # noqa: E402
-from service.pipeline.endpointing import RATE, WINDOW, Endpointer, SileroVad, Utterance  # noqa: E402
+from service.pipeline.endpointing import RATE, WINDOW, Endpointer, Utterance  # noqa: E402
+from service.pipeline.noise_gate import MARGIN_DB  # noqa: E402
 
 G711_RATE = 8000
 
@@ -72,9 +73,9 @@ def make_call(clips: list[np.ndarray], gain_db: float, noise_dbfs: float | None,
     return soxr.resample(heard, G711_RATE, RATE).astype(np.float32)
 
 
-def cut(audio: np.ndarray, vad: SileroVad) -> list[Utterance]:
+def cut(audio: np.ndarray, gate_margin_db: float) -> list[Utterance]:
     """The whole call at once: the same cuts as 20 ms passes give (tests/test_noise_gate.py holds it)."""
-    ep = Endpointer(vad=vad)
+    ep = Endpointer(gate_margin_db=gate_margin_db)
     return [e for e in ep.feed(audio) + ep.flush() if isinstance(e, Utterance)]
 
 
@@ -98,7 +99,6 @@ def main() -> None:
         handles = [engine.submit(u.audio, options) for u in utterances]
         return " ".join(h.future.result().text.strip() for h in handles)
 
-    with_gate, without = SileroVad(), SileroVad(gate_margin_db=0.0)
     print(f"{len(sources)} real clips per call; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
     print(
         "| caller gain dB | line noise dBFS | utterances gate / none | bounds moved (max s) | windows skipped | WER % gate / none |"
@@ -110,9 +110,9 @@ def main() -> None:
             noise = None if raw == "none" else float(raw)
             audio = make_call(clips, gain, noise)
             before = gated()
-            a = cut(audio, with_gate)
+            a = cut(audio, MARGIN_DB)
             skipped = gated() - before
-            b = cut(audio, without)
+            b = cut(audio, 0.0)
             moved = [
                 max(abs(x.start_s - y.start_s), abs(x.end_s - y.end_s)) for x, y in zip(a, b, strict=False)
             ]

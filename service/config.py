@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args, get_origin
 
 from engine.config import EngineConfig
+from service.pipeline.noise_gate import MARGIN_DB
 
 LogFormat = Literal["json", "text"]
 LogLevel = Literal["debug", "info", "warning", "error"]
@@ -112,6 +113,15 @@ class ServerConfig:
             "end), before the silence is long enough to confirm it; the result is sent only once confirmed "
             "and is cancelled if speech resumes: end of speech -> final latency becomes the larger of the "
             "silence wait and the recognition time instead of their sum (finals are identical)"
+        },
+    )
+    vad_gate_db: float = field(
+        default=MARGIN_DB,
+        metadata={
+            "help": "the VAD's noise gate: once the VAD has called 0.5 s of a channel non-speech, windows "
+            "within this many dB of that channel's own noise floor are not scored (most of the VAD's CPU on "
+            "idle lines and on the silent side of a two-channel call); louder audio always is. 0: every "
+            "window scored (docs/operations.md)"
         },
     )
     # --- idle and vanished clients, the RPC bound (docs/operations.md "Idle and vanished clients") ---
@@ -309,6 +319,8 @@ def validate(config: ServerConfig) -> None:
         problems.append("--engine-heartbeat-timeout must be 0 (off) or 1-3600 s")
     if config.idle_audio_timeout < 0:
         problems.append("--idle-audio-timeout must be 0 (off) or positive")
+    if not 0 <= config.vad_gate_db <= 20:
+        problems.append("--vad-gate-db must be 0 (off) to 20 dB")
     for name in ("keepalive_time", "keepalive_timeout"):
         if getattr(config, name) < 1:
             problems.append(f"{_flag(name)} must be at least 1 s")

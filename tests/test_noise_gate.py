@@ -3,11 +3,15 @@ model on real telephone speech (jfk.flac, pocketsphinx's librivox) over line noi
 
 from __future__ import annotations
 
+import grpc
 import numpy as np
 import pytest
+from asr.v1 import asr_pb2, asr_pb2_grpc
 from prometheus_client import REGISTRY
 
-from service.pipeline.endpointing import RATE, WINDOW, Endpointer, SileroVad, Utterance
+from engine import Engine
+from service.config import ServerConfig
+from service.pipeline.endpointing import RATE, WINDOW, Endpointer, SileroVad, Utterance, load_vad
 from service.pipeline.noise_gate import (
     FLOOR_MIN_DB,
     GATE_AFTER_WINDOWS,
@@ -15,7 +19,8 @@ from service.pipeline.noise_gate import (
     NoiseFloor,
     levels_db,
 )
-from tests.support.audio import white_noise
+from tests.support.audio import to_mulaw_8k_bytes, white_noise
+from tests.support.server import ServerThread, sync_stream
 from tests.test_vad_batch import jfk_16k, pocketsphinx_16k, telephone, windows_of
 
 QUIET = np.array([0.01])
@@ -30,17 +35,19 @@ def heard_quiet(floor: NoiseFloor, level_db: float, windows: int) -> None:
 def test_nothing_is_skipped_until_the_model_heard_half_a_second_of_non_speech() -> None:
     floor = NoiseFloor()
     heard_quiet(floor, -50.0, GATE_AFTER_WINDOWS - 1)
-    assert floor.leading_skips(np.array([-50.0, -50.0]), MARGIN_DB) == 0
+    assert floor.leading_skips(np.array([-50.0, -50.0])) == 0
     heard_quiet(floor, -50.0, 1)
-    assert floor.leading_skips(np.array([-50.0, -49.0, -50.0]), MARGIN_DB) == 3
+    assert floor.leading_skips(np.array([-50.0, -49.0, -50.0])) == 3
 
 
 def test_only_windows_near_the_floor_are_skipped_and_only_the_leading_run() -> None:
     floor = NoiseFloor()
     heard_quiet(floor, -50.0, GATE_AFTER_WINDOWS)
     # the window 4 dB above the floor is scored, and so is everything after it in this pass
-    assert floor.leading_skips(np.array([-48.0, -46.0, -50.0]), MARGIN_DB) == 1
-    assert floor.leading_skips(np.array([-50.0]), 0.0) == 0  # margin 0: the gate is off
+    assert floor.leading_skips(np.array([-48.0, -46.0, -50.0])) == 1
+    off = NoiseFloor(margin_db=0.0)
+    heard_quiet(off, -50.0, GATE_AFTER_WINDOWS)
+    assert off.leading_skips(np.array([-50.0])) == 0  # margin 0: the gate is off
 
 
 def test_speech_ends_the_run_and_does_not_raise_the_floor() -> None:
@@ -48,7 +55,7 @@ def test_speech_ends_the_run_and_does_not_raise_the_floor() -> None:
     heard_quiet(floor, -50.0, GATE_AFTER_WINDOWS)
     floor.heard(np.array([-20.0]), SPEECH)
     assert floor.floor_db == -50.0 and floor.quiet_run == 0
-    assert floor.leading_skips(np.array([-50.0]), MARGIN_DB) == 0
+    assert floor.leading_skips(np.array([-50.0])) == 0
 
 
 def test_the_floor_follows_a_louder_line_within_seconds_and_a_quieter_one_at_once() -> None:
@@ -66,7 +73,7 @@ def test_digital_silence_does_not_hold_the_floor_at_minus_infinity() -> None:
     assert (silent < FLOOR_MIN_DB).all()
     floor.heard(silent, np.zeros(GATE_AFTER_WINDOWS))
     assert floor.floor_db == FLOOR_MIN_DB
-    assert floor.leading_skips(silent, MARGIN_DB) == GATE_AFTER_WINDOWS  # silence itself is skipped
+    assert floor.leading_skips(silent) == GATE_AFTER_WINDOWS  # silence itself is skipped
 
 
 def gated_windows() -> float:
@@ -93,13 +100,13 @@ def call_over_line_noise(speech: np.ndarray, gain_db: float, noise_dbfs: float) 
     return telephone(audio + white_noise(len(audio) / RATE, dbfs=noise_dbfs, seed=11))
 
 
-def cut_live(audio: np.ndarray, vad: SileroVad) -> list[Utterance]:
+def cut_live(audio: np.ndarray, gate_margin_db: float) -> list[Utterance]:
     """Cut in 20 ms ticks, as a live stream is."""
-    ep, events = Endpointer(vad=vad), []
+    ep, events = Endpointer(gate_margin_db=gate_margin_db), []
     step = RATE // 50
     for i in range(0, len(audio), step):
         ep.push(audio[i : i + step])
-        events += ep.advance(vad(ep.vad_state, ep.windows()))
+        events += ep.advance(load_vad()(ep.vad_state, ep.windows()))
     return [e for e in events + ep.flush() if isinstance(e, Utterance)]
 
 
@@ -120,9 +127,9 @@ def test_real_speech_over_line_noise_is_cut_as_without_the_gate(
     speech = jfk_16k() if source == "jfk" else pocketsphinx_16k("librivox")
     audio = call_over_line_noise(speech, gain_db, noise_dbfs)
     before = gated_windows()
-    gated = cut_live(audio, SileroVad())
+    gated = cut_live(audio, MARGIN_DB)
     skipped = gated_windows() - before
-    plain = cut_live(audio, SileroVad(gate_margin_db=0.0))
+    plain = cut_live(audio, 0.0)
     assert len(gated) == len(plain) >= (1 if source == "jfk" else 5)
     for g, p in zip(gated, plain, strict=True):
         assert abs(g.start_s - p.start_s) <= BOUND_SLACK_S and abs(g.end_s - p.end_s) <= BOUND_SLACK_S, (g, p)
@@ -153,3 +160,49 @@ def test_how_the_windows_are_split_into_passes_changes_no_probability() -> None:
         np.testing.assert_allclose(probs, one_pass, atol=1e-5, err_msg=f"{size} per pass")
     alone, skipped = passes(1)
     assert skipped > 0 and int((alone == 0).sum()) >= skipped  # some windows were skipped, all as 0
+
+
+def line_noise_requests(seconds: float) -> list[asr_pb2.StreamingRecognizeRequest]:
+    """A live call of -50 dBFS line noise, 8 kHz mu-law in 100 ms requests."""
+    audio = to_mulaw_8k_bytes(white_noise(seconds, dbfs=-50.0, seed=5))
+    config = asr_pb2.StreamingRecognitionConfig(
+        config=asr_pb2.RecognitionConfig(encoding=asr_pb2.MULAW, sample_rate_hertz=8000)
+    )
+    return [asr_pb2.StreamingRecognizeRequest(streaming_config=config)] + [
+        asr_pb2.StreamingRecognizeRequest(audio_content=audio[i : i + 800]) for i in range(0, len(audio), 800)
+    ]
+
+
+def recognize_line_noise(target: str, seconds: float) -> None:
+    audio = to_mulaw_8k_bytes(white_noise(seconds, dbfs=-50.0, seed=6))
+    with grpc.insecure_channel(target) as channel:
+        asr_pb2_grpc.RecognizerStub(channel).Recognize(
+            asr_pb2.RecognizeRequest(
+                config=asr_pb2.RecognitionConfig(encoding=asr_pb2.MULAW, sample_rate_hertz=8000),
+                audio_content=audio,
+            ),
+            timeout=60,
+        )
+
+
+def test_the_server_gates_streams_and_recordings_and_vad_gate_db_0_turns_it_off(
+    asr_server: ServerThread, service_engine: Engine
+) -> None:
+    """Through real servers: the default server skips a live call's and a recording's line noise; one
+    started with --vad-gate-db 0 scores every window of both."""
+    before = gated_windows()
+    _, code, _ = sync_stream(asr_server.target, line_noise_requests(3.0))
+    assert code == grpc.StatusCode.OK
+    streamed = gated_windows() - before
+    recognize_line_noise(asr_server.target, 3.0)
+    recorded = gated_windows() - before - streamed
+    assert streamed > 50 and recorded > 50, (streamed, recorded)  # of ~94 windows in each
+
+    off = ServerThread(ServerConfig(vad_gate_db=0.0), service_engine).start()
+    try:
+        before = gated_windows()
+        _, code, _ = sync_stream(off.target, line_noise_requests(3.0))
+        recognize_line_noise(off.target, 3.0)
+        assert code == grpc.StatusCode.OK and gated_windows() == before
+    finally:
+        off.stop()

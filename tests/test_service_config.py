@@ -65,6 +65,8 @@ def test_flags_parse_into_typed_config() -> None:
         (["--drain-seconds", "-1"], "--drain-seconds"),
         (["--engine-heartbeat-timeout", "0.5"], "--engine-heartbeat-timeout must be 0 (off) or 1-3600 s"),
         (["--idle-audio-timeout", "-1"], "--idle-audio-timeout must be 0 (off) or positive"),
+        (["--vad-gate-db", "25"], "--vad-gate-db must be 0 (off) to 20 dB"),
+        (["--vad-gate-db", "-1"], "--vad-gate-db must be 0 (off) to 20 dB"),
         (["--keepalive-time", "0.5"], "--keepalive-time must be at least 1 s"),
         (["--keepalive-timeout", "0"], "--keepalive-timeout must be at least 1 s"),
         (["--max-connection-age", "0.5"], "--max-connection-age must be 0 (off) or at least 1 s"),

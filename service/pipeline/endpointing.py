@@ -168,7 +168,7 @@ class VadState:
 
     state: np.ndarray = field(default_factory=lambda: np.zeros((2, 128), dtype=np.float32))
     context: np.ndarray = field(default_factory=lambda: np.zeros(_CONTEXT, dtype=np.float32))
-    noise: NoiseFloor = field(default_factory=NoiseFloor)
+    noise: NoiseFloor = field(default_factory=NoiseFloor)  # the noise gate's, per channel
 
 
 class SileroVad:
@@ -177,11 +177,11 @@ class SileroVad:
     `score()` is the one place probabilities are computed: any number of channels, each with any number
     of windows. Channels are batched a window at a time (the LSTM makes a channel's own
     windows sequential), so N streams with a window each cost one call, not N. A channel's line noise,
-    once the model has called it non-speech, is not scored at all (service/pipeline/noise_gate.py;
-    `gate_margin_db` 0 scores every window).
+    once the model has called it non-speech, is not scored at all (service/pipeline/noise_gate.py; the
+    margin is the channel's own, in its VadState).
     """
 
-    def __init__(self, path: Path | None = None, gate_margin_db: float = MARGIN_DB) -> None:
+    def __init__(self, path: Path | None = None) -> None:
         opts = ort.SessionOptions()
         # One thread per call: 64 streams are parallel work already, and the engine needs the cores.
         opts.intra_op_num_threads = 1
@@ -194,10 +194,10 @@ class SileroVad:
             str(_model_path(_BATCH_MODEL)), sess_options=opts, providers=["CPUExecutionProvider"]
         )
         self._rate = np.array(RATE, dtype=np.int64)
-        self.gate_margin_db = gate_margin_db
 
-    def new_state(self) -> VadState:
-        return VadState()
+    def new_state(self, gate_margin_db: float = MARGIN_DB) -> VadState:
+        """A channel's state; `gate_margin_db` is its noise gate's (0: every window scored)."""
+        return VadState(noise=NoiseFloor(margin_db=gate_margin_db))
 
     def __call__(self, state: VadState, windows: np.ndarray) -> np.ndarray:
         """Speech probability of each window of one channel ([n, window]); advances `state`."""
@@ -216,13 +216,11 @@ class SileroVad:
         while True:
             runs: dict[int, int] = {}  # channel -> windows to score this round from at[channel]
             for i, state in enumerate(states):
-                skip = state.noise.leading_skips(levels[i][at[i] :], self.gate_margin_db)
+                skip = state.noise.leading_skips(levels[i][at[i] :])
                 at[i] += skip
                 skipped += skip
                 if at[i] < len(windows[i]):
-                    runs[i] = min(
-                        len(windows[i]) - at[i], state.noise.scored_before_gating(self.gate_margin_db)
-                    )
+                    runs[i] = min(len(windows[i]) - at[i], state.noise.scored_before_gating())
             if not runs:
                 break
             if len(runs) == 1:
@@ -312,11 +310,13 @@ class Endpointer:
         vad: SileroVad | None = None,
         *,
         speculative: bool = False,
+        gate_margin_db: float = MARGIN_DB,
     ) -> None:
+        """`gate_margin_db`: this channel's VAD noise gate (service/pipeline/noise_gate.py; 0: off)."""
         self.settings = s = settings or EndpointSettings()
         s.validate()
         self._vad = vad or load_vad()
-        self.vad_state = self._vad.new_state()
+        self.vad_state = self._vad.new_state(gate_margin_db)
         self._pad = round(s.speech_pad_s * RATE)
         self._max_len = round(s.max_utterance_s * RATE)
         self._min_silence = round(s.min_silence_s * RATE)

@@ -10,7 +10,7 @@ non-speech for a while:
 - the floor follows the quietest windows the model called non-speech (down at once, up slowly, so a
   louder line is learnt in seconds and speech never raises it);
 - a window is skipped (probability 0, the model state kept) only when it is within `margin_db` of that
-  floor and the GATE_AFTER_WINDOWS windows before it were non-speech;
+  floor (--vad-gate-db, 3 dB by default; 0 turns the gate off) and the GATE_AFTER_WINDOWS windows before it were non-speech;
 - anything louder is scored, so speech above the hiss (SNR > `margin_db`) starts as it did without the
   gate, from the model state of the last non-speech window it scored.
 
@@ -35,27 +35,28 @@ FLOOR_MIN_DB = -100.0  # digital silence (-300) would otherwise hold the floor d
 
 @dataclass
 class NoiseFloor:
-    """One channel's gate state, kept with its VAD state."""
+    """One channel's gate state, kept with its VAD state; `margin_db` 0 turns its gate off."""
 
+    margin_db: float = MARGIN_DB
     floor_db: float = math.inf  # unknown until the model has called a window non-speech
     quiet_run: int = 0  # windows in a row that were non-speech (skipped ones included)
 
-    def leading_skips(self, levels_db: np.ndarray, margin_db: float) -> int:
+    def leading_skips(self, levels_db: np.ndarray) -> int:
         """How many of the leading windows (their levels, dBFS) to skip; it counts them as heard."""
-        if margin_db <= 0:
+        if self.margin_db <= 0:
             return 0
         n = 0
         for level in levels_db.tolist():
-            if self.quiet_run < GATE_AFTER_WINDOWS or level > self.floor_db + margin_db:
+            if self.quiet_run < GATE_AFTER_WINDOWS or level > self.floor_db + self.margin_db:
                 break
             self._quiet(level)
             n += 1
         return n
 
-    def scored_before_gating(self, margin_db: float) -> int:
+    def scored_before_gating(self) -> int:
         """How many windows from here on the model must score before the gate could skip one: a run of
         them needs no decision in between, so it can go to the model in one call."""
-        if margin_db <= 0:
+        if self.margin_db <= 0:
             return sys.maxsize
         return max(1, GATE_AFTER_WINDOWS - self.quiet_run)
 

@@ -31,6 +31,7 @@ from service.pipeline.audio import (
 )
 from service.pipeline.call_metrics import CallMetrics, CallMetricsSettings, CallMetricsTracker
 from service.pipeline.endpointing import Endpointer, EndpointSettings, Utterance
+from service.pipeline.noise_gate import MARGIN_DB
 from service.pipeline.results import ResultOptions, recognize_results
 from service.pipeline.session import await_transcript, engine_refusal
 
@@ -55,11 +56,15 @@ class RecordingCutter:
         separate: bool,
         settings: EndpointSettings,
         max_seconds: float | None = None,
+        gate_margin_db: float = MARGIN_DB,
     ) -> None:
         self.separate = separate
         self.samples = 0  # decoded so far, per channel, at 16 kHz
         self._blocks = decode_blocks(data, info, max_seconds=max_seconds)
-        self._endpointers = [Endpointer(settings) for _ in range(info.channels if separate else 1)]
+        self._endpointers = [
+            Endpointer(settings, gate_margin_db=gate_margin_db)
+            for _ in range(info.channels if separate else 1)
+        ]
         self._done = False
         self.at_end: list[Utterance] = []  # the utterances the end of the recording cut
 

@@ -174,7 +174,9 @@ class StreamSession:
                 tag=i + 1 if settings.separate_channels else 0,
                 endpointer=ManualTurns()
                 if ep is None
-                else Endpointer(ep, speculative=config.speculative_endpointing),
+                else Endpointer(
+                    ep, speculative=config.speculative_endpointing, gate_margin_db=config.vad_gate_db
+                ),
             )
             for i in range(n)
         ]
