@@ -370,7 +370,9 @@ class Recognizer:
             raise too_long(f"audio_content holds {info.seconds:.0f} s of audio", limit_s)
         separate = settings.separate_channels and info.channels > 1
         mode = "mono" if info.channels == 1 else ("separate" if separate else "mixdown")
-        cutter = RecordingCutter(data, info, separate, EndpointSettings(), limit_s, c.vad_gate_db)
+        cutter = RecordingCutter(
+            data, info, separate, EndpointSettings(), limit_s, gate_margin_db=c.vad_gate_db
+        )
         del data  # the cutter holds the one reference it reads from
         return await recognize_recording(
             engine,
