@@ -17,6 +17,7 @@ from service.pipeline.redaction import Kind as Redaction
 __all__ = [
     "AudioFormat",
     "CallEvent",
+    "CallInfo",
     "CallMetrics",
     "CallMetricsReport",
     "CallMetricsSettings",
@@ -86,6 +87,21 @@ class RecognitionSettings:
 
 
 @dataclass(frozen=True)
+class CallInfo:
+    """The telephony call a stream carries, as its platform names it: subscribers follow a call by
+    `call_id`, and its legs by their labels. `call_id` is the platform's own (Twilio callSid, the
+    AudioSocket UUID, the SIPREC session's Call-ID, Genesys' conversationId); `channel_labels` names
+    each channel in order ("customer", "agent"; Twilio's "inbound"/"outbound"), empty where the platform
+    names none; `platform` the door's name ("twilio", "audiohook", "asterisk", "siprec");
+    `attributes` what the platform said of the call (customParameters, participant AORs)."""
+
+    call_id: str
+    platform: str = ""
+    channel_labels: tuple[str, ...] = ()
+    attributes: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
 class StreamSettings:
     """A live stream: its recognition, how it is cut into utterances, and what comes back as it runs."""
 
@@ -108,6 +124,8 @@ class StreamSettings:
     call_metrics: bool = False
     # and one with the metrics so far every this many seconds of call audio (0: only the last)
     call_metrics_interval_s: float = 0.0
+    # the telephony call this stream carries (telephony doors): its results are published by call id
+    call: CallInfo | None = None
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from engine.api import ModelInfo
 from engine.prompt import check_prompt_chars
 from engine.request import Priority, check_keyterm_tokens
 from service.core.engine import RecognitionEngine
-from service.core.types import Formatting, RecognitionSettings, StreamSettings
+from service.core.types import CallInfo, Formatting, RecognitionSettings, StreamSettings
 from service.pipeline.audio import validate_stream_format
 from service.pipeline.call_metrics import CallMetricsSettings, validate_interval
 from service.pipeline.endpointing import EndpointSettings
@@ -112,6 +112,7 @@ class StreamPlan:
     call_metrics: CallMetricsSettings = field(default_factory=CallMetricsSettings)
     report_call_metrics: bool = False  # CallMetricsReport events go out (StreamSettings.call_metrics)
     call_metrics_interval_s: float = 0.0
+    call: CallInfo | None = None  # the telephony call the stream carries (StreamSettings.call)
 
 
 def plan_stream(settings: StreamSettings, engine: RecognitionEngine) -> StreamPlan:
@@ -148,4 +149,5 @@ def plan_stream(settings: StreamSettings, engine: RecognitionEngine) -> StreamPl
         call_metrics=r.call_metrics,
         report_call_metrics=settings.call_metrics,
         call_metrics_interval_s=settings.call_metrics_interval_s,
+        call=settings.call,
     )

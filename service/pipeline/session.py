@@ -783,6 +783,10 @@ class StreamSession:
             "forced_cut": u.forced_cut,
             "outcome": outcome,
         }
+        if (call := self.settings.call) is not None:
+            fields["call_id"] = call.call_id
+            if 0 < ch.tag <= len(call.channel_labels):
+                fields["leg"] = call.channel_labels[ch.tag - 1]
         if t is not None:
             st = t.stats
             fields.update(
