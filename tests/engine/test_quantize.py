@@ -45,6 +45,10 @@ def _tiny_hf() -> object:
     return load("tiny.en").model
 
 
+def cpu_has_avx512() -> bool:
+    return " avx512f" in Path("/proc/cpuinfo").read_text()
+
+
 def tiny_model() -> Whisper:
     """A fresh float32 tiny.en (quantize_dynamic swaps the modules of the model it is given)."""
     return from_transformers(_tiny_hf())
@@ -86,9 +90,13 @@ def reference_int8(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 
 def test_int8_rows_are_the_exact_integer_product_for_every_shape_of_tiny_en() -> None:
-    """The kernel adds int8 products exactly in int32, whatever its blocking: every row equals the
-    integer reference to the bit, for decode (1, 3, 16 rows), prefill and encoder-sized inputs. That
-    is what makes a row's result independent of its batch company."""
+    """With int8 dot products (VNNI, AMX) the kernel adds int8 products exactly in int32, whatever its
+    blocking: every row equals the integer reference to the bit, for decode (1, 3, 16 rows), prefill
+    and encoder-sized inputs. That is what makes a row's result independent of its batch company.
+    Without them (AVX2) oneDNN sums pairs in 16 bits that saturate, so some rows are not the exact
+    product: the reason auto leaves the encoder float32 there."""
+    exact = cpu_has_int8_dot_product()
+    inexact: list[tuple[str, int]] = []
     model = tiny_model()
     linears = {
         "encoder qkv": model.encoder.blocks[0].attn.qkv,
@@ -103,14 +111,20 @@ def test_int8_rows_are_the_exact_integer_product_for_every_shape_of_tiny_en() ->
         for rows in (1, 3, 16, 48, 300):
             x = torch.randn(rows, linear.in_features, generator=gen) * torch.rand(rows, 1, generator=gen) * 4
             with torch.inference_mode():
-                assert torch.equal(layer(x), reference_int8(linear, x)), (name, rows)
+                if not torch.equal(layer(x), reference_int8(linear, x)):
+                    inexact.append((name, rows))
     proj = nn.Linear(384, 51864, bias=False)
     proj.weight = model.decoder.token_embedding.weight
     layer = Int8Linear.from_float(proj)
     for rows in (1, 5, 16):
         x = torch.randn(rows, 384, generator=gen)
         with torch.inference_mode():
-            assert torch.equal(layer(x), reference_int8(proj, x)), ("projection", rows)
+            if not torch.equal(layer(x), reference_int8(proj, x)):
+                inexact.append(("projection", rows))
+    if exact:
+        assert inexact == []
+    else:
+        assert inexact, "this CPU has no int8 dot products, yet every product was exact"
 
 
 def test_per_tensor_int8_has_one_scale_per_matrix() -> None:
@@ -141,7 +155,10 @@ def test_a_projection_row_alone_equals_itself_in_loud_company_unless_activations
 ) -> None:
     """int8 scales each row by itself, fp16 keeps float32 activations: a row's logits are the same
     bits alone and among 15 louder rows, at any position. torch.ao's int8 schemes scale the whole
-    input tensor at once (the negative control), so the company changes them."""
+    input tensor at once (the negative control), so the company changes them. On a CPU without
+    AVX-512, fbgemm's fp16 kernel (like float32's sgemm there) blocks one row differently from
+    sixteen: the row then differs from alone in its last bits only, and tokens stay those of alone
+    (test_the_cpu_default_decodes_real_speech_batched_as_alone_with_utterances_joining)."""
     h = torch.randn(16, 384, generator=torch.Generator().manual_seed(1))
     h[5:] *= 8  # louder company
     model = quantize(tiny_model(), mode, ("projection",))
@@ -152,6 +169,13 @@ def test_a_projection_row_alone_equals_itself_in_loud_company_unless_activations
         ]
     if batch_matters:
         assert differs[0], mode  # a quiet row among loud ones
+    elif mode == "fp16" and not cpu_has_avx512():
+        with torch.inference_mode():
+            for i in (0, 4, 15):
+                alone = model.decoder.logits(h[i : i + 1])
+                assert torch.allclose(
+                    together[i : i + 1], alone, rtol=1e-5, atol=1e-5 * float(alone.abs().max())
+                )
     else:
         assert differs == [False, False, False], mode
 
@@ -163,8 +187,11 @@ def test_fp16_weight_only_keeps_float32_activations_on_the_chosen_parts() -> Non
     assert all(model.get_submodule(n)._packed_params.dtype == torch.float16 for n in fp16)
 
 
-def test_modes_resolve_per_device_and_refuse_int8_where_it_cannot_run() -> None:
-    assert cpu_has_int8_dot_product()  # this machine's CPU (VNNI): the case the levers table measured
+def test_modes_resolve_per_device_and_refuse_int8_where_it_cannot_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a CPU with VNNI: the case the levers table measured (the test below takes a CPU without)
+    monkeypatch.setattr(quantize_module, "cpu_has_int8_dot_product", lambda: True)
     every = QUANTIZE_PARTS
     # the levers table's pick
     assert resolve_plan("auto", every, CPU, torch.float32) == {
@@ -234,14 +261,19 @@ def test_quantize_flags_parse() -> None:
     assert e.validate() == []
 
 
-def test_the_cpu_default_makes_the_encoder_int8_per_row_and_stores_the_decoder_as_fp16() -> None:
+def test_the_cpu_default_makes_the_encoder_int8_where_the_cpu_has_int8_dot_products_and_the_decoder_fp16() -> (
+    None
+):
+    """On this machine's CPU: with int8 dot products the encoder is int8 per row; without, float32."""
     model = quantize_for(tiny_model(), EngineConfig(), CPU, torch.float32)
     int8 = {n for n, m in model.named_modules() if isinstance(m, Int8Linear)}
     fp16 = {n for n, m in model.named_modules() if isinstance(m, DynamicLinear)}
-    assert int8 == set(linear_names(tiny_model(), ("encoder",)))
+    encoder = set(linear_names(tiny_model(), ("encoder",)))
+    assert int8 == (encoder if cpu_has_int8_dot_product() else set())
     assert fp16 == {*linear_names(tiny_model(), ("decoder",)), "decoder.proj"}
     assert all(model.get_submodule(n)._packed_params.dtype == torch.float16 for n in fp16)
-    assert not any(type(m) is nn.Linear for m in model.modules())
+    floats = {n for n, m in model.named_modules() if type(m) is nn.Linear}
+    assert floats == (set() if cpu_has_int8_dot_product() else encoder)
     assert quantize_for(tiny_model(), EngineConfig(quantize="off"), CPU, torch.float32).decoder.proj is None
 
 
