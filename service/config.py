@@ -60,6 +60,15 @@ class ServerConfig:
     max_chunk_bytes: int = field(
         default=1 << 20, metadata={"help": "largest audio_content in one streaming request (bytes)"}
     )
+    max_keyterm_updates_per_s: float = field(
+        default=2.0,
+        metadata={
+            "help": "keyterm updates one stream may make per second (Deepgram Configure, Realtime "
+            "session.update, asr.v1 keyterms_update), with a burst of 10; past it the update is refused "
+            "RESOURCE_EXHAUSTED in the door's terms and the stream's keyterms stay as they were; a list "
+            "equal to the current one is answered without work and not counted (0: no limit)"
+        },
+    )
     max_recognize_bytes: int = field(
         default=64 << 20, metadata={"help": "largest audio_content of one Recognize request (bytes)"}
     )

@@ -17,7 +17,7 @@ from prometheus_client import REGISTRY
 from engine import Engine
 from service.config import ServerConfig
 from service.core.errors import Code, RecognitionError
-from service.core.recognizer import Recognizer, Stream
+from service.core.recognizer import KEYTERM_UPDATE_BURST, Recognizer, Stream
 from service.core.types import (
     AudioFormat,
     CallEvent,
@@ -27,6 +27,7 @@ from service.core.types import (
     SpeechStarted,
     StreamSettings,
 )
+from service.pipeline.session import MAX_HELD_OPTION_CHANGES
 from tests.support.audio import silence, speak, speech_bounds, to_linear16_bytes
 
 pytestmark = pytest.mark.slow
@@ -164,6 +165,54 @@ async def test_keyterms_change_from_the_next_utterance_and_bad_ones_change_nothi
     # each utterance's requests for its final (speculative offers too) carry the list its speech began with
     lists = [o.keyterms for o in engine.submitted if not o.interim]
     assert [k for i, k in enumerate(lists) if i == 0 or lists[i - 1] != k] == [("Kestoria",), ("Moxilar",)]
+
+
+async def test_a_keyterm_flood_holds_a_bounded_list_and_the_newest_list_applies(
+    service_engine: Engine, thanks: np.ndarray
+) -> None:
+    """Issue 26 #3: updates between KeepAlives (no audio) or between tiny chunks used to be held for 30 s
+    of audio each; now one per audio position and MAX_HELD_OPTION_CHANGES at most, and the utterance
+    that starts after the flood still decodes with the newest list."""
+    engine = RecordingEngine(service_engine)
+    recognizer = Recognizer(ServerConfig(max_keyterm_updates_per_s=0), engine)  # type: ignore[arg-type]
+    stream = recognizer.open_stream(PCM16, door="test")
+    events: list[CallEvent] = []
+    reading = asyncio.create_task(collect(stream, events))
+    try:
+        for i in range(500):  # a KeepAlive-only stream: no audio between the updates
+            stream.update_keyterms([f"term{i}", "Zentrix"])
+        assert stream._session.held_option_changes == 1
+        for i in range(500):  # 2 ms of audio between updates
+            stream.update_keyterms([f"word{i}", "Moxilar"])
+            stream.audio(b"\0" * 64)
+        assert stream._session.held_option_changes <= MAX_HELD_OPTION_CHANGES
+        feed(stream, np.concatenate([silence(0.5), thanks, silence(1.0)]))
+        stream.finish()
+        await asyncio.wait_for(reading, 120)
+    finally:
+        await stream.close()
+    assert len(finals(events)) == 1
+    assert {o.keyterms for o in engine.submitted if not o.interim} == {("word499", "Moxilar")}
+
+
+async def test_keyterm_updates_past_the_rate_are_refused_and_change_nothing(service_engine: Engine) -> None:
+    """Issue 26 #3: each update costs a tokenizer pass on the event loop every stream of the frontend
+    shares; past --max-keyterm-updates-per-s (burst 10) it is refused RESOURCE_EXHAUSTED naming the flag.
+    The current list again is free."""
+    recognizer = Recognizer(ServerConfig(max_keyterm_updates_per_s=0.5), service_engine)
+    stream = recognizer.open_stream(PCM16, door="test")
+    try:
+        for i in range(KEYTERM_UPDATE_BURST):
+            stream.update_keyterms([f"term{i}"])
+        for _ in range(50):
+            stream.update_keyterms([f"term{KEYTERM_UPDATE_BURST - 1}"])  # unchanged: never refused
+        with pytest.raises(RecognitionError) as refused:
+            stream.update_keyterms(["Kestoria"])
+        assert refused.value.code is Code.RESOURCE_EXHAUSTED and refused.value.field == "keyterms"
+        assert "--max-keyterm-updates-per-s" in refused.value.message
+        assert stream._session.settings.options.keyterms == (f"term{KEYTERM_UPDATE_BURST - 1}",)
+    finally:
+        await stream.close()
 
 
 async def test_keyterms_reach_interims_and_speculative_offers_too(

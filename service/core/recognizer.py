@@ -29,6 +29,7 @@ from service import metrics
 from service.config import ServerConfig
 from service.core.engine import RecognitionEngine
 from service.core.errors import Code, RecognitionError
+from service.core.rate_limit import TokenBucket
 from service.core.stream_limit import StreamLimit
 from service.core.types import CallEvent, Identity, RecognitionSettings, RecognizeResult, StreamSettings
 from service.pipeline.audio import EncodedAudio, probe_recording
@@ -40,6 +41,10 @@ from service.pipeline.session import StreamSession
 log = logging.getLogger("service.core.recognizer")
 
 STREAM, RECOGNIZE = "stream", "recognize"  # the `kind` label of the per-door metrics
+
+
+# updates one stream may make at once under --max-keyterm-updates-per-s
+KEYTERM_UPDATE_BURST = 10
 
 
 class Stream:
@@ -57,6 +62,7 @@ class Stream:
         self.identity = identity
         self._outcome: Code | None = None  # how events() ended
         self._released = False
+        self._keyterm_updates = TokenBucket(session.config.max_keyterm_updates_per_s, KEYTERM_UPDATE_BURST)
 
     @property
     def id(self) -> str:
@@ -105,9 +111,21 @@ class Stream:
     def update_keyterms(self, terms: Sequence[str]) -> None:
         """Keyterms for the utterances whose speech starts from now on (at or after the audio received so
         far; one under way keeps its list), every channel; () clears them. Raises RecognitionError
-        INVALID_ARGUMENT (field `keyterms`) past their bounds, and then nothing changes."""
+        INVALID_ARGUMENT (field `keyterms`) past their bounds, RESOURCE_EXHAUSTED past
+        --max-keyterm-updates-per-s, and then nothing changes. The current list again costs nothing."""
+        keyterms = tuple(terms)
+        if keyterms == self._session.settings.options.keyterms:
+            return
+        # before the tokenizer's check, the costly part a flood would make the event loop pay
+        if not self._keyterm_updates.take():
+            raise RecognitionError(
+                Code.RESOURCE_EXHAUSTED,
+                f"keyterms: more than {self._keyterm_updates.rate:g} updates per second "
+                f"(burst {self._keyterm_updates.burst:g}; --max-keyterm-updates-per-s); the keyterms are unchanged",
+                "keyterms",
+            )
         try:
-            options = with_keyterms(self._session.settings.options, tuple(terms), self._session.engine)
+            options = with_keyterms(self._session.settings.options, keyterms, self._session.engine)
         except ValueError as e:
             raise RecognitionError.invalid(e) from e
         self._session.update_options(options)

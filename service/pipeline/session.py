@@ -74,6 +74,9 @@ _SCORE_NOW_S = 0.25  # unscored audio a stream may hold while it waits for the V
 # How long a keyterms update is remembered by the audio time it came at (the VAD reports a speech start
 # a fraction of a second after it; see _options_from).
 _OPTIONS_KEPT_S = 30.0
+# Changes held at most: past it the oldest go (an utterance reported that late falls back to the oldest
+# kept), so a stream that updates between tiny chunks cannot grow the list within _OPTIONS_KEPT_S.
+MAX_HELD_OPTION_CHANGES = 32
 
 
 async def await_transcript(handle: UtteranceHandle) -> Transcript:
@@ -338,7 +341,19 @@ class StreamSession:
         at or after the audio received so far, even when the VAD reports that start only later; one
         under way keeps the options it started with."""
         self.settings = dataclasses.replace(self.settings, options=options)
-        self._option_changes.append((self._received_s, options))
+        changes = self._option_changes
+        if changes[-1][0] == self._received_s:
+            # no utterance can start between two updates at the same audio position: the last one wins
+            changes[-1] = (self._received_s, options)
+        else:
+            changes.append((self._received_s, options))
+        while len(changes) > MAX_HELD_OPTION_CHANGES:
+            changes.popleft()
+
+    @property
+    def held_option_changes(self) -> int:
+        """How many option changes the stream holds for utterances whose start is not yet reported."""
+        return len(self._option_changes)
 
     def _options_from(self, start_s: float) -> DecodeOptions:
         """The options of an utterance whose speech starts at `start_s` (stream seconds)."""

@@ -504,11 +504,12 @@ class LiveCall:
         try:
             self.stream.update_keyterms(control.keyterms)
         except RecognitionError as e:
-            await self.send(
-                messages.configure_failure(
-                    self.request_id, "CONFIGURE_KEYTERM_LIMIT_EXCEEDED", e.message_for(FIELD_NAMES)
-                )
+            code = (
+                "CONFIGURE_RATE_LIMIT_EXCEEDED"
+                if e.code is Code.RESOURCE_EXHAUSTED
+                else "CONFIGURE_KEYTERM_LIMIT_EXCEEDED"
             )
+            await self.send(messages.configure_failure(self.request_id, code, e.message_for(FIELD_NAMES)))
             return
         await self.send(messages.configure_success(self.request_id, control.keyterms))
 

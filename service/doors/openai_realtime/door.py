@@ -366,8 +366,12 @@ class _Connection:
                 try:
                     self.stream.update_keyterms(session.keyterms)
                 except RecognitionError as e:
+                    limited = e.code is Code.RESOURCE_EXHAUSTED
                     raise ProtocolError(
-                        "invalid_value", e.message_for(FIELD_NAMES), FIELD_NAMES["keyterms"]
+                        "rate_limit_exceeded" if limited else "invalid_value",
+                        e.message_for(FIELD_NAMES),
+                        FIELD_NAMES["keyterms"],
+                        type="rate_limit_error" if limited else "invalid_request_error",
                     ) from None
         self.session = session
         await self.send(rt.event("session.updated", session=self._session_object()))
