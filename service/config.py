@@ -60,6 +60,15 @@ class ServerConfig:
     max_chunk_bytes: int = field(
         default=1 << 20, metadata={"help": "largest audio_content in one streaming request (bytes)"}
     )
+    max_finals_in_flight: int = field(
+        default=4,
+        metadata={
+            "help": "live finals one stream may have waiting for the engine (all channels): a client flush "
+            "past it (Deepgram Finalize, Realtime commit) waits for one of them (Deepgram) or is refused "
+            "(Realtime rate_limit_exceeded; the audio stays uncommitted), so a stream that flushes faster than "
+            "it is served merges its own turns instead of filling the queue every stream shares (0: no limit)"
+        },
+    )
     max_keyterm_updates_per_s: float = field(
         default=2.0,
         metadata={

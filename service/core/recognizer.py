@@ -91,11 +91,14 @@ class Stream:
         final follows, then `events()` ends normally."""
         self._session.finish()
 
-    def finalize(self) -> bool:
+    def finalize(self, *, hold: bool = False) -> bool:
         """End each channel's utterance in progress now and go on listening (Deepgram's Finalize, OpenAI
         Realtime's commit): its final comes with ended_by FINALIZE. Nothing in progress: nothing happens.
-        True if it ended an utterance (its final follows; with endpointing, its SpeechEnded first)."""
-        return self._session.finalize()
+        True if it ended an utterance (its final follows; with endpointing, its SpeechEnded first).
+        While --max-finals-in-flight of the stream's finals are still being recognized, the utterance goes
+        on: with `hold` it ends when one of them returns (True now), else RecognitionError
+        RESOURCE_EXHAUSTED and nothing changes (the client may flush again later)."""
+        return self._session.finalize(hold=hold)
 
     def keep_alive(self) -> None:
         """The client is still there though it sends no audio for now (Deepgram's KeepAlive): the stream is

@@ -203,6 +203,7 @@ class StreamSession:
         self._received_s = 0.0
         self._buffer_s = 0.0  # this stream's share of asr_stream_buffer_seconds
         self._end_status: RecognitionError | None = None
+        self._finalize_held = False  # a Finalize waits for --max-finals-in-flight (finalize's `hold`)
         self._finalizers: list[asyncio.Task[Any]] = []
         self._speculations = Speculations(  # service/pipeline/speculation.py
             engine, stream_id, confirm_after_s=ep.min_silence_s - ep.speech_pad_s if ep is not None else 0.0
@@ -284,11 +285,23 @@ class StreamSession:
         except Exception as e:
             self._fail_with(e, "stream finish failed")
 
-    def finalize(self) -> bool:
+    def finalize(self, *, hold: bool = False) -> bool:
         """End each channel's utterance in progress now, as a half-close would, and go on listening: its
-        final (ended_by FINALIZE) comes as soon as the engine has it. True if an utterance ended so."""
+        final (ended_by FINALIZE) comes as soon as the engine has it. True if an utterance ended so.
+        Past --max-finals-in-flight the flush waits for one of this stream's finals (`hold`: True now, the
+        flush runs then) or is refused RESOURCE_EXHAUSTED: a stream that flushes faster than it is served
+        merges its own turns instead of filling the engine's queue, which every stream shares."""
         if not self.state.takes_audio:
             return False
+        if self._finals_in_flight_full():
+            if hold:
+                self._finalize_held = True
+                return True
+            raise RecognitionError(
+                Code.RESOURCE_EXHAUSTED,
+                f"{self.config.max_finals_in_flight} finals of this stream are still being recognized "
+                "(--max-finals-in-flight): the audio stays in the utterance in progress; flush again later",
+            )
         ended = False
         try:
             self._endpoint(self._vad.score_now(self._endpointers))  # what was pushed is heard first
@@ -300,6 +313,10 @@ class StreamSession:
         except Exception as e:
             self._fail_with(e, "stream finalize failed")
         return ended
+
+    def _finals_in_flight_full(self) -> bool:
+        limit = self.config.max_finals_in_flight
+        return limit > 0 and sum(len(ch.unsettled) for ch in self.channels) >= limit
 
     def keep_alive(self) -> None:
         """The client is there though it sends no audio now (Deepgram's KeepAlive): the --idle-audio-timeout
@@ -781,6 +798,9 @@ class StreamSession:
     def _settle(self, ch: _Channel, pending: _Pending, outcome: str, t: Transcript | None) -> None:
         if ch.unsettled and ch.unsettled[0] is pending:
             ch.unsettled.popleft()
+        if self._finalize_held and not self._finals_in_flight_full():
+            self._finalize_held = False
+            self.finalize()
         ch.settled = pending.utterance.index + 1
         metrics.UTTERANCES.labels(outcome).inc()
         self._log_utterance(ch, pending, outcome, t)

@@ -481,7 +481,7 @@ class LiveCall:
         elif self._closing:
             return
         elif isinstance(control, ListenV1Finalize):
-            if not self.stream.finalize():
+            if not self.stream.finalize(hold=True):  # past --max-finals-in-flight it waits its turn
                 await self._empty_finals()
         elif isinstance(control, ListenV1CloseStream):
             self._closing = True

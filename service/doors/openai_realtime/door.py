@@ -472,7 +472,10 @@ class _Connection:
                 f"Error committing input audio buffer: buffer too small. Expected at least {MIN_COMMIT_MS:g}ms "
                 f"of audio, but buffer only has {max(buffered, 0.0):.2f}ms of audio.",
             )
-        ended = self.stream.finalize()
+        try:
+            ended = self.stream.finalize()
+        except RecognitionError as e:  # --max-finals-in-flight: the buffer stays, uncommitted
+            raise ProtocolError("rate_limit_exceeded", e.message, type="rate_limit_error") from None
         if self.vad:
             # speech in progress: the core ended it, and its SpeechEnded (on its way) commits its item;
             # else the buffer holds no speech: an item of silence, transcribed as such
