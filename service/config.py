@@ -28,6 +28,13 @@ class ServerConfig:
     host: str = field(default="[::]", metadata={"help": "address to bind the gRPC server to"})
     port: int = field(default=50051, metadata={"help": "gRPC port"})
     metrics_port: int = field(default=9464, metadata={"help": "Prometheus /metrics HTTP port (0: off)"})
+    metrics_host: str = field(
+        default="",
+        metadata={
+            "help": "address the /metrics port binds to (empty: the same as --host); e.g. 127.0.0.1 or a "
+            "pod-internal address, so the metrics are not served on every interface the calls come in on"
+        },
+    )
     http_port: int = field(
         default=8000,
         metadata={

@@ -129,8 +129,16 @@ def recognize_retrying_unavailable(target: str, attempts: int = 5) -> str:
 
 
 def test_two_frontends_one_metrics_scrape_and_a_frontend_crash_is_replaced() -> None:
-    server = ServerProcess("--frontends", "2").wait_serving()
+    # calls on every interface, /metrics on loopback only (--metrics-host; issue 26 #13)
+    server = ServerProcess("--frontends", "2", "--host", "[::]", "--metrics-host", HOST).wait_serving()
     try:
+        listening = {
+            (c.laddr.ip, c.laddr.port)
+            for c in psutil.net_connections("tcp")
+            if c.status == psutil.CONN_LISTEN
+        }
+        assert (HOST, server.metrics_port) in listening and ("::", server.metrics_port) not in listening
+        assert ("::", server.port) in listening
         pids = [p.pid for p in children(server)]
         frontends = frontend_pids(server)
         assert len(frontends) == 2, server.log()

@@ -518,7 +518,7 @@ def run(config: ServerConfig) -> int:
     try:
         if config.metrics_port:
             registry = metrics_registry(metrics_dir, supervisor.processes)
-            host = config.host.strip("[]")
+            host = (config.metrics_host or config.host).strip("[]")
             try:
                 prometheus_client.start_http_server(config.metrics_port, addr=host or "::", registry=registry)
             except OSError as e:
