@@ -522,6 +522,8 @@ async def test_bad_client_events_get_error_events_and_the_session_goes_on(rt_ser
         raw = conn.send_raw  # what a client with a bug sends, below the typed API
         await raw("{not json")
         await expect_error(conn, "invalid_json", None)
+        await raw("[" * 100_000)  # nested past the parser's depth (issue 26 #10): the same answer
+        await expect_error(conn, "invalid_json", None)
         await raw(json.dumps({"type": "input_audio_buffer.bogus", "event_id": "e1"}))
         error = await expect_error(conn, "invalid_value", "type", "e1")
         assert "input_audio_buffer.append" in error["message"]  # lists what is supported

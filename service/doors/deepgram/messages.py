@@ -256,7 +256,7 @@ def parse_control(text: str) -> Control:
     """One client text frame -> its control message (raises SchemaError)."""
     try:
         body = json.loads(text)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:  # RecursionError: nested past the parser's depth
         raise SchemaError(f"the text message is not JSON: {e}", text) from None
     kind = body.get("type") if isinstance(body, dict) else None
     model = _CONTROLS.get(kind) if isinstance(kind, str) else None

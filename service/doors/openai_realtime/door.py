@@ -313,7 +313,7 @@ class _Connection:
     async def on_text(self, text: str) -> None:
         try:
             message = json.loads(text)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:  # RecursionError: nested past the parser's depth
             await self.error(ProtocolError("invalid_json", f"the event is not valid JSON: {e}"))
             return
         if not isinstance(message, dict):
