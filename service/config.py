@@ -76,6 +76,14 @@ class ServerConfig:
             "it is served merges its own turns instead of filling the queue every stream shares (0: no limit)"
         },
     )
+    ws_send_timeout: float = field(
+        default=10.0,
+        metadata={
+            "help": "WebSocket doors (Deepgram, Realtime): seconds one message to the client (or the close) "
+            "may wait for a client that is not reading; past it the connection is aborted, the stream ends and "
+            "its --max-streams place is given back (0: wait for ever)"
+        },
+    )
     max_keyterm_updates_per_s: float = field(
         default=2.0,
         metadata={

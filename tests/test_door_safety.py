@@ -5,9 +5,14 @@ runs beside a well-behaved call, which must end OK with its words."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import socket
+import time
 from collections.abc import Iterator
 
 import pytest
+import websockets
 
 from engine import Engine, EngineConfig
 from service.config import ServerConfig
@@ -15,6 +20,7 @@ from service.core.errors import Code, RecognitionError
 from service.core.recognizer import Recognizer, Stream
 from service.core.types import AudioFormat, CallEvent, RecognitionSettings, Result, StreamSettings
 from tests.support.audio import make_conversation, to_mulaw_8k_bytes
+from tests.support.server import ServerThread
 
 pytestmark = pytest.mark.slow
 
@@ -89,3 +95,78 @@ async def test_a_flush_flood_cannot_fill_the_live_queue_every_stream_shares(
     assert flood_end is None and sum(isinstance(e, Result) and e.is_final for e in flood_events) >= 2
     assert refusal is not None and refusal.code is Code.RESOURCE_EXHAUSTED
     assert "--max-finals-in-flight" in refusal.message
+
+
+@pytest.fixture(scope="module")
+def one_place_server(small_engine: Engine) -> Iterator[ServerThread]:
+    """One stream place; a client's writes bounded at 1 s. No WebSocket heartbeat (a client that reads a
+    frame now and then answers pings and still stalls every send) and a long idle-audio timeout: this
+    test is about the send bound alone."""
+    config = ServerConfig(max_streams=1, ws_send_timeout=1.0, keepalive_time=0, idle_audio_timeout=600)
+    server = ServerThread(config, small_engine, http=True).start()
+    yield server
+    server.stop()
+
+
+async def silent_websocket(host: str, port: int, path: str) -> socket.socket:
+    """A WebSocket opened by hand on a socket with a 4 KiB receive buffer, whose handshake reply is the
+    last thing it ever reads (a client library would keep reading into its own queue)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    await loop.sock_connect(sock, (host, port))
+    await loop.sock_sendall(
+        sock,
+        f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n".encode(),
+    )
+    reply = b""
+    while b"\r\n\r\n" not in reply:
+        reply += await loop.sock_recv(sock, 1)
+    assert reply.startswith(b"HTTP/1.1 101"), reply
+    return sock
+
+
+def masked_text_frame(text: str) -> bytes:
+    """One client text frame (RFC 6455 5.2: FIN, opcode 1, the mask bit and key, the masked payload)."""
+    payload = text.encode()
+    assert len(payload) < 126
+    key = b"\x01\x02\x03\x04"
+    return bytes([0x81, 0x80 | len(payload)]) + key + bytes(b ^ key[i % 4] for i, b in enumerate(payload))
+
+
+async def test_a_client_that_never_reads_is_cut_off_and_its_place_given_back(
+    one_place_server: ServerThread, speech_chunks: list[bytes]
+) -> None:
+    """#2: a Deepgram client that sends Finalize after Finalize and reads none of the answers (an empty
+    final each) used to hold its stream place for ever: the server's send waited on it, under the lock
+    its reader shares. Now the send gives up after --ws-send-timeout, the connection is aborted, and the
+    next call gets the place and its final."""
+    host, port = "127.0.0.1", one_place_server.server.http_port
+    path = "/v1/listen?encoding=mulaw&sample_rate=8000&endpointing=false"
+    silent = await silent_websocket(host, port, path)
+    finalize = masked_text_frame(json.dumps({"type": "Finalize"}))
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(OSError):  # TimeoutError too: the server stopped reading this client
+        for _ in range(40_000):  # ~16 MB of answers: more than the socket buffers hold
+            await asyncio.wait_for(loop.sock_sendall(silent, finalize), 3)
+    url = f"ws://{host}:{port}{path}"
+    deadline = time.monotonic() + 60
+    transcript = ""
+    while not transcript:
+        assert time.monotonic() < deadline, "the silent client still holds the only stream place"
+        try:
+            async with websockets.connect(url) as ws:
+                for chunk in speech_chunks:
+                    await ws.send(chunk)
+                await ws.send(json.dumps({"type": "CloseStream"}))
+                async for message in ws:
+                    body = json.loads(message)
+                    if body.get("type") == "Results" and body["is_final"]:
+                        transcript += body["channel"]["alternatives"][0]["transcript"]
+        except websockets.InvalidStatus as e:
+            assert e.response.status_code == 429, e  # the place is still held: try again
+            await asyncio.sleep(0.5)
+    assert "read me" in transcript.lower(), transcript
+    silent.close()

@@ -20,6 +20,7 @@ import hashlib
 import importlib.metadata
 import logging
 import uuid
+from collections.abc import Awaitable
 
 from aiohttp import WSMsgType, web
 from deepgram.listen.v1.types import (
@@ -49,6 +50,7 @@ from service.doors.deepgram import messages
 from service.doors.deepgram.framing import Reframer, container_of
 from service.doors.deepgram.options import ListenOptions, OptionError, parse_listen_options
 from service.doors.deepgram.utterance_end import UtteranceEndTracker
+from service.doors.ws_deadline import write_within
 from service.pipeline.audio import probe_recording
 from service.runtime.auth import TOKEN_SYNTAX, TokenStore, identity
 
@@ -250,7 +252,7 @@ class DeepgramDoor:
         assert stream is not None
         try:
             await ws.prepare(request)
-            call = LiveCall(self, ws, stream, options, request_id, "encoding" not in request.query)
+            call = LiveCall(self, request, ws, stream, options, request_id, "encoding" not in request.query)
             await call.run()
         finally:
             await stream.close()
@@ -378,6 +380,7 @@ class LiveCall:
     def __init__(
         self,
         door: DeepgramDoor,
+        request: web.Request,
         ws: web.WebSocketResponse,
         stream: Stream,
         options: ListenOptions,
@@ -385,6 +388,7 @@ class LiveCall:
         no_encoding: bool,
     ) -> None:
         self.door, self.ws, self.stream, self.options = door, ws, stream, options
+        self.request = request
         self.request_id = request_id
         self.no_encoding = no_encoding  # raw linear16 assumed: a container's header is refused
         self._send_lock = asyncio.Lock()
@@ -416,7 +420,12 @@ class LiveCall:
         if self.ws.closed:
             return
         async with self._send_lock:
-            await self.ws.send_str(messages.dump(message))
+            await self._within(self.ws.send_str(messages.dump(message)))
+
+    async def _within(self, write: Awaitable[object]) -> None:
+        """`write` bounded by --ws-send-timeout; past it the connection is aborted and the stream ends."""
+        if not await write_within(write, self.request, self.door.config.ws_send_timeout):
+            self.stream.cancel(Code.CANCELLED)
 
     # --- client -> stream ---
 
@@ -589,11 +598,11 @@ class LiveCall:
         )
         if error is None:
             code = 1001 if self._draining else 1000
-            await self.ws.close(code=code, message=CLOSE_REASON[code].encode())
+            await self._within(self.ws.close(code=code, message=CLOSE_REASON[code].encode()))
             return
         variant, description, close_code = self._error_terms(error)
         await self.send(messages.error(variant, description))
-        await self.ws.close(code=close_code, message=variant.encode())
+        await self._within(self.ws.close(code=close_code, message=variant.encode()))
 
     async def _result(self, r: Result) -> None:
         channel = self._index(r.channel)

@@ -34,6 +34,7 @@ import base64
 import binascii
 import contextlib
 import json
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +58,7 @@ from service.core.types import (
 )
 from service.doors.openai_realtime import protocol as rt
 from service.doors.openai_realtime.protocol import ProtocolError, Session, TurnText
+from service.doors.ws_deadline import write_within
 from service.runtime.auth import TokenStore, bearer_token, identity
 
 DOOR = "openai-realtime"
@@ -184,7 +186,7 @@ class OpenAIRealtimeDoor:
             max_msg_size=4 * -(-self.config.max_chunk_bytes // 3) + EVENT_OVERHEAD_BYTES,
         )
         await ws.prepare(request)
-        connection = _Connection(self, ws, caller, model.name)
+        connection = _Connection(self, request, ws, caller, model.name)
         await connection.run()
         return ws
 
@@ -218,9 +220,15 @@ class _Connection:
     final, so every committed item completes, silence too."""
 
     def __init__(
-        self, door: OpenAIRealtimeDoor, ws: web.WebSocketResponse, caller: Identity, model: str
+        self,
+        door: OpenAIRealtimeDoor,
+        request: web.Request,
+        ws: web.WebSocketResponse,
+        caller: Identity,
+        model: str,
     ) -> None:
         self.door, self.ws, self.caller, self.model = door, ws, caller, model
+        self.request = request
         self.config = door.config
         self.session = Session()
         self.session_id = rt.new_id("sess")
@@ -250,8 +258,15 @@ class _Connection:
 
     async def send(self, event: dict[str, Any]) -> None:
         if not self.ws.closed:
-            with contextlib.suppress(ConnectionResetError):
-                await self.ws.send_str(json.dumps(event, ensure_ascii=False))
+            await self._within(self.ws.send_str(json.dumps(event, ensure_ascii=False)))
+
+    async def _within(self, write: Awaitable[object]) -> None:
+        """`write` bounded by --ws-send-timeout; past it the connection is aborted and the stream ends."""
+        if (
+            not await write_within(write, self.request, self.config.ws_send_timeout)
+            and self.stream is not None
+        ):
+            self.stream.cancel(Code.CANCELLED)
 
     async def error(self, e: ProtocolError) -> None:
         await self.send(rt.error_event(e))
@@ -274,7 +289,7 @@ class _Connection:
                             "events, silence too, while the session lasts",
                         )
                     )
-                    await self.ws.close(code=1008, message=b"idle")
+                    await self._within(self.ws.close(code=1008, message=b"idle"))
                     return
                 if msg.type == WSMsgType.TEXT:
                     await self.on_text(msg.data)
@@ -290,7 +305,7 @@ class _Connection:
                     return
         except asyncio.CancelledError:
             # the server stops (its grace spent): tell the client to go elsewhere
-            await self.ws.close(code=1012, message=b"server stopping")
+            await self._within(self.ws.close(code=1012, message=b"server stopping"))
             raise
         finally:
             await self._end()
@@ -457,7 +472,9 @@ class _Connection:
         except RecognitionError as e:
             kind, code = _error_code(e.code)
             await self.error(ProtocolError(code, e.message_for(FIELD_NAMES), type=kind))
-            await self.ws.close(code=CLOSE_CODES.get(e.code, 1011), message=e.code.name.encode())
+            await self._within(
+                self.ws.close(code=CLOSE_CODES.get(e.code, 1011), message=e.code.name.encode())
+            )
             return None
         self.stream = stream
         self.opened_with = self.session
@@ -528,7 +545,7 @@ class _Connection:
             kind, err = _error_code(e.code)
             await self.error(ProtocolError(err, e.message_for(FIELD_NAMES), type=kind))
             code, message = CLOSE_CODES.get(e.code, 1011), e.code.name.encode()
-        await self.ws.close(code=code, message=message)
+        await self._within(self.ws.close(code=code, message=message))
 
     async def on_speech_started(self, e: SpeechStarted) -> None:
         item = _Item(rt.new_id("item"), 0.0, speech_start_s=e.offset_s, in_speech=True)
