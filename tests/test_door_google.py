@@ -584,6 +584,11 @@ BAD_STREAM_CONFIGS = {
         _config(speech_contexts=[speech_v1.SpeechContext(phrases=[f"term{i}" for i in range(101)])]),
         "config.speech_contexts",
     ),
+    # counted before any is read (issue 26 #4): 100,000 copies of one phrase used to be walked, then kept as one
+    "phrase-flood": (
+        _config(speech_contexts=[speech_v1.SpeechContext(phrases=["Kestoria"] * 100_000)]),
+        "at most 1000 per request",
+    ),
     "voice-timeout": (
         _config(
             enable_voice_activity_events=True,

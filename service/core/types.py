@@ -40,6 +40,11 @@ __all__ = [
 ]
 
 
+# Phrases (keyterm hints) a request may carry, counted before any is read: a door walks them in Python on
+# the event loop every call of its frontend shares, and at most MAX_KEYTERMS (100) distinct survive anyway.
+MAX_PHRASES_READ = 1000
+
+
 # --- what a door asks for ---
 
 

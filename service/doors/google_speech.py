@@ -34,6 +34,7 @@ from grpc import aio
 from service.core.errors import Code, RecognitionError
 from service.core.recognizer import RECOGNIZE, Recognizer, Stream
 from service.core.types import (
+    MAX_PHRASES_READ,
     AudioFormat,
     CallEvent,
     EndOfSingleUtterance,
@@ -169,6 +170,14 @@ def _keyterms(config: Any) -> tuple[str, ...]:
     anti-biasing, which Google does not apply either ("negative boost will simply be ignored"), so those
     phrases are left out. Class tokens ($MONTH, ${my-class}) name Google's classes, not words: left out.
     """
+    count = sum(len(c.phrases) for c in config.speech_contexts) + sum(
+        len(ps.phrases) for ps in config.adaptation.phrase_sets
+    )
+    if count > MAX_PHRASES_READ:
+        raise _invalid(
+            f"config.speech_contexts and config.adaptation.phrase_sets hold {count} phrases; at most "
+            f"{MAX_PHRASES_READ} per request (of which at most 100 distinct)"
+        )
     phrases: list[str] = []
     for context in config.speech_contexts:
         if context.boost >= 0:

@@ -33,6 +33,7 @@ from riva.client.proto import riva_common_pb2
 from service.core.errors import Code, RecognitionError
 from service.core.recognizer import Recognizer, Stream
 from service.core.types import (
+    MAX_PHRASES_READ,
     AudioFormat,
     EndpointSettings,
     Formatting,
@@ -154,6 +155,13 @@ def _keyterms(contexts: Sequence[rasr.SpeechContext]) -> tuple[tuple[str, ...], 
     A positive boost is a hint of how strongly (the server's keyterm bias has one strength); a
     negative one asks to suppress a phrase, which this server cannot do: refused, as dropping it would
     turn a suppression into nothing."""
+    count = sum(len(context.phrases) for context in contexts)
+    if count > MAX_PHRASES_READ:
+        raise RivaFieldError(
+            "speech_contexts",
+            f"speech_contexts hold {count} phrases; at most {MAX_PHRASES_READ} per request (of which at most "
+            "100 distinct)",
+        )
     terms: dict[str, str] = {}
     for i, context in enumerate(contexts):
         if math.isnan(context.boost) or context.boost < 0:

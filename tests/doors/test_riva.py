@@ -422,6 +422,11 @@ BAD_STREAMS = {
     "profanity filter": ({"profanity_filter": True}, ["profanity_filter"]),
     "negative boost": ({"speech_contexts": _contexts(1, boost=-5.0)}, ["speech_contexts[0].boost"]),
     "too many phrases": ({"speech_contexts": _contexts(101)}, ["speech_contexts", "100"]),
+    # counted before any is read (issue 26 #4): 100,000 copies of one phrase used to be walked, then kept as one
+    "phrase flood": (
+        {"speech_contexts": [rasr.SpeechContext(phrases=["Kestoria"] * 100_000, boost=5.0)]},
+        ["speech_contexts", "at most 1000"],
+    ),
     "empty phrase": (
         {"speech_contexts": [rasr.SpeechContext(phrases=["Kestoria", " "], boost=5.0)]},
         ["speech_contexts[0].phrases[1]", "empty"],
