@@ -3,6 +3,8 @@ tables, on timed words, with redaction after it, and on what the real tiny.en wr
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -11,7 +13,7 @@ from hypothesis import strategies as st
 from engine import Engine
 from engine.request import DecodeOptions
 from service.pipeline.audio import StreamDecoder
-from service.pipeline.formatting import format_text, format_transcript, format_words
+from service.pipeline.formatting import format_text, format_transcript, format_words, split_word
 from service.pipeline.redaction import Kind, Word, join, redact_words, words_of_text
 from tests.support.audio import RATE, silence, speak, speech_bounds, to_mulaw_8k_bytes
 
@@ -242,3 +244,28 @@ def test_most_spelled_clips_are_still_spelled_out(engine_finals: dict[str, tuple
     spelled_cases = {name: case[3] for name, case in ENGINE_CASES.items() if case[3] is not None}
     still = [name for name, spelled in spelled_cases.items() if spelled in engine_finals[name][0]]
     assert len(still) >= 6, {name: engine_finals[name][0] for name in spelled_cases}
+
+
+# --- linear time on pathological words (issue 26 #12) ---
+# The regex split_word replaced: a lazy core before a trailing class, quadratic on "a....x".
+_OLD_WORD = re.compile(r"^(\s*[\"'“‘(\[]*)(.*?)([\"'”’)\].,;:!?…\-–—]*)$", re.S)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list(" \t\"'“‘([a1.,;:!?…-–—”’)]x")), max_size=12))
+def test_split_word_is_the_old_regex_split(text: str) -> None:
+    m = _OLD_WORD.match(text)
+    assert m is not None
+    assert split_word(text) == m.groups()
+
+
+@pytest.mark.timeout(20)  # linear: milliseconds; the regexes it replaced took ~2.5 h on these words
+def test_words_of_a_million_dots_format_and_redact_in_linear_time() -> None:
+    dots = "a" + "." * 1_000_000 + "x"
+    assert format_text(f"I paid twenty dollars {dots}").startswith("I paid $20")
+    words = [
+        *words_of_text("My card number is 4111 1111 1111"),
+        Word(" 1111" + "." * 1_000_000 + "x", 5.0, 5.5),
+    ]
+    redacted = redact_words(words, frozenset({Kind.PCI}))
+    assert "[PCI]" in join(redacted)

@@ -149,8 +149,19 @@ _SEPARATORS = set(",.;:!?…-–—")  # punctuation that ends a run of number w
 _GROUP_JOINERS = {",", "-"}  # how Whisper separates the groups of a phone number
 _PHONE_SHAPES = {(3, 4), (3, 3, 4), (1, 3, 3, 4)}
 _MIN_COMMA_DIGITS = 4  # "two, one, two, five" is a number read out; "one, two, three" may be counting
-_WORD = re.compile(r"^(\s*[\"'“‘(\[]*)(.*?)([\"'”’)\].,;:!?…\-–—]*)$", re.S)
+_OPENERS = "\"'“‘(["
+_CLOSERS = "\"'”’)].,;:!?…-–—"
 _DIGIT = re.compile(r"^\d$")
+
+
+def split_word(text: str) -> tuple[str, str, str]:
+    """Leading space and opening punctuation, the word, its closing punctuation. By stripping, not a
+    regex: a lazy core before a trailing class backtracks quadratically on a word of many dots."""
+    stripped = text.lstrip()
+    body = stripped.lstrip(_OPENERS)
+    lead = text[: len(text) - len(body)]
+    core = body.rstrip(_CLOSERS)
+    return lead, core, body[len(core) :]
 
 
 @dataclass(frozen=True)
@@ -162,9 +173,7 @@ class _Token:
 
     @classmethod
     def of(cls, text: str) -> _Token:
-        m = _WORD.match(text)
-        assert m is not None  # the pattern matches any text
-        lead, core, trail = m.groups()
+        lead, core, trail = split_word(text)
         if core.lower() in ("a.m", "p.m") and trail.startswith("."):  # "p.m." keeps its last dot
             core, trail = core + ".", trail[1:]
         return cls(lead, core, trail, core.lower().rstrip("."))
