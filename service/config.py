@@ -49,6 +49,14 @@ class ServerConfig:
             "--http-min-upload-rate applies); then 408 and the connection is closed"
         },
     )
+    http_idle_timeout: float = field(
+        default=15.0,
+        metadata={
+            "help": "HTTP port: seconds a connection may go without a complete request head (idle between "
+            "keep-alive requests, or a request line and headers sent by halves); then it is closed (aiohttp's "
+            "own default is about an hour, for anyone, before any token is read)"
+        },
+    )
     http_min_upload_rate: int = field(
         default=32 << 10,
         metadata={

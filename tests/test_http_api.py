@@ -419,10 +419,26 @@ def multipart_headers(body: bytes | None = None, **extra: str) -> dict[str, str]
 @pytest.fixture(scope="module")
 def edge_server(service_engine: Engine) -> Iterator[ServerThread]:
     """Short upload clocks and a small upload bound, so each edge shows in a second or two."""
-    config = ServerConfig(max_recognize_bytes=256 << 10, http_read_timeout=1.0, http_min_upload_rate=64 << 10)
+    config = ServerConfig(
+        max_recognize_bytes=256 << 10,
+        http_read_timeout=1.0,
+        http_min_upload_rate=64 << 10,
+        http_idle_timeout=1.0,
+    )
     server = ServerThread(config, service_engine, http=True).start()
     yield server
     server.stop()
+
+
+def test_a_request_head_sent_by_halves_is_closed_after_the_idle_timeout(edge_server: ServerThread) -> None:
+    """Issue 26 #9: half a request line and no more, before any token is read, used to hold the connection
+    for aiohttp's ~1 h keep-alive; now --http-idle-timeout (1 s here) closes it, and the port still serves."""
+    sock = socket.create_connection((HOST, edge_server.server.http_port), timeout=30)
+    sock.sendall(f"POST {TRANSCRIPTIONS} HTTP/1.1\r\nHost: {HOST}\r\nContent-Le".encode())
+    assert sock.recv(1024) == b""  # the server closed it; the socket's 30 s timeout fails the test otherwise
+    sock.close()
+    with urllib.request.urlopen(f"{edge_server.http_url}/v1/models", timeout=30) as response:
+        assert response.status == 200
 
 
 def test_an_upload_that_stalls_is_408_with_connection_close(edge_server: ServerThread) -> None:

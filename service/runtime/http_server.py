@@ -41,7 +41,13 @@ class HttpServer:
 
     async def start(self) -> int:
         # handler_cancellation: a client that hangs up cancels its recognition (the engine frees its slots)
-        self._runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
+        self._runner = web.AppRunner(
+            self.app,
+            handler_cancellation=True,
+            access_log=None,
+            # aiohttp's keep-alive timer also runs while a request head is incomplete: the header timeout
+            keepalive_timeout=self.config.http_idle_timeout,
+        )
         await self._runner.setup()
         host: str | None = self.config.host.strip("[]")
         if host in ("", "::", "0.0.0.0"):
