@@ -92,6 +92,15 @@ class ServerConfig:
             "its --max-streams place is given back (0: wait for ever)"
         },
     )
+    max_text_messages_per_s: float = field(
+        default=200.0,
+        metadata={
+            "help": "WebSocket doors: text messages one connection may send per second, with a burst of twice "
+            "that (Deepgram controls; Realtime events, audio appends included: 20 ms appends are 50/s); past it "
+            "Deepgram closes the stream 1008 and Realtime answers each with an error rate_limit_exceeded and "
+            "drops it, before it is parsed (0: no limit)"
+        },
+    )
     max_keyterm_updates_per_s: float = field(
         default=2.0,
         metadata={

@@ -170,3 +170,53 @@ async def test_a_client_that_never_reads_is_cut_off_and_its_place_given_back(
             await asyncio.sleep(0.5)
     assert "read me" in transcript.lower(), transcript
     silent.close()
+
+
+@pytest.fixture(scope="module")
+def rate_server(small_engine: Engine) -> Iterator[ServerThread]:
+    server = ServerThread(ServerConfig(max_text_messages_per_s=10), small_engine, http=True).start()
+    yield server
+    server.stop()
+
+
+async def test_a_control_flood_ends_that_deepgram_stream_in_its_own_terms(rate_server: ServerThread) -> None:
+    """#11: text messages had no rate limit: each is parsed on the loop every stream of the frontend shares.
+    Past --max-text-messages-per-s (10 here, burst 20) Deepgram's stream ends 1008 naming the limit."""
+    url = rate_server.http_url.replace("http://", "ws://") + "/v1/listen?encoding=mulaw&sample_rate=8000"
+    errors: list[str] = []
+    async with websockets.connect(url) as ws:
+
+        async def read() -> None:
+            with contextlib.suppress(websockets.ConnectionClosed):
+                async for message in ws:
+                    body = json.loads(message)
+                    if body.get("type") == "Error":
+                        errors.append(body["description"])
+
+        reader = asyncio.create_task(read())
+        with contextlib.suppress(websockets.ConnectionClosed):
+            for _ in range(40):  # twice the burst, about at once; no more once refused (nothing left unread)
+                if errors:
+                    break
+                await ws.send(json.dumps({"type": "KeepAlive"}))
+                await asyncio.sleep(0.002)
+        await asyncio.wait_for(reader, 30)
+    assert errors and "max_text_messages_per_s" in errors[0], errors
+    assert ws.close_code == 1008, ws.close_code
+
+
+async def test_an_event_flood_on_realtime_is_answered_rate_limit_exceeded(rate_server: ServerThread) -> None:
+    """#11 on Realtime: past the rate each event gets an error rate_limit_exceeded and is dropped; the
+    session goes on."""
+    url = rate_server.http_url.replace("http://", "ws://") + "/v1/realtime?intent=transcription"
+    async with websockets.connect(url) as ws:
+        assert json.loads(await ws.recv())["type"] == "session.created"
+        for _ in range(60):
+            await ws.send(json.dumps({"type": "input_audio_buffer.clear"}))
+        codes: list[str] = []
+        with contextlib.suppress(TimeoutError):
+            while len(codes) < 60:
+                body = json.loads(await asyncio.wait_for(ws.recv(), 10))
+                codes.append(body["error"]["code"] if body["type"] == "error" else body["type"])
+    assert codes.count("rate_limit_exceeded") >= 30, codes
+    assert codes[0] != "rate_limit_exceeded", codes  # the burst went through

@@ -33,6 +33,7 @@ from pydantic import BaseModel
 
 from service.config import ServerConfig
 from service.core.errors import Code, RecognitionError
+from service.core.rate_limit import TokenBucket
 from service.core.recognizer import Recognizer, Stream
 from service.core.types import (
     AudioFormat,
@@ -389,6 +390,8 @@ class LiveCall:
     ) -> None:
         self.door, self.ws, self.stream, self.options = door, ws, stream, options
         self.request = request
+        rate = door.config.max_text_messages_per_s
+        self._text_messages = TokenBucket(rate, 2 * rate)  # parsed on the loop every stream here shares
         self.request_id = request_id
         self.no_encoding = no_encoding  # raw linear16 assumed: a container's header is refused
         self._send_lock = asyncio.Lock()
@@ -480,6 +483,14 @@ class LiveCall:
         self.stream.fail(RecognitionError(Code.INVALID_ARGUMENT, description, "audio_content"))
 
     async def _control(self, text: str) -> None:
+        if not self._text_messages.take():
+            self._refuse(
+                "DATA-0000",
+                f"more than {self._text_messages.rate:g} text messages per second (max_text_messages_per_s); "
+                "send controls as the call needs them",
+                1008,
+            )
+            return
         try:
             control = messages.parse_control(text)
         except messages.SchemaError as e:

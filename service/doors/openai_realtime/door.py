@@ -43,6 +43,7 @@ from prometheus_client import Counter
 
 from service.config import ServerConfig
 from service.core.errors import Code, RecognitionError
+from service.core.rate_limit import TokenBucket
 from service.core.recognizer import Recognizer, Stream
 from service.core.types import (
     AudioFormat,
@@ -229,6 +230,8 @@ class _Connection:
     ) -> None:
         self.door, self.ws, self.caller, self.model = door, ws, caller, model
         self.request = request
+        rate = door.config.max_text_messages_per_s
+        self.text_messages = TokenBucket(rate, 2 * rate)  # parsed on the loop every stream here shares
         self.config = door.config
         self.session = Session()
         self.session_id = rt.new_id("sess")
@@ -326,6 +329,16 @@ class _Connection:
     # --- client events ---
 
     async def on_text(self, text: str) -> None:
+        if not self.text_messages.take():
+            await self.error(
+                ProtocolError(
+                    "rate_limit_exceeded",
+                    f"more than {self.text_messages.rate:g} events per second (max_text_messages_per_s): "
+                    "this event was dropped",
+                    type="rate_limit_error",
+                )
+            )
+            return
         try:
             message = json.loads(text)
         except (ValueError, RecursionError) as e:  # RecursionError: nested past the parser's depth
