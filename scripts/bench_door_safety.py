@@ -13,8 +13,8 @@ over asr.v1 in 20 ms frames paced in real time. Each attack runs from its own co
 as the good call lasts:
 
 - finalize-flood: Deepgram `/v1/listen?endpointing=false`, 3200 bytes of audio + `Finalize`, looped.
-- silent-readers: `--silent-readers` Deepgram sockets that send audio and `Finalize` but never read
-  (the client library stops reading once one message is queued).
+- silent-readers: `--silent-readers` Deepgram sockets that send `Finalize` after `Finalize` and never
+  read the answers (harness/raw_websocket.py).
 - configure-flood: one Deepgram socket sending `Configure` with 100 fresh keyterms, looped (the
   frontends' resident memory is read before and after).
 - phrase-lists: Google Speech `StreamingRecognize` configs with 200,000 phrases, one after another.
@@ -52,6 +52,7 @@ from grpc import aio
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from harness.live import PacedCall  # noqa: E402
+from harness.raw_websocket import masked_text_frame, silent_websocket  # noqa: E402
 from harness.server import ServerProcess, checkout, short_commit  # noqa: E402
 from harness.stats import percentile  # noqa: E402
 from harness.usage import cpu_model  # noqa: E402
@@ -138,22 +139,21 @@ async def _drain(ws: Any) -> None:
 
 
 async def silent_readers(server: ServerProcess, stop: asyncio.Event, out: dict[str, Any], count: int) -> None:
-    chunk = mulaw_noise(0.4)
 
     async def one() -> str:
+        path = "/v1/listen?encoding=mulaw&sample_rate=8000&endpointing=false"
+        sock = await silent_websocket("127.0.0.1", server.http_port, path)
+        loop = asyncio.get_running_loop()
+        frame = masked_text_frame(json.dumps({"type": "Finalize"}))
         try:
-            async with websockets.connect(
-                listen_url(server, "endpointing=false"), max_queue=1, read_limit=2**12, max_size=None
-            ) as ws:
-                while not stop.is_set():
-                    await asyncio.wait_for(ws.send(chunk), 5)
-                    await asyncio.wait_for(ws.send(json.dumps({"type": "Finalize"})), 5)
-                    await asyncio.sleep(0.05)
-                return "held to the end"
-        except websockets.ConnectionClosed as e:
-            return f"closed {e.rcvd.code if e.rcvd else None}"
+            while not stop.is_set():
+                await asyncio.wait_for(loop.sock_sendall(sock, frame), 5)
+                await asyncio.sleep(0.001)
+            return "held to the end"
         except (TimeoutError, OSError) as e:
-            return f"{type(e).__name__}"
+            return type(e).__name__
+        finally:
+            sock.close()
 
     results = await asyncio.gather(*(one() for _ in range(count)))
     out["sockets"] = {r: results.count(r) for r in sorted(set(results))}

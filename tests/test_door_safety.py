@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 import time
 from collections.abc import Iterator
 
@@ -15,6 +14,7 @@ import pytest
 import websockets
 
 from engine import Engine, EngineConfig
+from harness.raw_websocket import masked_text_frame, silent_websocket
 from service.config import ServerConfig
 from service.core.errors import Code, RecognitionError
 from service.core.recognizer import Recognizer, Stream
@@ -106,34 +106,6 @@ def one_place_server(small_engine: Engine) -> Iterator[ServerThread]:
     server = ServerThread(config, small_engine, http=True).start()
     yield server
     server.stop()
-
-
-async def silent_websocket(host: str, port: int, path: str) -> socket.socket:
-    """A WebSocket opened by hand on a socket with a 4 KiB receive buffer, whose handshake reply is the
-    last thing it ever reads (a client library would keep reading into its own queue)."""
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.setblocking(False)
-    loop = asyncio.get_running_loop()
-    await loop.sock_connect(sock, (host, port))
-    await loop.sock_sendall(
-        sock,
-        f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n".encode(),
-    )
-    reply = b""
-    while b"\r\n\r\n" not in reply:
-        reply += await loop.sock_recv(sock, 1)
-    assert reply.startswith(b"HTTP/1.1 101"), reply
-    return sock
-
-
-def masked_text_frame(text: str) -> bytes:
-    """One client text frame (RFC 6455 5.2: FIN, opcode 1, the mask bit and key, the masked payload)."""
-    payload = text.encode()
-    assert len(payload) < 126
-    key = b"\x01\x02\x03\x04"
-    return bytes([0x81, 0x80 | len(payload)]) + key + bytes(b ^ key[i % 4] for i, b in enumerate(payload))
 
 
 async def test_a_client_that_never_reads_is_cut_off_and_its_place_given_back(
