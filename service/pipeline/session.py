@@ -221,7 +221,7 @@ class StreamSession:
         )
         # (stream seconds from which they apply, options): update_options' changes, the first the config's
         self._option_changes: collections.deque[tuple[float, DecodeOptions]] = collections.deque(
-            [(0.0, settings.options)]
+            [(0.0, settings.options)], maxlen=MAX_HELD_OPTION_CHANGES
         )
 
     def _become(self, new: StreamState) -> bool:
@@ -363,9 +363,7 @@ class StreamSession:
             # no utterance can start between two updates at the same audio position: the last one wins
             changes[-1] = (self._received_s, options)
         else:
-            changes.append((self._received_s, options))
-        while len(changes) > MAX_HELD_OPTION_CHANGES:
-            changes.popleft()
+            changes.append((self._received_s, options))  # past maxlen the oldest goes
 
     @property
     def held_option_changes(self) -> int:
