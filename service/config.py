@@ -144,6 +144,15 @@ class ServerConfig:
             "than real time); beyond it RESOURCE_EXHAUSTED"
         },
     )
+    max_audio_lead_seconds: float = field(
+        default=120.0,
+        metadata={
+            "help": "how far a live stream's audio may run ahead of the wall clock since its first audio "
+            "(seconds); past it the door stops reading that stream until real time catches up, so the "
+            "client's own transport slows it (gRPC and TCP flow control): noise sent faster than real time "
+            "costs the VAD no more than a real call. Recorded calls belong in Recognize (0: off)"
+        },
+    )
     max_response_backlog_bytes: int = field(
         default=1 << 20,
         metadata={

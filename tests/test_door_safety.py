@@ -10,9 +10,11 @@ import json
 import time
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
 import websockets
 
+from clients.client import RecognizerClient
 from engine import Engine, EngineConfig
 from harness.raw_websocket import masked_text_frame, silent_websocket
 from service.config import ServerConfig
@@ -192,3 +194,35 @@ async def test_an_event_flood_on_realtime_is_answered_rate_limit_exceeded(rate_s
                 codes.append(body["error"]["code"] if body["type"] == "error" else body["type"])
     assert codes.count("rate_limit_exceeded") >= 30, codes
     assert codes[0] != "rate_limit_exceeded", codes  # the burst went through
+
+
+@pytest.fixture(scope="module")
+def paced_server(small_engine: Engine) -> Iterator[ServerThread]:
+    server = ServerThread(
+        ServerConfig(max_audio_lead_seconds=1.0, idle_audio_timeout=1.0), small_engine
+    ).start()
+    yield server
+    server.stop()
+
+
+async def test_audio_sent_faster_than_real_time_is_paced_once_it_is_far_ahead(
+    paced_server: ServerThread,
+) -> None:
+    """#7: noise passes the VAD's noise gate without being buffered, so nothing bounded how fast a stream
+    could make the loop every stream shares score it. Now a door reads a stream's next chunk only while
+    its audio is at most --max-audio-lead-seconds (1 s here) ahead of the wall clock: 6 s of noise sent
+    as fast as the client can takes at least 5 s to be taken in. Pausing the client that way does not
+    make it idle (--idle-audio-timeout is 1 s here too): its audio ends with its words."""
+    rng = np.random.default_rng(26)
+    noise = rng.normal(0, 0.05, 16000 * 6).astype(np.float32)
+    speech, _ = make_conversation(["Please read me the balance of my savings account."], pause_s=0.0)
+    audio = np.concatenate([noise, speech, np.zeros(16000, np.float32)])
+    started = time.monotonic()
+    texts: list[str] = []
+    async with RecognizerClient(paced_server.target) as client:
+        async for response in client.stream_file(audio, rate=16000, chunk_ms=100):
+            texts += [r.alternatives[0].transcript for r in response.results if r.is_final]
+    elapsed = time.monotonic() - started
+    heard_s = len(audio) / 16000
+    assert elapsed >= heard_s - 1.0 - 0.2, f"{heard_s:.1f} s of audio taken in {elapsed:.1f} s"
+    assert "savings account" in " ".join(texts).lower(), texts

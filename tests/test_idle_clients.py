@@ -95,6 +95,26 @@ async def test_audio_sent_in_time_is_not_idle(idle_server: ServerThread) -> None
     assert corpus_wer([SENTENCE], [outcome.text]) <= 0.2
 
 
+async def test_audio_sent_ahead_of_real_time_is_not_idle_while_it_lasts(idle_server: ServerThread) -> None:
+    """A client that sends 4 s of its call at once and the rest 2.5 s later has not gone quiet: its audio
+    covers that time (a door pacing a fast client holds it just so). Idle counts from where the audio
+    it sent ends in wall time, not from the last message."""
+    audio, _ = make_conversation([SENTENCE], pause_s=0.8, lead_s=3.5)
+    data = to_linear16_bytes(audio)
+    head = 4 * 16000 * 2
+
+    async def requests() -> AsyncIterator[asr_pb2.StreamingRecognizeRequest]:
+        yield config_request()
+        yield asr_pb2.StreamingRecognizeRequest(audio_content=data[:head])
+        await asyncio.sleep(2.5 * IDLE_S)
+        yield asr_pb2.StreamingRecognizeRequest(audio_content=data[head:])
+
+    async with aio.insecure_channel(idle_server.target) as channel:
+        outcome = await run_stream(channel, requests())
+    assert outcome.code == grpc.StatusCode.OK, outcome
+    assert corpus_wer([SENTENCE], [outcome.text]) <= 0.2
+
+
 class StallingProxy:
     """A TCP proxy on loopback that can stop forwarding without closing anything: to both ends the
     network has died without a FIN (a cable pulled, a NAT that dropped the flow)."""

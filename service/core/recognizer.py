@@ -86,6 +86,17 @@ class Stream:
         stream, after the finals of what was admitted, and `events()` raises why."""
         self._session.audio(chunk)
 
+    async def pace(self) -> None:
+        """Wait while the audio received runs more than --max-audio-lead-seconds ahead of the wall clock. Doors
+        await it after each chunk before reading the next, so a client sending faster than real time is
+        slowed by its own transport's flow control once it is that far ahead: audio that the VAD's noise
+        gate lets through unbuffered (noise, not speech) cannot make the loop every stream shares score
+        hours of it in seconds."""
+        limit = self._session.config.max_audio_lead_seconds
+        ahead = self._session.lead_s - limit
+        if limit > 0 and ahead > 0 and self.takes_audio:
+            await asyncio.sleep(ahead)
+
     def finish(self) -> None:
         """The client half-closed: the utterance in progress ends (ended_by END_OF_AUDIO), every pending
         final follows, then `events()` ends normally."""

@@ -336,6 +336,7 @@ class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
                     return
                 if kind == "audio_content":
                     stream.audio(request.audio_content)
+                    await stream.pace()
                 elif kind == "keyterms_update":
                     try:
                         stream.update_keyterms(request.keyterms_update.keyterms)

@@ -584,6 +584,7 @@ class GoogleSpeechDoor:
                     if pick > 1 and len(chunk) <= self.recognizer.config.max_chunk_bytes:
                         chunk = first_channel(chunk, encoding, pick)
                     stream.audio(chunk)
+                    await stream.pace()
             stream.finish()  # the client half-closed
         except RecognitionError as e:
             stream.fail(e)

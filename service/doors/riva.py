@@ -797,6 +797,7 @@ class RivaServicer(rasr_grpc.RivaSpeechRecognitionServicer):
                         chunk = feed.frames(request.audio_content)
                         if chunk:
                             stream.audio(chunk)
+                            await stream.pace()
             stream.finish()  # the client half-closed
         except RivaFieldError as e:
             stream.fail(RecognitionError(Code.INVALID_ARGUMENT, str(e), e.field))

@@ -201,6 +201,7 @@ class StreamSession:
         self._tasks: set[asyncio.Task[Any]] = set()
         self.state = StreamState.OPEN
         self._received_s = 0.0
+        self._first_audio_at: float | None = None  # monotonic time of the first audio: the pace's origin
         self._buffer_s = 0.0  # this stream's share of asr_stream_buffer_seconds
         self._end_status: RecognitionError | None = None
         self._finalize_held = False  # a Finalize waits for --max-finals-in-flight (finalize's `hold`)
@@ -257,6 +258,14 @@ class StreamSession:
         """Seconds of audio (per channel) received so far."""
         return self._received_s
 
+    @property
+    def lead_s(self) -> float:
+        """How far the audio received runs ahead of the wall clock since the first audio (seconds; 0 or
+        less for a real-time client)."""
+        if self._first_audio_at is None:
+            return 0.0
+        return self._received_s - (time.monotonic() - self._first_audio_at)
+
     def audio(self, chunk: bytes) -> None:
         """One chunk of the stream's audio, whole frames (every channel of a sample). Never raises: what
         is wrong with it ends the stream, and `events()` raises why."""
@@ -274,6 +283,8 @@ class StreamSession:
                 return  # single utterance or draining: later audio is ignored
             if chunk:
                 self._last_audio = time.monotonic()
+                if self._first_audio_at is None:
+                    self._first_audio_at = self._last_audio
             self._process(chunk)
         except Exception as e:
             self._fail_with(e, "stream audio failed")
@@ -485,7 +496,11 @@ class StreamSession:
         timeout = self.config.idle_audio_timeout
         if not timeout or not self.state.takes_audio:
             return
-        idle = time.monotonic() - self._last_audio
+        # audio sent ahead of real time covers the wall time it lasts (the door may be pacing the client)
+        heard_until = self._last_audio
+        if self._first_audio_at is not None:
+            heard_until = max(heard_until, self._first_audio_at + self._received_s)
+        idle = time.monotonic() - heard_until
         if idle < timeout:
             self._idle_timer = asyncio.get_running_loop().call_later(timeout - idle, self._check_idle)
             return

@@ -437,6 +437,7 @@ class LiveCall:
             async for msg in self.ws:
                 if msg.type == WSMsgType.BINARY:
                     self._audio(msg.data)
+                    await self.stream.pace()
                     await self._utterance_ends()
                 elif msg.type == WSMsgType.TEXT:
                     await self._control(msg.data)

@@ -476,6 +476,7 @@ class _Connection:
             data, self.odd_byte = data[:keep], data[keep:]
         if data:
             stream.audio(data)
+            await stream.pace()
 
     async def _open_stream(self) -> Stream | None:
         try:
