@@ -727,6 +727,32 @@ async def test_a_limit_ends_the_session_after_the_finals_with_an_error_and_close
         server.stop()
 
 
+async def test_a_session_that_sends_events_but_never_audio_ends_at_the_idle_timeout(
+    service_engine: Engine,
+) -> None:
+    """Issue 26 #8: before its first audio a session holds no stream place, and each event it sent
+    started its idle clock again, so session.update after session.update held it open for ever. The
+    first audio is now due --idle-audio-timeout after the session opens, whatever else comes."""
+    server = ServerThread(ServerConfig(idle_audio_timeout=1.5), service_engine, http=True).start()
+    session = session_config(PCMU, None)
+    events: list[dict[str, Any]] = []
+    try:
+        async with connect(server) as conn:
+            await open_session(conn, session)
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                for _ in range(20):  # 8 s of updates, 0.4 s apart
+                    with contextlib.suppress(websockets.ConnectionClosed):  # the error event is read next
+                        await send_session_update(conn, session)
+                    events.append(await recv(conn))
+                    await asyncio.sleep(0.4)
+        assert events[-1]["type"] == "error", events[-1]
+        assert events[-1]["error"]["code"] == "idle_timeout", events[-1]
+        assert "idle_audio_timeout" in events[-1]["error"]["message"], events[-1]
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+    finally:
+        server.stop()
+
+
 async def test_a_turn_that_fails_gets_failed_then_error_and_close_1011(
     rt_server: ServerThread, engine_hooks: EngineHooks
 ) -> None:
@@ -764,8 +790,10 @@ async def test_a_turn_that_fails_gets_failed_then_error_and_close_1011(
 
 
 async def test_drain_sends_the_finals_then_closes_1012_so_the_client_reconnects() -> None:
-    """The server drains with a turn ended and a session open: the turn's completed comes first, then close
-    1012 (service restart), which the official client's reconnection policy treats as "go elsewhere".
+    """The server drains with a turn ended and a session open: the turn's completed comes first, then an
+    `error` server_draining saying how much of the session's audio was heard (audio_end_ms: what follows
+    goes to a new session), then close 1012 (service restart), which the official client's reconnection
+    policy treats as "go elsewhere".
     AsrServer.drain (what SIGTERM runs) stops its engine too: this server has its own."""
     engine = Engine(EngineConfig(model="tiny.en", threads=2))
     engine.start()
@@ -791,6 +819,11 @@ async def test_drain_sends_the_finals_then_closes_1012_so_the_client_reconnects(
         kinds = [e["type"] for e in events]
         assert "conversation.item.input_audio_transcription.completed" in kinds, kinds
         assert reconnects and reconnects[0].close_code == 1012, reconnects
+        # Issue 26 #14: the client learns up to where its audio was heard, to send the rest elsewhere
+        draining = events[-1]
+        assert draining["type"] == "error" and draining["error"]["code"] == "server_draining", draining
+        heard_ms = len(said) / 16000 * 1000
+        assert f"audio_end_ms {heard_ms:.0f}" in draining["error"]["message"], draining
     finally:
         server.stop()
         engine.stop()

@@ -20,7 +20,9 @@ A session, as OpenAI's server runs it:
 - A bad client event gets an `error` event naming the parameter and the client's event_id, and the session
   goes on; a stream that ends in an error sends `.failed` for its open items, an `error` event, then closes
   with a WebSocket close code for the kind of end (CLOSE_CODES). On drain the finals of what was heard come,
-  then close 1012 (service restart), which OpenAI's client treats as "reconnect".
+  then an `error` `server_draining` naming audio_end_ms (how much of the session's audio was heard: the
+  rest goes to a new session), then close 1012 (service restart), which OpenAI's client treats as
+  "reconnect".
 
 The core stream opens at the first append, with the settings the session has then; changing what the
 stream was opened with (format, turn detection, language, prompt) afterwards is refused naming the field,
@@ -34,6 +36,7 @@ import base64
 import binascii
 import contextlib
 import json
+import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
@@ -277,11 +280,14 @@ class _Connection:
     async def run(self) -> None:
         await self.send(rt.event("session.created", session=self._session_object()))
         idle = self.config.idle_audio_timeout
+        # before the first audio nothing holds a stream place: the first audio is due this long after the
+        # session opens, whatever events come before it; the stream's own idle bound applies once it exists
+        first_audio_due = time.monotonic() + idle
         try:
             while True:
-                # before the first audio nothing holds a stream place; the stream's own idle bound
-                # (--idle-audio-timeout) applies once it exists
-                timeout = idle if self.stream is None and idle else None
+                timeout = (
+                    max(0.0, first_audio_due - time.monotonic()) if self.stream is None and idle else None
+                )
                 try:
                     msg = await asyncio.wait_for(self.ws.receive(), timeout)
                 except TimeoutError:
@@ -544,6 +550,7 @@ class _Connection:
 
     async def _pump(self, stream: Stream) -> None:
         code, message = 1000, b""
+        heard_ms = 0
         try:
             async for event in stream.events():
                 if isinstance(event, SpeechStarted):
@@ -553,7 +560,19 @@ class _Connection:
                 elif isinstance(event, Result):
                     await self.on_result(event)
                 elif isinstance(event, Reconnect):
-                    code, message = 1012, b"server draining: reconnect"
+                    heard_ms = round(event.offset_s * 1000)
+                    code, message = 1012, f"server draining: reconnect; audio_end_ms {heard_ms}".encode()
+            if code == 1012:
+                # after the finals of what was heard: where the client's next session takes the audio up
+                await self.error(
+                    ProtocolError(
+                        "server_draining",
+                        f"the server is restarting: this session's audio was heard up to audio_end_ms "
+                        f"{heard_ms}, and every turn in it is transcribed above; audio appended since is not. "
+                        "Send what follows audio_end_ms to a new session",
+                        type="server_error",
+                    )
+                )
         except RecognitionError as e:
             await self._fail_items(e)
             kind, err = _error_code(e.code)
