@@ -23,9 +23,11 @@ Latency rules, in order:
      `recorded_encoder_budget_ms` of measured encoder time (at least one utterance), which bounds how
      long a live final arriving meanwhile waits; and it holds at most `config.recorded_rows` KV-cache
      rows, so the other rows stay free for live calls.
-  2. Among LIVE finals that have waited less than MAX_REORDER_S, the shortest audio first: in a trimmed
-     encoder pass every row pays for the longest one, so short finals sharing a pass with long
-     ones wait for work that is not theirs. A final waiting longer goes by age, so no final starves.
+  2. Among LIVE finals that have waited less than MAX_REORDER_S, callers take turns (each caller's
+     n-th waiting final goes in round n: one stream flushing many turns cannot push another call's
+     final back), and within a round the shortest audio first: in a trimmed encoder pass every row
+     pays for the longest one, so short finals sharing a pass with long ones wait for work that is
+     not theirs. A final waiting longer goes by age, so no final starves.
      BEST_EFFORT work: speculative offers before interims, each oldest first; RECORDED oldest first.
   3. While sequences decode, every encoder pass holds all of them up: with
      `encoder_budget_while_decoding_ms`, a pass is cut to what the measured encoder cost says
@@ -69,6 +71,7 @@ class Waiting:
     cancelled: bool = False
     priority: Priority = Priority.LIVE  # its class as submitted (an interim is never LIVE)
     promote_at: float | None = None  # BEST_EFFORT until this instant, LIVE from then (a speculative offer)
+    caller: str = ""  # whose work it is (a stream's id): live finals take turns by caller
 
     def rank(self, now: float) -> Priority:
         """Its class now."""
@@ -156,15 +159,24 @@ class Policy:
         return IDLE_POLL_S
 
     def order(self, waiting: list[Waiting], now: float) -> list[Waiting]:
-        """Who goes first: by class; young live finals shortest first, old ones by age; speculative
-        offers before interims (an offer is a final not yet confirmed); otherwise oldest first."""
+        """Who goes first: by class; young live finals by turns of their callers (each caller's n-th
+        waiting final in round n, so a caller that flushes many turns cannot push another call's final
+        back), within a round shortest first; old ones by age; speculative offers before interims (an
+        offer is a final not yet confirmed); otherwise oldest first."""
+        turn: dict[str, int] = {}
+        taken: dict[str, int] = {}
+        for w in sorted(waiting, key=lambda w: w.submitted):
+            if w.caller and w.rank(now) is Priority.LIVE:
+                turn[w.id] = taken.get(w.caller, 0)
+                taken[w.caller] = turn[w.id] + 1
 
-        def key(w: Waiting) -> tuple[int, bool, float, float]:
+        def key(w: Waiting) -> tuple[int, bool, int, float, float]:
             rank = w.rank(now)
             if rank is not Priority.LIVE:
-                return (int(rank), w.interim, w.submitted, 0.0)
-            young = now - w.submitted < MAX_REORDER_S
-            return (int(rank), young, float(w.samples) if young else w.submitted, w.submitted)
+                return (int(rank), w.interim, 0, w.submitted, 0.0)
+            if now - w.submitted >= MAX_REORDER_S:
+                return (int(rank), False, 0, w.submitted, w.submitted)
+            return (int(rank), True, turn.get(w.id, 0), float(w.samples), w.submitted)
 
         return sorted(waiting, key=key)
 

@@ -53,6 +53,8 @@ class DecodeOptions:
     # A BEST_EFFORT request that becomes LIVE at this time.monotonic(): a speculative offer ranks as a final
     # from when its end would be confirmed (engine/policy.py); None: never.
     promote_at: float | None = None
+    # Whose work this is (a live stream's id): the engine's live finals take turns by caller.
+    caller: str = ""
 
     @property
     def work_class(self) -> Priority:

@@ -187,6 +187,7 @@ class Scheduler:
                     cancelled=r.future.cancelled(),
                     priority=r.priority,
                     promote_at=r.options.promote_at,
+                    caller=r.options.caller,
                 )
                 for r in self.waiting
             ),

@@ -165,6 +165,8 @@ async def test_keyterms_change_from_the_next_utterance_and_bad_ones_change_nothi
     # each utterance's requests for its final (speculative offers too) carry the list its speech began with
     lists = [o.keyterms for o in engine.submitted if not o.interim]
     assert [k for i, k in enumerate(lists) if i == 0 or lists[i - 1] != k] == [("Kestoria",), ("Moxilar",)]
+    # every request names the stream as its caller, whose finals take turns with other streams' (issue 26)
+    assert {o.caller for o in engine.submitted} == {stream.id}
 
 
 async def test_a_keyterm_flood_holds_a_bounded_list_and_the_newest_list_applies(

@@ -87,6 +87,16 @@ def test_young_finals_go_shortest_first() -> None:
     assert encoded(plan) == ["short", "mid"]
 
 
+def test_young_finals_take_turns_by_caller_before_shortest_first() -> None:
+    """Issue 26: a caller flushing short turns (Deepgram Finalize in a loop) had every one of them served
+    ahead of another call's longer final, shortest first. Each caller's n-th waiting final now goes in
+    round n: the other call's one final is in the first pass, whatever its length."""
+    p = policy(max_batch=2)
+    flood = [final(f"flood{i}", 0.4, age=0.3 - i / 100, caller="s-flood") for i in range(6)]
+    plan = p.plan(state(*flood, final("good", 4.0, age=0.1, caller="s-good")))
+    assert encoded(plan) == ["flood0", "good"]
+
+
 def test_a_final_waiting_past_the_reorder_bound_goes_by_age_ahead_of_shorter_ones() -> None:
     p = policy(max_batch=1)
     old = final("old-long", 20.0, age=MAX_REORDER_S + 0.1)

@@ -431,3 +431,14 @@ def test_live_finals_then_best_effort_then_recorded_and_recorded_rows_are_capped
     out = s.schedule(now=final.submitted + 1.0)
     assert [r.id for r in out.encode] == ["rec0", "rec1"]  # at most --max-recorded-rows
     assert s.stats()["rows_recorded"] == 2 and rec[2].status is RequestStatus.WAITING
+
+
+def test_live_finals_take_turns_by_the_caller_their_options_name() -> None:
+    """The scheduler hands each request's caller (DecodeOptions.caller, a stream's id) to the policy,
+    which serves callers' finals in turns: one caller's flood of short finals does not go ahead of
+    another caller's one longer final."""
+    s = scheduler(kv_slots=8, max_batch=2, batch_window_ms=0.0)
+    flood = submitted(s, *(request(f"flood{i}", 0.4, caller="s-flood") for i in range(4)))
+    good = submitted(s, request("good", 4.0, caller="s-good"))[0]
+    out = s.schedule(now=good.submitted + 0.1)
+    assert [r.id for r in out.encode] == [flood[0].id, "good"]
