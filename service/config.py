@@ -57,6 +57,15 @@ class ServerConfig:
             "own default is about an hour, for anyone, before any token is read)"
         },
     )
+    http_max_connections: int = field(
+        default=1024,
+        metadata={
+            "help": "HTTP port: connections one frontend process holds open at once (WebSocket streams, uploads, "
+            "idle keep-alive); a connection past it is answered 503 naming this flag, with Retry-After, and "
+            "closed before anything is read, so open sockets cannot exhaust the process's file descriptors "
+            "and lock out the calls on it (0: no limit)"
+        },
+    )
     http_min_upload_rate: int = field(
         default=32 << 10,
         metadata={

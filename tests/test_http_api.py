@@ -15,6 +15,7 @@ import subprocess
 import threading
 import time
 import tracemalloc
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -323,10 +324,17 @@ def test_draining_refuses_new_http_calls_with_503(service_engine: Engine) -> Non
         server.stop()
 
 
-def _audio_seconds(metrics_port: int) -> float:
+def _recognize_calls_open(metrics_port: int) -> float:
+    """asr_door_active_calls{kind="recognize"}: recorded calls the server is working on now."""
     with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
         families = text_string_to_metric_families(r.read().decode())
-        return sum(s.value for f in families if f.name == "asr_audio_seconds" for s in f.samples)
+        return sum(
+            s.value
+            for f in families
+            if f.name == "asr_door_active_calls"
+            for s in f.samples
+            if s.labels.get("kind") == "recognize"
+        )
 
 
 def test_sigterm_lets_an_http_call_in_flight_finish(tmp_path: Path) -> None:
@@ -348,7 +356,9 @@ def test_sigterm_lets_an_http_call_in_flight_finish(tmp_path: Path) -> None:
         thread = threading.Thread(target=call)
         thread.start()
         deadline = time.monotonic() + 60
-        while _audio_seconds(server.metrics_port) == 0:  # the server has decoded the upload: it is in flight
+        # in flight: the server holds the call (asr_audio_seconds, which the test once waited on, counts a
+        # recording once it is transcribed: the call could be over before the poll saw it)
+        while _recognize_calls_open(server.metrics_port) == 0:
             assert time.monotonic() < deadline and thread.is_alive(), outcome
             time.sleep(0.05)
         server.terminate()
@@ -439,6 +449,47 @@ def test_a_request_head_sent_by_halves_is_closed_after_the_idle_timeout(edge_ser
     sock.close()
     with urllib.request.urlopen(f"{edge_server.http_url}/v1/models", timeout=30) as response:
         assert response.status == 200
+
+
+@pytest.fixture(scope="module")
+def two_connection_server(service_engine: Engine) -> Iterator[ServerThread]:
+    server = ServerThread(ServerConfig(http_max_connections=2), service_engine, http=True).start()
+    yield server
+    server.stop()
+
+
+def test_connections_past_the_cap_are_503_naming_the_flag_and_a_freed_place_serves(
+    two_connection_server: ServerThread,
+) -> None:
+    """Issue 26 #9: nothing bounded the HTTP port's open connections, before any token is read: enough idle
+    sockets took every file descriptor of the frontend, and with them every call on it. Past
+    --http-max-connections (2 here) a connection is answered 503 naming the flag and closed."""
+    port = two_connection_server.server.http_port
+    refused_before = http_count("503")
+    held = [socket.create_connection((HOST, port), timeout=30) for _ in range(2)]
+    time.sleep(0.2)  # the server has taken both
+    extra = socket.create_connection((HOST, port), timeout=30)
+    extra.sendall(f"GET /v1/models HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode())
+    response = http.client.HTTPResponse(extra)
+    response.begin()
+    error = json.loads(response.read())["error"]
+    assert response.status == 503, error
+    assert "http_max_connections" in error["message"] and "2 " in error["message"], error
+    assert response.getheader("Retry-After")
+    assert http_count("503") == refused_before + 1  # asr_http_requests_total{code="503"}
+    extra.close()
+    held.pop().close()
+    deadline = time.monotonic() + 10
+    while True:  # the server notices the close
+        try:
+            with urllib.request.urlopen(f"{two_connection_server.http_url}/v1/models", timeout=30) as ok:
+                assert ok.status == 200
+            break
+        except urllib.error.HTTPError as e:
+            assert e.code == 503 and time.monotonic() < deadline, e
+            time.sleep(0.1)
+    for sock in held:
+        sock.close()
 
 
 def test_an_upload_that_stalls_is_408_with_connection_close(edge_server: ServerThread) -> None:

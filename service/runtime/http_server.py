@@ -3,17 +3,20 @@ and WebSocket door registers its routes on (service/doors/openai_http.py `regist
 
 What is the port's and not a door's lives here: binding (every interface, IPv4 too; SO_REUSEPORT across
 asr-server's frontends), TLS with the gRPC port's certificate (and mutual TLS), the request counter
-(asr_http_requests_total{code}), a JSON answer for a path or method no door serves, and the stop with a
-grace for requests in flight.
+(asr_http_requests_total{code}), a JSON answer for a path or method no door serves, the bound on open
+connections (--http-max-connections), and the stop with a grace for requests in flight.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 import ssl
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 
 from service import metrics
 from service.config import ServerConfig
@@ -22,6 +25,27 @@ log = logging.getLogger("service.runtime.http_server")
 
 # On top of the largest recording a door takes (--max-recognize-bytes): multipart boundaries and text fields.
 BODY_OVERHEAD_BYTES = 1 << 20
+
+
+def _over_cap_response(cap: int) -> bytes:
+    """The whole HTTP answer to a connection past --http-max-connections, in OpenAI's error shape."""
+    body = json.dumps(
+        {
+            "error": {
+                "message": f"this server process holds its limit of {cap} HTTP connections "
+                "(http_max_connections); retry, or reuse a connection",
+                "type": "server_error",
+                "param": None,
+                "code": "http_max_connections",
+            }
+        }
+    ).encode()
+    head = (
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+        f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -49,6 +73,7 @@ class HttpServer:
             keepalive_timeout=self.config.http_idle_timeout,
         )
         await self._runner.setup()
+        self._cap_connections(self._runner.server)
         host: str | None = self.config.host.strip("[]")
         if host in ("", "::", "0.0.0.0"):
             # Every interface, IPv4 too: asyncio binds "::" IPv6-only (IPV6_V6ONLY), so a pod's IPv4
@@ -67,6 +92,23 @@ class HttpServer:
             extra={"fields": {"port": self.port, "paths": paths, "tls": site.name.startswith("https")}},
         )
         return self.port
+
+    def _cap_connections(self, server: web.Server | None) -> None:
+        """--http-max-connections: aiohttp has no bound of its own, so its server's hook for each new
+        connection answers one past the cap 503 and closes it, before anything of it is read."""
+        cap = self.config.http_max_connections
+        if server is None or cap <= 0:
+            return
+        admit = server.connection_made
+
+        def connection_made(handler: RequestHandler, transport: asyncio.Transport) -> None:
+            admit(handler, transport)
+            if len(server.connections) > cap:
+                transport.write(_over_cap_response(cap))
+                transport.close()
+                metrics.HTTP_REQUESTS.labels("503").inc()
+
+        server.connection_made = connection_made  # type: ignore[method-assign]
 
     def _ssl(self) -> ssl.SSLContext | None:
         """HTTPS with the gRPC port's certificate (and client CA: mutual TLS) when TLS is configured."""
