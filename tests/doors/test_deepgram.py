@@ -386,6 +386,7 @@ def handshake_refusal(
         ({"endpointing": "soon"}, "endpointing"),
         ({"detect_entities": "true"}, "detect_entities"),
         ({"keyterm": ["x" * 60]}, "keyterm"),
+        ({"extra": [f"k{i}:{'v' * 1000}" for i in range(3)]}, "extra"),
     ],
 )
 async def test_bad_options_are_refused_at_the_handshake(

@@ -129,6 +129,9 @@ def test_keywords_boosts_become_keyterms_and_suppressions_are_dropped() -> None:
         ("interim_results", "maybe"),
         ("utterance_end_ms", 0),
         ("extra", "no-colon"),
+        # echoed in every result: one Finalize on 8 channels returned 8 copies (issue 26 #11)
+        ("extra", [f"k{i}:{'v' * 1000}" for i in range(3)]),
+        ("tag", ["t" * 1000] * 3),
     ],
 )
 def test_refusals_name_the_option(option: str, value: object) -> None:

@@ -30,6 +30,9 @@ from service.pipeline.redaction import Kind
 # Bounds on what a query may make the server hold or work through (the core bounds keyterms themselves).
 MAX_QUERY_VALUES = 512  # parameters in one query, repeats counted (keyterms: the engine takes 100)
 MAX_VALUE_CHARS = 1024  # one parameter's value
+# extra (keys and values) and tag, each in all: echoed in every result (and on every channel), so a long
+# one would turn one Finalize into tens of KB sent back
+MAX_ECHOED_CHARS = 2048
 MIN_ENDPOINTING_MS = 100  # the VAD scores 32 ms windows: a shorter pause cannot be told from a breath
 MAX_ENDPOINTING_MS = 5000  # as asr.v1's min_silence_duration
 MAX_UTTERANCE_END_MS = 60_000
@@ -198,6 +201,15 @@ def _keywords(values: list[str]) -> list[str]:
     return terms
 
 
+def _echoed(option: str, chars: int) -> None:
+    if chars > MAX_ECHOED_CHARS:
+        raise OptionError(
+            option,
+            f"{option} holds {chars} characters in all, over the limit of {MAX_ECHOED_CHARS}: it is echoed in "
+            "every result",
+        )
+
+
 def parse_listen_options(
     items: Iterable[tuple[str, str]],
     *,
@@ -302,6 +314,8 @@ def parse_listen_options(
         if not sep:
             raise OptionError("extra", f"extra must be key:value, got {value!r}")
         extra[key] = val
+    _echoed("extra", sum(len(k) + len(v) for k, v in extra.items()))
+    _echoed("tag", sum(map(len, query.get("tag", []))))
 
     def flag(name: str) -> bool:
         values = query.get(name)
