@@ -142,8 +142,18 @@ class ServerConfig:
         default=8,
         metadata={
             "help": "most Recognize calls (and HTTP transcriptions) one frontend process serves at once; "
-            "beyond it RESOURCE_EXHAUSTED at once. In the engine, recorded work waits for the capacity live "
-            "calls leave (its share of the queue is --max-queue-recorded: keep it at least this times --recognize-inflight)"
+            "beyond it a call waits its turn (first come, first served) within --max-recognize-queue-bytes. "
+            "In the engine, recorded work waits for the capacity live calls leave (its share of the queue is "
+            "--max-queue-recorded: keep it at least this times --recognize-inflight)"
+        },
+    )
+    max_recognize_queue_bytes: int = field(
+        default=256 << 20,
+        metadata={
+            "help": "audio bytes the Recognize calls (and HTTP transcriptions) waiting past "
+            "--max-recognize-calls may hold, one frontend process; a call that would take the queue past it "
+            "is refused RESOURCE_EXHAUSTED at once, as batch APIs refuse only a full queue. A waiting call "
+            "whose client goes away leaves it (0: no queue, refused at once)"
         },
     )
     max_buffer_seconds: float = field(

@@ -79,6 +79,11 @@ DOOR_CALLS = Counter(
     "Calls ended, by door, kind (stream, recognize) and status code",
     ["door", "kind", "code"],
 )
+RECOGNIZE_QUEUED = Gauge(
+    "asr_recognize_queued_calls",
+    "Recognize calls and HTTP transcriptions waiting past --max-recognize-calls (first come, first served)",
+    multiprocess_mode="livesum",
+)
 DOOR_ACTIVE_CALLS = Gauge(
     "asr_door_active_calls",
     "Calls in progress, by door and kind",

@@ -125,9 +125,12 @@ async def test_bulk_recordings_beside_live_calls_never_cost_a_live_final(small_e
     assert peak_recorded_rows <= 4
 
 
-async def test_recognize_calls_over_their_bound_are_refused_at_once(service_engine: Engine) -> None:
-    """With --max-recognize-calls 1 and one recording under way, a second Recognize is refused
-    RESOURCE_EXHAUSTED naming the limit, while the first completes and a live call is still admitted."""
+async def test_recognize_calls_over_their_bound_wait_their_turn_while_live_calls_go_on(
+    service_engine: Engine,
+) -> None:
+    """Issue 26 #15: with --max-recognize-calls 1 and one recording under way, two more Recognize calls
+    wait in the queue (first come, first served) instead of being refused RESOURCE_EXHAUSTED as they
+    were, and all three get every utterance; a live call is admitted and served meanwhile."""
     recording, _ = make_conversation(RECORDED[:4], pause_s=0.8)
     config = asr_pb2.RecognitionConfig(encoding=asr_pb2.LINEAR16, sample_rate_hertz=16000)
     request = asr_pb2.RecognizeRequest(config=config, audio_content=to_linear16_bytes(recording))
@@ -136,23 +139,70 @@ async def test_recognize_calls_over_their_bound_are_refused_at_once(service_engi
         async with aio.insecure_channel(server.target) as channel:
             stub = asr_pb2_grpc.RecognizerStub(channel)
             first = asyncio.ensure_future(stub.Recognize(request, timeout=300))
+            await _until_recognizing(server, first)
+            queued = [asyncio.ensure_future(stub.Recognize(request, timeout=300)) for _ in range(2)]
             deadline = time.monotonic() + 30
-            while server.call(_recognizing(server)) == 0:  # the first one is under way
-                assert time.monotonic() < deadline and not first.done(), "the first Recognize never started"
+            while server.call(_queued(server)) < 2:
+                assert time.monotonic() < deadline, "the two calls past the bound never queued"
                 await asyncio.sleep(0.01)
-            with pytest.raises(aio.AioRpcError) as refused:
-                await stub.Recognize(request, timeout=60)
             live_audio, _ = make_conversation(LIVE[:1], pause_s=0.8)
             live = await run_stream(
                 channel, [config_request(), *audio_requests(to_linear16_bytes(live_audio), 3200)]
             )
-            response = await first
+            responses = await asyncio.gather(first, *queued)
+    finally:
+        server.stop()
+    assert [len(r.results) for r in responses] == [4, 4, 4]
+    assert live.code == grpc.StatusCode.OK and len(live.finals) == 1, live
+
+
+async def test_recognize_calls_past_the_queue_bytes_are_refused_and_a_cancelled_wait_frees_its_bytes(
+    service_engine: Engine,
+) -> None:
+    """The queue is bounded by the audio bytes it holds (--max-recognize-queue-bytes, here one
+    recording's): past it a call is refused RESOURCE_EXHAUSTED naming the flag; a waiting call whose
+    client goes away leaves the queue and its bytes with it."""
+    recording, _ = make_conversation(RECORDED[:2], pause_s=0.8)
+    data = to_linear16_bytes(recording)
+    config = asr_pb2.RecognitionConfig(encoding=asr_pb2.LINEAR16, sample_rate_hertz=16000)
+    request = asr_pb2.RecognizeRequest(config=config, audio_content=data)
+    server_config = ServerConfig(max_recognize_calls=1, max_recognize_queue_bytes=len(data))
+    server = ServerThread(server_config, service_engine).start()
+    try:
+        async with aio.insecure_channel(server.target) as channel:
+            stub = asr_pb2_grpc.RecognizerStub(channel)
+            first = asyncio.ensure_future(stub.Recognize(request, timeout=300))
+            await _until_recognizing(server, first)
+            waiting = stub.Recognize(request, timeout=300)
+            deadline = time.monotonic() + 30
+            while server.call(_queued(server)) < 1:
+                assert time.monotonic() < deadline, "the second call never queued"
+                await asyncio.sleep(0.01)
+            with pytest.raises(aio.AioRpcError) as refused:
+                await stub.Recognize(request, timeout=60)
+            waiting.cancel()
+            while server.call(_queued(server)) > 0:
+                assert time.monotonic() < deadline, "the cancelled call never left the queue"
+                await asyncio.sleep(0.01)
+            after = asyncio.ensure_future(stub.Recognize(request, timeout=300))
+            responses = await asyncio.gather(first, after)
     finally:
         server.stop()
     assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert "limit of 1 concurrent Recognize calls (max_recognize_calls)" in (refused.value.details() or "")
-    assert len(response.results) == 4
-    assert live.code == grpc.StatusCode.OK and len(live.finals) == 1, live
+    details = refused.value.details() or ""
+    assert f"{len(data)} bytes (max_recognize_queue_bytes)" in details, details
+    assert [len(r.results) for r in responses] == [2, 2]
+
+
+async def _until_recognizing(server: ServerThread, first: asyncio.Future[object]) -> None:
+    deadline = time.monotonic() + 30
+    while server.call(_recognizing(server)) == 0:  # the first one is under way
+        assert time.monotonic() < deadline and not first.done(), "the first Recognize never started"
+        await asyncio.sleep(0.01)
+
+
+async def _queued(server: ServerThread) -> int:
+    return server.server.recognizer.recognize_queued
 
 
 async def _recognizing(server: ServerThread) -> int:

@@ -17,6 +17,8 @@ A door translates its protocol into these calls and the events and errors back i
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import itertools
 import logging
 import os
@@ -192,6 +194,9 @@ class Recognizer:
         self.sessions: set[StreamSession] = set()
         self._reserved = 0  # streams of this process admitted (and holding a place under the limit)
         self._recognizing = 0  # recordings under way
+        # recordings waiting past --max-recognize-calls, oldest first, and the audio bytes they hold
+        self._recognize_waiting: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._recognize_queued_bytes = 0
         self._idle = asyncio.Event()
         self._idle.set()
         self._ids = itertools.count()
@@ -352,21 +357,59 @@ class Recognizer:
             metrics.DOOR_CALLS.labels(door, RECOGNIZE, code.name).inc()
             metrics.RECOGNIZE_SECONDS.observe(time.perf_counter() - started)
 
+    @property
+    def recognize_queued(self) -> int:
+        """Recorded calls waiting for a place under --max-recognize-calls."""
+        return sum(not w.done() for w in self._recognize_waiting)
+
     async def _recognize(
         self, data: EncodedAudio, settings: RecognitionSettings | Callable[[], RecognitionSettings]
     ) -> RecognizeResult:
         engine = self._check_available()
-        if self._recognizing >= self.config.max_recognize_calls:
-            raise RecognitionError(
-                Code.RESOURCE_EXHAUSTED,
-                f"server is at its limit of {self.config.max_recognize_calls} concurrent Recognize calls "
-                "(max_recognize_calls); recorded work waits for live calls, retry with backoff",
-            )
-        self._recognizing += 1
+        await self._recognize_place(len(data))
         try:
             return await self._recognize_recording(engine, data, settings)
         finally:
-            self._recognizing -= 1
+            self._give_back_recognize_place()
+
+    async def _recognize_place(self, size: int) -> None:
+        """A place under --max-recognize-calls: at once while one is free and nobody waits, else in turn
+        (first come, first served) within --max-recognize-queue-bytes. The place is handed over by the
+        call that gives it back (`_give_back_recognize_place`), so a newcomer cannot jump the queue."""
+        if self._recognizing < self.config.max_recognize_calls and not self.recognize_queued:
+            self._recognizing += 1
+            return
+        limit = self.config.max_recognize_queue_bytes
+        if self._recognize_queued_bytes + size > limit:
+            raise RecognitionError(
+                Code.RESOURCE_EXHAUSTED,
+                f"server is at its limit of {self.config.max_recognize_calls} concurrent Recognize calls "
+                f"(max_recognize_calls) and the calls waiting hold {self._recognize_queued_bytes} of at most "
+                f"{limit} bytes (max_recognize_queue_bytes); retry with backoff",
+            )
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._recognize_waiting.append(turn)
+        self._recognize_queued_bytes += size
+        metrics.RECOGNIZE_QUEUED.inc()
+        try:
+            await turn
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():  # the place was handed over as the client left
+                self._give_back_recognize_place()
+            raise
+        finally:
+            with contextlib.suppress(ValueError):
+                self._recognize_waiting.remove(turn)
+            self._recognize_queued_bytes -= size
+            metrics.RECOGNIZE_QUEUED.dec()
+
+    def _give_back_recognize_place(self) -> None:
+        while self._recognize_waiting:
+            turn = self._recognize_waiting.popleft()
+            if not turn.done():
+                turn.set_result(None)  # the place goes to the oldest waiting call
+                return
+        self._recognizing -= 1
 
     async def _recognize_recording(
         self,
