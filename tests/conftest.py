@@ -10,7 +10,31 @@ import pytest
 from engine import Engine, EngineConfig
 from engine.hooks import EngineHooks
 from service.config import ServerConfig
+from tests.support import gpu_rehearsal
 from tests.support.server import DOOR_TOKEN, ServerProcess, ServerThread
+
+_rehearsal: gpu_rehearsal.Rehearsal | None = None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The GPU rehearsal runs in the background from here, if its test is selected (see its module)."""
+    global _rehearsal
+    if _rehearsal is None and any(item.nodeid == gpu_rehearsal.NODE_ID for item in items):
+        _rehearsal = gpu_rehearsal.start()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _rehearsal is not None:
+        _rehearsal.discard()
+
+
+@pytest.fixture(scope="session")
+def background_gpu_rehearsal() -> gpu_rehearsal.Rehearsal:
+    """The rehearsal started at collection (or now, when its test was not collected at the start)."""
+    global _rehearsal
+    if _rehearsal is None:
+        _rehearsal = gpu_rehearsal.start()
+    return _rehearsal
 
 
 @pytest.fixture(scope="session")

@@ -1,34 +1,23 @@
 """The GPU check rehearsed on CPU (scripts/gpu_rehearse.sh --quick): offline, in a fresh
 virtualenv of only the GPU host's preinstalled packages plus the carried wheels, each part in
 a copy holding only what the device tool would send. Every step of scripts/gpu_check.sh runs;
-a step that fails, a missing import or a part that leaves more than 8 files fails this test."""
+a step that fails, a missing import or a part that leaves more than 8 files fails this test.
+The rehearsal starts in the background when pytest has collected this test (tests/conftest.py)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-from pathlib import Path
-
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.support.gpu_rehearsal import Rehearsal
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1500)  # a first run builds the rehearsal venv (torch and all): minutes
-def test_gpu_check_rehearsal_passes_offline(tmp_path: Path) -> None:
-    env = {**os.environ, "GPU_REHEARSE_DIR": str(tmp_path)}
-    env.pop("VIRTUAL_ENV", None)  # the rehearsal builds its own
-    proc = subprocess.run(
-        ["bash", str(REPO / "scripts" / "gpu_rehearse.sh"), "--quick"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1500,
-    )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-6000:]
+@pytest.mark.timeout(1800)  # a first run builds the rehearsal venv (torch and all): minutes
+def test_gpu_check_rehearsal_passes_offline(background_gpu_rehearsal: Rehearsal) -> None:
+    # started in the background at collection, at nice 19 (tests/support/gpu_rehearsal.py)
+    returncode, out = background_gpu_rehearsal.result(timeout_s=1700)
+    tmp_path = background_gpu_rehearsal.directory
+    assert returncode == 0, out[-6000:]
     assert "== rehearsal: passed" in out
     for part in (1, 2):
         files = sorted(p.name for p in (tmp_path / f"out{part}").iterdir())
