@@ -589,6 +589,11 @@ BAD_STREAM_CONFIGS = {
         _config(speech_contexts=[speech_v1.SpeechContext(phrases=["Kestoria"] * 100_000)]),
         "at most 1000 per request",
     ),
+    # and weighed: three phrases of 100 KB each are few, but no phrase is that long
+    "phrase-bytes": (
+        _config(speech_contexts=[speech_v1.SpeechContext(phrases=["k" * 100_000] * 3)]),
+        "at most 262144 bytes of phrases per request",
+    ),
     "voice-timeout": (
         _config(
             enable_voice_activity_events=True,

@@ -43,6 +43,9 @@ __all__ = [
 # Phrases (keyterm hints) a request may carry, counted before any is read: a door walks them in Python on
 # the event loop every call of its frontend shares, and at most MAX_KEYTERMS (100) distinct survive anyway.
 MAX_PHRASES_READ = 1000
+# and their serialized bytes, weighed (protobuf's ByteSize, in C) before any is read: 1000 short phrases
+# are ~50 KB; a few phrases of megabytes each would pass the count
+MAX_PHRASE_BYTES = 256 << 10
 
 
 # --- what a door asks for ---

@@ -344,6 +344,8 @@ class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
                         stream.fail(RecognitionError(e.code, e.message_for(UPDATE_NAMES), e.field))
                         return
             stream.finish()  # the client half-closed
+        except RecognitionError as e:  # a request refused before it was parsed (runtime/message_limit.py)
+            stream.fail(e)
         except aio.AbortError:
             pass  # the call was already ended with its status: nothing is left to read
         except Exception as e:  # a bug of ours: fail this stream only, loudly

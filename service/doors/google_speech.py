@@ -34,6 +34,7 @@ from grpc import aio
 from service.core.errors import Code, RecognitionError
 from service.core.recognizer import RECOGNIZE, Recognizer, Stream
 from service.core.types import (
+    MAX_PHRASE_BYTES,
     MAX_PHRASES_READ,
     AudioFormat,
     CallEvent,
@@ -177,6 +178,12 @@ def _keyterms(config: Any) -> tuple[str, ...]:
         raise _invalid(
             f"config.speech_contexts and config.adaptation.phrase_sets hold {count} phrases; at most "
             f"{MAX_PHRASES_READ} per request (of which at most 100 distinct)"
+        )
+    size = sum(c.ByteSize() for c in config.speech_contexts) + config.adaptation.ByteSize()
+    if size > MAX_PHRASE_BYTES:
+        raise _invalid(
+            f"config.speech_contexts and config.adaptation hold {size} bytes; at most {MAX_PHRASE_BYTES} "
+            "bytes of phrases per request"
         )
     phrases: list[str] = []
     for context in config.speech_contexts:

@@ -33,6 +33,7 @@ from riva.client.proto import riva_common_pb2
 from service.core.errors import Code, RecognitionError
 from service.core.recognizer import Recognizer, Stream
 from service.core.types import (
+    MAX_PHRASE_BYTES,
     MAX_PHRASES_READ,
     AudioFormat,
     EndpointSettings,
@@ -161,6 +162,12 @@ def _keyterms(contexts: Sequence[rasr.SpeechContext]) -> tuple[tuple[str, ...], 
             "speech_contexts",
             f"speech_contexts hold {count} phrases; at most {MAX_PHRASES_READ} per request (of which at most "
             "100 distinct)",
+        )
+    size = sum(context.ByteSize() for context in contexts)
+    if size > MAX_PHRASE_BYTES:
+        raise RivaFieldError(
+            "speech_contexts",
+            f"speech_contexts hold {size} bytes; at most {MAX_PHRASE_BYTES} bytes of phrases per request",
         )
     terms: dict[str, str] = {}
     for i, context in enumerate(contexts):

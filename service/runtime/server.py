@@ -44,6 +44,7 @@ from service.runtime.auth import ENV_VAR, AuthInterceptor, TokenStore
 from service.runtime.exits import EXIT_ENGINE_FAILED, EXIT_LOAD_FAILED, EXIT_OK
 from service.runtime.http_server import HttpServer
 from service.runtime.interceptors import MetricsInterceptor
+from service.runtime.message_limit import StreamMessageLimit
 from service.runtime.tls import server_credentials
 
 log = logging.getLogger("service.runtime.server")
@@ -104,6 +105,7 @@ class AsrServer:
         interceptors: list[aio.ServerInterceptor] = [MetricsInterceptor()]
         if tokens.enabled:
             interceptors.append(AuthInterceptor(tokens, health_open=c.auth_health_open))
+        interceptors.append(StreamMessageLimit(c.max_chunk_bytes))  # innermost: for admitted calls only
         server = aio.server(
             interceptors=interceptors,
             options=[

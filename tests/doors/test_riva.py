@@ -427,6 +427,10 @@ BAD_STREAMS = {
         {"speech_contexts": [rasr.SpeechContext(phrases=["Kestoria"] * 100_000, boost=5.0)]},
         ["speech_contexts", "at most 1000"],
     ),
+    "phrase bytes": (
+        {"speech_contexts": [rasr.SpeechContext(phrases=["k" * 100_000] * 3, boost=5.0)]},
+        ["speech_contexts", "at most 262144 bytes"],
+    ),
     "empty phrase": (
         {"speech_contexts": [rasr.SpeechContext(phrases=["Kestoria", " "], boost=5.0)]},
         ["speech_contexts[0].phrases[1]", "empty"],
