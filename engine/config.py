@@ -212,6 +212,14 @@ class EngineConfig:
             "set 16 and 20 recalled more, and 20 once let a wrong name in: docs/benchmarks.md Keyterms)"
         },
     )
+    keyterm_cache_bytes: int = field(
+        default=64 << 20,
+        metadata={
+            "help": "keyterms: bytes of compiled keyterm lists the engine keeps (least recently used dropped; "
+            "a list of 100 names is ~1 MB). Each list is compiled when its request is submitted, off the "
+            "scheduler's loop; a stream changing its list every utterance costs a compile each time, not memory"
+        },
+    )
     keyterm_take_back: bool = field(
         default=True,
         metadata={

@@ -101,6 +101,8 @@ class EngineCore:
             raise EngineStopped("the engine is not running")
         # On the caller's thread, once per distinct prompt (engine/prompt.py), never per window or fallback.
         req.prompt_ids = self.rules.previous_text(req.options, self.runner.prompts.encode(req.options.prompt))
+        # likewise its keyterm list, compiled once per distinct list: never on the loop every sequence shares
+        self.rules.keyterms.prepare(req)
         with self._lock:
             self.scheduler.admit(req)  # raises EngineOverloaded
             try:

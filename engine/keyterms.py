@@ -34,6 +34,7 @@ probability recorded for a chosen token (its confidence) is the model's, before 
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -51,7 +52,6 @@ if TYPE_CHECKING:
 
 # Events a step reports per row (bits of kt_event).
 STARTED, CONTINUED, ACCEPTED, TOOK_BACK = 1, 2, 4, 8
-COMPILED_LISTS_KEPT = 256  # distinct keyterm lists compiled and kept (least recently used dropped)
 # A row's terms already kept in this window, as bits in int64 words (enough for MAX_KEYTERMS).
 TERM_BITS = 32
 TERM_WORDS = -(-MAX_KEYTERMS // TERM_BITS)
@@ -66,6 +66,9 @@ class KeytermSettings:
     start_bonus: float = 4.0  # nats: how far below the greedy token a term's first piece may start
     max_gap: float = 12.0  # nats: the evidence a match may spend in all (its first piece included)
     take_back: bool = True  # a failed partial match returns to where it began
+    # Compiled lists kept (their arrays' bytes), least recently used dropped: a list of 100 names is
+    # ~1 MB, the longest the term bounds allow ~4 MB (docs/operations.md "Limits").
+    cache_bytes: int = 64 << 20
     # Without take-back: a plain bonus on the tokens that continue a match (the greedy trie bias).
     continue_bonus: float = 5.0
 
@@ -108,6 +111,11 @@ class TermTrie:
     reach: np.ndarray  # [N, TERM_WORDS] int64: the terms whose spellings pass through the node, as bits
     root_token: np.ndarray  # [2, R] int64: first pieces (row 0: after a boundary; 1: inside a word)
     root_next: np.ndarray  # [2, R] int64
+
+    @property
+    def nbytes(self) -> int:
+        arrays = (self.edge_token, self.edge_next, self.term, self.reach, self.root_token, self.root_next)
+        return sum(a.nbytes for a in arrays)
 
     @classmethod
     def compile(cls, terms: Sequence[str], vocab: TokenBytes) -> TermTrie:
@@ -208,6 +216,39 @@ def _pad(arrays: list[np.ndarray], fill: int = 0) -> np.ndarray:
     return out
 
 
+class CompiledTries:
+    """Compiled keyterm lists, kept within `max_bytes` (least recently used dropped, the newest always
+    kept). Any thread: the engine compiles a list when a request is submitted, on the submitting thread
+    (a 100-term list takes ~0.3-0.4 s of Python), never on the scheduler's loop, where every sequence's
+    decode step would wait for it."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._tries: OrderedDict[tuple[str, ...], TermTrie] = OrderedDict()
+        self._lock = threading.Lock()
+        self.nbytes = 0
+
+    def get(self, terms: Sequence[str], vocab: TokenBytes) -> TermTrie:
+        key = tuple(dict.fromkeys(" ".join(t.split()) for t in terms))
+        with self._lock:
+            trie = self._tries.get(key)
+            if trie is not None:
+                self._tries.move_to_end(key)
+                return trie
+        trie = TermTrie.compile(key, vocab)  # outside the lock: other lists are looked up meanwhile
+        with self._lock:
+            if key not in self._tries:
+                self._tries[key] = trie
+                self.nbytes += trie.nbytes
+            while self.nbytes > self.max_bytes and len(self._tries) > 1:
+                _, dropped = self._tries.popitem(last=False)
+                self.nbytes -= dropped.nbytes
+        return trie
+
+    def __len__(self) -> int:
+        return len(self._tries)
+
+
 @dataclass
 class KeytermBias:
     """The keyterm bias as a logit processor (see the module docstring), plus the host-side update of
@@ -219,37 +260,45 @@ class KeytermBias:
     device: torch.device
     settings: KeytermSettings
     _vocab: TokenBytes | None = None
-    _tries: OrderedDict[tuple[str, ...], TermTrie] = field(default_factory=OrderedDict)
-    _stack: tuple[tuple[int, ...], _Stack] | None = None
+    _vocab_lock: threading.Lock = field(default_factory=threading.Lock)
+    _stack: tuple[tuple[TermTrie, ...], _Stack] | None = None
 
     def __post_init__(self) -> None:
+        self.tries = CompiledTries(self.settings.cache_bytes)
         used = tuple(f"used{w}" for w in range(TERM_WORDS))
         self.long_inputs = RowInputs(("list", "node", "inside", "fallback", *used), torch.long, self.device)
         self.float_inputs = RowInputs(("evidence",), torch.float32, self.device)
 
     @property
     def vocab(self) -> TokenBytes:
-        if self._vocab is None:  # built on first use: ~0.1 s over the whole vocabulary
-            self._vocab = TokenBytes(self.tokenizer, self.eot, self.n_vocab)
-        return self._vocab
+        with self._vocab_lock:
+            if self._vocab is None:  # built on first use: ~0.1 s over the whole vocabulary
+                self._vocab = TokenBytes(self.tokenizer, self.eot, self.n_vocab)
+            return self._vocab
 
     def trie(self, terms: Sequence[str]) -> TermTrie:
-        key = tuple(dict.fromkeys(" ".join(t.split()) for t in terms))
-        trie = self._tries.get(key)
-        if trie is None:
-            trie = self._tries[key] = TermTrie.compile(key, self.vocab)
-            while len(self._tries) > COMPILED_LISTS_KEPT:
-                self._tries.popitem(last=False)
-        self._tries.move_to_end(key)
-        return trie
+        return self.tries.get(terms, self.vocab)
+
+    def prepare(self, req: Request) -> None:
+        """At submit, on the submitting thread: the request's list compiled (or found compiled), so that
+        its windows start without compiling anything on the scheduler's loop."""
+        terms = req.options.keyterms
+        req.keyterm_trie = self.trie(terms) if terms and self.settings.bias else None
 
     def start_window(self, req: Request) -> None:
         """A fresh state for a window about to be decoded (None: no bias for this request)."""
         terms = req.options.keyterms
-        req.keyterm = KeytermState(self.trie(terms)) if terms and self.settings.bias else None
+        if not terms or not self.settings.bias:
+            req.keyterm = None
+            return
+        if req.keyterm_trie is None:  # a request that did not come through submit (unit tests)
+            req.keyterm_trie = self.trie(terms)
+        req.keyterm = KeytermState(req.keyterm_trie)
 
     def _stacked(self, tries: list[TermTrie]) -> _Stack:
-        key = tuple(dict.fromkeys(id(t) for t in tries))
+        # keyed by the tries themselves (identity): the key keeps them alive, so no id is reused while
+        # the stack built from them is kept (a compiled list may leave the cache meanwhile)
+        key = tuple(dict.fromkeys(tries))
         if self._stack is not None and self._stack[0] == key:
             return self._stack[1]
         unique = list({id(t): t for t in tries}.values())

@@ -30,7 +30,7 @@ class Priority(enum.IntEnum):
 
 
 if TYPE_CHECKING:
-    from engine.keyterms import KeytermState
+    from engine.keyterms import KeytermState, TermTrie
 
 # Keyterm bounds: what one utterance's list may hold (the trie and the prompt grow with it).
 MAX_KEYTERMS = 100
@@ -228,6 +228,7 @@ class Request:
     encoder_batch_size: int = 0
     decode_steps: int = 0
     keyterm: KeytermState | None = None  # the keyterm bias's place in this window (engine/keyterms.py)
+    keyterm_trie: TermTrie | None = None  # its keyterm list compiled, at submit (engine/keyterms.py)
 
     @property
     def kv_row(self) -> int:

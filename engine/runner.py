@@ -96,6 +96,7 @@ class ModelRunner:
             start_bonus=config.keyterm_bonus,
             max_gap=config.keyterm_max_gap,
             take_back=config.keyterm_take_back,
+            cache_bytes=config.keyterm_cache_bytes,
         )
         self.rules = DecodingRules(
             weights.tokenizer, weights.generation_config, dims.n_vocab, multilingual, self.device, keyterms

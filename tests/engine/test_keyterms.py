@@ -6,6 +6,7 @@ then take; between steps the row's length grows by one (the decode step wrote it
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -17,7 +18,7 @@ import torch
 
 from engine import DecodeOptions, Engine, EngineConfig
 from engine.decoding import DecodingRules
-from engine.keyterms import KeytermSettings, TermTrie, spellings
+from engine.keyterms import CompiledTries, KeytermSettings, TermTrie, spellings
 from engine.request import MAX_KEYTERM_CHARS, MAX_KEYTERM_TOKENS, MAX_KEYTERMS, Request
 from scripts.keyterm_clips import KEYTERMS, Clip, control_clips, name_clips, real_clips, said, telephone_audio
 from tests.support.engine import jfk_16k
@@ -246,6 +247,41 @@ def test_a_list_at_the_bounds_is_accepted(rules: DecodingRules) -> None:
     longest = ("a" * MAX_KEYTERM_CHARS,)
     rules.validate(DecodeOptions(keyterms=tuple(f"Name{i}" for i in range(MAX_KEYTERMS))))
     rules.validate(DecodeOptions(keyterms=longest))
+
+
+def test_compiled_lists_stay_within_their_bytes_newest_kept(rules: DecodingRules) -> None:
+    """Issue 26 #6: 256 lists were kept whatever their size (a list is 1-4 MB: up to a gigabyte). Now
+    the cache holds compiled lists within its bytes, least recently used dropped; a list found again
+    is not compiled again."""
+    vocab = rules.keyterms.vocab
+    one = TermTrie.compile(tuple(f"Name{i}" for i in range(100)), vocab).nbytes
+    tries = CompiledTries(max_bytes=3 * one)
+    lists = [tuple(f"Name{i}x{n}" for i in range(100)) for n in range(6)]
+    for terms in lists:
+        tries.get(terms, vocab)
+        assert tries.nbytes <= 3 * one * 1.2, (tries.nbytes, one)
+    assert 1 <= len(tries) <= 4
+    newest = tries.get(lists[-1], vocab)
+    assert tries.get(lists[-1], vocab) is newest  # kept: no second compile
+
+
+def test_lists_are_compiled_at_submit_never_on_the_scheduler_loop(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 100-term list takes ~0.3-0.4 s of Python to compile; on the scheduler's loop (as it was, at a
+    window's start) every decoding sequence waited for it. It is compiled on the submitting thread."""
+    compiled_on: list[str] = []
+    compile_list = TermTrie.compile.__func__  # type: ignore[attr-defined]
+
+    def recorded(cls: type[TermTrie], terms: tuple[str, ...], vocab: object) -> TermTrie:
+        compiled_on.append(threading.current_thread().name)
+        return compile_list(cls, terms, vocab)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(TermTrie, "compile", classmethod(recorded))
+    terms = tuple(f"Quorvex{i}" for i in range(20))
+    handle = engine.submit(jfk_16k()[: 16000 * 4], DecodeOptions(keyterms=terms))
+    assert handle.future.result(timeout=300).text
+    assert compiled_on and "asr-engine-core" not in compiled_on, compiled_on
 
 
 # --- the real engine ---
