@@ -78,6 +78,15 @@ class ServerConfig:
         default=256,
         metadata={"help": "most concurrent StreamingRecognize calls; beyond it RESOURCE_EXHAUSTED"},
     )
+    max_streams_per_token: int = field(
+        default=0,
+        metadata={
+            "help": "most concurrent streams one token may hold (with --auth-tokens-file; across every frontend "
+            "process, as --max-streams); beyond it RESOURCE_EXHAUSTED naming this flag. Give each tenant or "
+            "integration its own token and set this so that one cannot take every --max-streams place "
+            "(0: no limit per token: one contact-center integration often holds them all)"
+        },
+    )
     max_stream_seconds: float = field(
         default=4 * 3600.0, metadata={"help": "longest audio one stream may carry; beyond it OUT_OF_RANGE"}
     )

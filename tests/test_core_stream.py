@@ -383,7 +383,7 @@ def test_check_refuses_what_open_stream_would_and_holds_nothing(service_engine: 
     assert (opened.value.code, opened.value.field) == (Code.INVALID_ARGUMENT, "prompt")
     for _ in range(3):
         recognizer.check(PCM16)
-    assert recognizer.stream_limit.try_acquire()  # its one place (max_streams 1) is still free
+    assert recognizer.stream_limit.take() is None  # its one place (max_streams 1) is still free
     assert not recognizer.sessions
 
 

@@ -10,9 +10,11 @@ import json
 import time
 from collections.abc import Iterator
 
+import grpc
 import numpy as np
 import pytest
 import websockets
+from grpc import aio
 
 from clients.client import RecognizerClient
 from engine import Engine, EngineConfig
@@ -22,6 +24,7 @@ from service.core.errors import Code, RecognitionError
 from service.core.recognizer import Recognizer, Stream
 from service.core.types import AudioFormat, CallEvent, RecognitionSettings, Result, StreamSettings
 from tests.support.audio import make_conversation, to_mulaw_8k_bytes
+from tests.support.calls import OpenStream
 from tests.support.server import ServerThread
 
 pytestmark = pytest.mark.slow
@@ -226,3 +229,40 @@ async def test_audio_sent_faster_than_real_time_is_paced_once_it_is_far_ahead(
     heard_s = len(audio) / 16000
     assert elapsed >= heard_s - 1.0 - 0.2, f"{heard_s:.1f} s of audio taken in {elapsed:.1f} s"
     assert "savings account" in " ".join(texts).lower(), texts
+
+
+@pytest.fixture(scope="module")
+def per_token_server(
+    small_engine: Engine, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerThread]:
+    tokens = tmp_path_factory.mktemp("tokens") / "tokens"
+    tokens.write_text("tenant-a-token\ntenant-b-token\n")
+    config = ServerConfig(auth_tokens_file=str(tokens), max_streams_per_token=2)
+    server = ServerThread(config, small_engine).start()
+    yield server
+    server.stop()
+
+
+async def test_one_token_cannot_take_every_stream_place(per_token_server: ServerThread) -> None:
+    """#8: one token could hold every --max-streams place (with KeepAlives, for ever). With
+    --max-streams-per-token 2 its third stream is refused RESOURCE_EXHAUSTED naming the flag, while
+    another tenant's token is admitted; a place the token gives back is its own again."""
+
+    def auth(token: str) -> tuple[tuple[str, str], ...]:
+        return (("authorization", f"Bearer {token}"),)
+
+    async with aio.insecure_channel(per_token_server.target) as channel:
+        held = [OpenStream(channel, metadata=auth("tenant-a-token")) for _ in range(2)]
+        assert all([await s.open() for s in held])
+        third = OpenStream(channel, metadata=auth("tenant-a-token"))
+        assert not await third.open()
+        refused = await third.finish()
+        other = OpenStream(channel, metadata=auth("tenant-b-token"))
+        assert await other.open()
+        assert (await held.pop().finish()).code == grpc.StatusCode.OK
+        again = OpenStream(channel, metadata=auth("tenant-a-token"))
+        assert await again.open()
+        for s in (*held, other, again):
+            assert (await s.finish()).code == grpc.StatusCode.OK
+    assert refused.code == grpc.StatusCode.RESOURCE_EXHAUSTED, refused
+    assert "limit of 2 concurrent streams (max_streams_per_token)" in refused.details, refused

@@ -32,7 +32,7 @@ from service.config import ServerConfig
 from service.core.engine import RecognitionEngine
 from service.core.errors import Code, RecognitionError
 from service.core.rate_limit import TokenBucket
-from service.core.stream_limit import StreamLimit
+from service.core.stream_limit import MAX_STREAMS, MAX_STREAMS_PER_TOKEN, StreamLimit
 from service.core.types import CallEvent, Identity, RecognitionSettings, RecognizeResult, StreamSettings
 from service.pipeline.audio import EncodedAudio, probe_recording
 from service.pipeline.endpointing import EndpointSettings
@@ -168,7 +168,7 @@ class Stream:
         if self._released:
             return
         self._released = True
-        self._recognizer._release(self._session, self.door, code)
+        self._recognizer._release(self._session, self.door, code, self.identity.principal)
 
     async def close(self, code: Code | None = None) -> None:
         """The call is over: record how it ended (`code`, else how `events()` ended, else CANCELLED), free
@@ -189,7 +189,7 @@ class Recognizer:
         self.config = config
         self.engine = engine  # None while the model loads: calls are refused UNAVAILABLE
         # --max-streams, shared by every frontend process of asr-server (service/core/stream_limit.py)
-        self.stream_limit = stream_limit or StreamLimit(config.max_streams)
+        self.stream_limit = stream_limit or StreamLimit(config.max_streams, config.max_streams_per_token)
         self.draining = False
         self.sessions: set[StreamSession] = set()
         self._reserved = 0  # streams of this process admitted (and holding a place under the limit)
@@ -270,10 +270,17 @@ class Recognizer:
         identity = identity or Identity()
         try:
             engine = self._check_available()
-            if not self.stream_limit.try_acquire():
+            refused = self.stream_limit.take(identity.principal)
+            if refused == MAX_STREAMS:
                 raise RecognitionError(
                     Code.RESOURCE_EXHAUSTED,
                     f"server is at its limit of {self.stream_limit.limit} concurrent streams (max_streams)",
+                )
+            if refused == MAX_STREAMS_PER_TOKEN:
+                raise RecognitionError(
+                    Code.RESOURCE_EXHAUSTED,
+                    f"this token holds its limit of {self.stream_limit.per_caller} concurrent streams "
+                    "(max_streams_per_token)",
                 )
         except RecognitionError as e:
             self._count(door, STREAM, e.code)
@@ -285,11 +292,11 @@ class Recognizer:
         try:
             plan = plan_stream(settings() if callable(settings) else settings, engine)
         except RecognitionError as e:
-            self._give_back(door, e.code)
+            self._give_back(door, e.code, identity.principal)
             raise
         except ValueError as e:  # AudioFormatError and EndpointingError are ValueErrors naming the field
             error = RecognitionError.invalid(e)
-            self._give_back(door, error.code)
+            self._give_back(door, error.code, identity.principal)
             raise error from e
         session = StreamSession(f"s{self._prefix}-{next(self._ids)}", plan, engine, self.config)
         self.sessions.add(session)
@@ -307,14 +314,14 @@ class Recognizer:
         )
         return Stream(self, session, door, identity)
 
-    def _release(self, session: StreamSession, door: str, code: Code) -> None:
+    def _release(self, session: StreamSession, door: str, code: Code, caller: str) -> None:
         self.sessions.discard(session)
         session.abandon()
-        self._give_back(door, code)
+        self._give_back(door, code, caller)
 
-    def _give_back(self, door: str, code: Code) -> None:
+    def _give_back(self, door: str, code: Code, caller: str) -> None:
         """A stream's place under --max-streams, and its count by how it ended."""
-        self.stream_limit.release()
+        self.stream_limit.release(caller)
         self._reserved -= 1
         metrics.ACTIVE_STREAMS.dec()
         metrics.DOOR_ACTIVE_CALLS.labels(door, STREAM).dec()

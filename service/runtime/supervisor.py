@@ -68,7 +68,7 @@ from engine.config import EngineConfig
 from engine.core_process import HEARTBEAT_PENDING, HEARTBEAT_PROGRESS, HEARTBEAT_PUBLISHED, HEARTBEAT_SLOTS
 from engine.cpus import usable_cpus
 from service.config import ServerConfig
-from service.core.stream_limit import SharedStreamCounts, SharedStreamLimit
+from service.core.stream_limit import SharedStreamCounts, SharedStreamLimit, caller_buckets
 from service.runtime.exits import EXIT_ENGINE_FAILED, EXIT_LOAD_FAILED, EXIT_OK
 from service.runtime.logging import setup_logging
 
@@ -205,7 +205,7 @@ async def _serve_frontend(index: int, config: ServerConfig, address: str, stream
     except Exception as e:
         log.error(f"frontend-{index} could not reach the engine process: {e!r}")
         return EXIT_ENGINE_FAILED
-    limit = SharedStreamLimit(config.max_streams, streams, index)
+    limit = SharedStreamLimit(config.max_streams, streams, index, config.max_streams_per_token)
     server = AsrServer(config, client, reuse_port=True, stream_limit=limit)
     asyncio.get_running_loop().add_signal_handler(CONTROL_SIGNAL, server.request_shutdown)
     return await server.run()
@@ -304,8 +304,12 @@ class Supervisor:
         # --max-streams for the whole server: each frontend's open streams (service/core/stream_limit.py)
         lock_path = workdir / "streams.lock"
         lock_path.touch(mode=0o600)
+        buckets = caller_buckets(config.max_streams)  # --max-streams-per-token's table
         self.streams = SharedStreamCounts(
-            self.ctx.Array("i", self.frontend_count, lock=False), str(lock_path)
+            self.ctx.Array("i", self.frontend_count, lock=False),
+            str(lock_path),
+            self.ctx.Array("q", buckets, lock=False),
+            self.ctx.Array("i", self.frontend_count * buckets, lock=False),
         )
 
     def processes(self) -> dict[str, int]:

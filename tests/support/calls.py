@@ -344,9 +344,16 @@ class OpenStream:
     (its `asr-stream-id` header), then half-close and collect the outcome."""
 
     def __init__(
-        self, channel: aio.Channel, *, deadline_s: float | None = 120.0, config: Request | None = None
+        self,
+        channel: aio.Channel,
+        *,
+        deadline_s: float | None = 120.0,
+        config: Request | None = None,
+        metadata: tuple[tuple[str, str], ...] | None = None,
     ):
-        self.call = asr_pb2_grpc.RecognizerStub(channel).StreamingRecognize(timeout=deadline_s)
+        self.call = asr_pb2_grpc.RecognizerStub(channel).StreamingRecognize(
+            timeout=deadline_s, metadata=metadata
+        )
         self.deadline_s = deadline_s
         self.responses: list[Response] = []
         self._config = config or config_request()
