@@ -216,8 +216,9 @@ class EngineConfig:
         default=64 << 20,
         metadata={
             "help": "keyterms: bytes of compiled keyterm lists the engine keeps (least recently used dropped; "
-            "a list of 100 names is ~1 MB). Each list is compiled when its request is submitted, off the "
-            "scheduler's loop; a stream changing its list every utterance costs a compile each time, not memory"
+            "a list of 100 names is ~1 MB). A new list is compiled on the engine's compile thread before its "
+            "request reaches the scheduler; a stream changing its list every utterance costs a compile each "
+            "time, not memory"
         },
     )
     keyterm_take_back: bool = field(

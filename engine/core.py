@@ -28,6 +28,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from engine import metrics as m
@@ -77,6 +78,11 @@ class EngineCore:
         # Set (under _lock) when the loop drains its inbox for the last time: a submit either enqueues
         # before that drain (and is failed by it) or sees this flag and is refused.
         self._closed = False
+        # keyterm lists not yet compiled are compiled here, one at a time, before their request reaches the
+        # inbox; the ids in flight there, and those of them cancelled meanwhile (under _lock)
+        self._compiler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asr-keyterm-compile")
+        self._compiling: set[str] = set()
+        self._cancelled_compiling: set[str] = set()
         self._thread: threading.Thread | None = None
         self._dead: BaseException | None = None
         self._on_failure: Callable[[BaseException], None] | None = None
@@ -101,8 +107,12 @@ class EngineCore:
             raise EngineStopped("the engine is not running")
         # On the caller's thread, once per distinct prompt (engine/prompt.py), never per window or fallback.
         req.prompt_ids = self.rules.previous_text(req.options, self.runner.prompts.encode(req.options.prompt))
-        # likewise its keyterm list, compiled once per distinct list: never on the loop every sequence shares
-        self.rules.keyterms.prepare(req)
+        # Its keyterm list, compiled once per distinct list (~0.3-0.4 s of Python for 100 terms) on the
+        # compile thread: never on the loop every sequence shares, nor on the thread that submits (the engine
+        # process's IPC thread, a frontend's event loop), which carries every other call's messages.
+        compile_first = self.rules.keyterms.needs_compile(req)
+        if not compile_first:
+            self.rules.keyterms.prepare(req)  # a lookup, or nothing to do
         with self._lock:
             self.scheduler.admit(req)  # raises EngineOverloaded
             try:
@@ -113,9 +123,34 @@ class EngineCore:
             except BaseException:
                 self.scheduler.withdraw(req)
                 raise
+            if compile_first:
+                self._compiling.add(req.id)
+                self._compiler.submit(self._compile_then_submit, req)
+            else:
+                self._inbox.put(("submit", req))
+
+    def _compile_then_submit(self, req: Request) -> None:
+        """On the compile thread: the request's keyterm list, then the request into the loop's inbox (a
+        cancel that came meanwhile follows it there)."""
+        try:
+            self.rules.keyterms.prepare(req)
+        except Exception:  # the window's start compiles it again, where a failure fails this request only
+            log.exception("compiling a keyterm list failed")
+        with self._lock:
+            self._compiling.discard(req.id)
+            if self._closed:
+                self.scheduler.fail(req, EngineStopped("the engine is not running"))
+                return
             self._inbox.put(("submit", req))
+            if req.id in self._cancelled_compiling:
+                self._cancelled_compiling.discard(req.id)
+                self._inbox.put(("cancel", req.id))
 
     def cancel(self, request_id: str) -> None:
+        with self._lock:
+            if request_id in self._compiling:  # not in the loop's hands yet: sent after its submit
+                self._cancelled_compiling.add(request_id)
+                return
         self._inbox.put(("cancel", request_id))
 
     def stats(self) -> dict[str, int]:
@@ -123,6 +158,7 @@ class EngineCore:
 
     def stop(self, timeout: float) -> None:
         self._stopping.set()
+        self._compiler.shutdown(wait=False)
         self._inbox.put(("wake", None))
         if self._thread is not None:
             self._thread.join(timeout)

@@ -228,8 +228,16 @@ class CompiledTries:
         self._lock = threading.Lock()
         self.nbytes = 0
 
+    @staticmethod
+    def key(terms: Sequence[str]) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(" ".join(t.split()) for t in terms))
+
+    def cached(self, terms: Sequence[str]) -> bool:
+        with self._lock:
+            return self.key(terms) in self._tries
+
     def get(self, terms: Sequence[str], vocab: TokenBytes) -> TermTrie:
-        key = tuple(dict.fromkeys(" ".join(t.split()) for t in terms))
+        key = self.key(terms)
         with self._lock:
             trie = self._tries.get(key)
             if trie is not None:
@@ -279,9 +287,15 @@ class KeytermBias:
     def trie(self, terms: Sequence[str]) -> TermTrie:
         return self.tries.get(terms, self.vocab)
 
+    def needs_compile(self, req: Request) -> bool:
+        """Whether `prepare` would compile (a list not yet compiled): the engine then compiles it on its
+        compile thread, not on the thread that submits."""
+        terms = req.options.keyterms
+        return bool(terms) and self.settings.bias and not self.tries.cached(terms)
+
     def prepare(self, req: Request) -> None:
-        """At submit, on the submitting thread: the request's list compiled (or found compiled), so that
-        its windows start without compiling anything on the scheduler's loop."""
+        """Before the request reaches the scheduler's loop: its list compiled (or found compiled), so that
+        its windows start without compiling anything there."""
         terms = req.options.keyterms
         req.keyterm_trie = self.trie(terms) if terms and self.settings.bias else None
 

@@ -265,23 +265,52 @@ def test_compiled_lists_stay_within_their_bytes_newest_kept(rules: DecodingRules
     assert tries.get(lists[-1], vocab) is newest  # kept: no second compile
 
 
-def test_lists_are_compiled_at_submit_never_on_the_scheduler_loop(
+def test_lists_are_compiled_on_the_compile_thread_never_on_the_loop_nor_the_submitter(
     engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A 100-term list takes ~0.3-0.4 s of Python to compile; on the scheduler's loop (as it was, at a
-    window's start) every decoding sequence waited for it. It is compiled on the submitting thread."""
+    """A 100-term list takes ~0.3-0.4 s of Python to compile. On the scheduler's loop (as it was, at a
+    window's start) every decoding sequence waited for it; on the submitting thread (the engine process's
+    IPC thread, or a frontend's event loop) every other call's messages would. It is compiled on the
+    engine's compile thread: here the compile waits until submit has returned, which a compile on the
+    submitting thread could never see (it would time out)."""
     compiled_on: list[str] = []
+    submitted = threading.Event()
+    seen_submitted: list[bool] = []
     compile_list = TermTrie.compile.__func__  # type: ignore[attr-defined]
 
     def recorded(cls: type[TermTrie], terms: tuple[str, ...], vocab: object) -> TermTrie:
         compiled_on.append(threading.current_thread().name)
+        seen_submitted.append(submitted.wait(10))
         return compile_list(cls, terms, vocab)  # type: ignore[no-any-return]
 
     monkeypatch.setattr(TermTrie, "compile", classmethod(recorded))
     terms = tuple(f"Quorvex{i}" for i in range(20))
     handle = engine.submit(jfk_16k()[: 16000 * 4], DecodeOptions(keyterms=terms))
+    submitted.set()
     assert handle.future.result(timeout=300).text
-    assert compiled_on and "asr-engine-core" not in compiled_on, compiled_on
+    assert compiled_on and all(name.startswith("asr-keyterm-compile") for name in compiled_on), compiled_on
+    assert seen_submitted == [True] * len(compiled_on)
+
+
+def test_a_request_cancelled_while_its_list_compiles_is_cancelled(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    release = threading.Event()
+    compile_list = TermTrie.compile.__func__  # type: ignore[attr-defined]
+
+    def held(cls: type[TermTrie], terms: tuple[str, ...], vocab: object) -> TermTrie:
+        release.wait(10)
+        return compile_list(cls, terms, vocab)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(TermTrie, "compile", classmethod(held))
+    handle = engine.submit(jfk_16k()[: 16000 * 4], DecodeOptions(keyterms=("Zarnowit",)))
+    handle.cancel()
+    release.set()
+    deadline = time.monotonic() + 60
+    while not handle.future.done():
+        assert time.monotonic() < deadline, "the cancelled request never ended"
+        time.sleep(0.05)
+    assert handle.future.cancelled()
 
 
 # --- the real engine ---
