@@ -340,8 +340,9 @@ class Recognizer:
         identity: Identity | None = None,
     ) -> RecognizeResult:
         """A whole recording (at most --max-recognize-bytes, --max-recognize-seconds), recorded work to the
-        engine: after live calls. Raises RecognitionError: UNAVAILABLE, RESOURCE_EXHAUSTED
-        (--max-recognize-calls, an engine queue full of other calls), INVALID_ARGUMENT naming the setting,
+        engine: after live calls; past --max-recognize-calls it waits its turn. Raises RecognitionError:
+        UNAVAILABLE, RESOURCE_EXHAUSTED (--max-recognize-queue-bytes of calls already waiting, an engine
+        queue full of other calls), INVALID_ARGUMENT naming the setting,
         OUT_OF_RANGE (too long). `recording` is read in place, never copied (an HTTP upload's buffer).
         `settings` may be a function, called once the call is admitted and its size checked (open_stream)."""
         started = time.perf_counter()
@@ -372,9 +373,10 @@ class Recognizer:
     async def _recognize(
         self, data: EncodedAudio, settings: RecognitionSettings | Callable[[], RecognitionSettings]
     ) -> RecognizeResult:
-        engine = self._check_available()
+        self._check_available()
         await self._recognize_place(len(data))
         try:
+            engine = self._check_available()  # again: the server may have begun draining meanwhile
             return await self._recognize_recording(engine, data, settings)
         finally:
             self._give_back_recognize_place()
