@@ -293,6 +293,7 @@ class EngineConfig:
         check("threads", 0, 1024)  # 0: the CPUs this process may use (engine/cpus.py)
         check("keyterm_bonus", 0, 30)  # nats; 30: every first piece of a term starts a match
         check("keyterm_max_gap", 0, 100)
+        check("keyterm_cache_bytes", 0, 1 << 40, " bytes")  # 0: keep only the newest list
         check("debug_crash_scheduler_after", 0, 1_000_000)  # test seam (engine/faults.py); 0: off
         check("debug_hang_scheduler_after", 0, 1_000_000)  # test seam (engine/faults.py); 0: off
         check("debug_drop_replies", 0, 1_000_000)  # test seam (engine/core_process.py); 0: off

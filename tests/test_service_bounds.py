@@ -51,11 +51,17 @@ async def test_a_16_mb_prompt_is_refused_at_once_and_the_call_beside_it_is_untou
         asr_server.target, lambda: stream_with(asr_server.target, prompt=HUGE_PROMPT)
     )
     assert outcome.code == grpc.StatusCode.INVALID_ARGUMENT, outcome
-    assert (
-        f"prompt has {len(HUGE_PROMPT)} characters, over the limit of {MAX_PROMPT_CHARS}" in outcome.details
-    )
+    # weighed before it is parsed (service/runtime/message_limit.py): the 16 MiB config is never read
+    assert "over the limit of" in outcome.details and "(max_chunk_bytes" in outcome.details, outcome.details
     assert outcome.responses == []  # refused on its config, before any audio was taken
-    assert max(engine_prompts, default=0) == 0  # nothing of it reached the engine
+    # a prompt within the message bound but over the prompt's own is refused by the prompt's check
+    long_prompt = "Acme Widget-Pro " * 4096  # 64 KiB
+    outcome = await stream_with(asr_server.target, prompt=long_prompt)
+    assert outcome.code == grpc.StatusCode.INVALID_ARGUMENT, outcome
+    assert (
+        f"prompt has {len(long_prompt)} characters, over the limit of {MAX_PROMPT_CHARS}" in outcome.details
+    )
+    assert max(engine_prompts, default=0) == 0  # nothing of either reached the engine
 
 
 async def test_recognize_refuses_a_16_mb_prompt_before_the_engine(

@@ -67,8 +67,8 @@ class StreamMessageLimit(aio.ServerInterceptor):
                 if isinstance(request, _Oversized):
                     raise RecognitionError(
                         Code.INVALID_ARGUMENT,
-                        f"a streaming request of {request.size} bytes is over the limit of {limit} bytes "
-                        "(max_chunk_bytes and 256 KiB for the config); send smaller chunks",
+                        f"audio_content: a streaming request of {request.size} bytes is over the limit of "
+                        f"{limit} bytes (max_chunk_bytes and 256 KiB for the config); send smaller chunks",
                         "audio_content",
                     )
                 yield request
