@@ -218,9 +218,9 @@ def _pad(arrays: list[np.ndarray], fill: int = 0) -> np.ndarray:
 
 class CompiledTries:
     """Compiled keyterm lists, kept within `max_bytes` (least recently used dropped, the newest always
-    kept). Any thread: the engine compiles a list when a request is submitted, on the submitting thread
-    (a 100-term list takes ~0.3-0.4 s of Python), never on the scheduler's loop, where every sequence's
-    decode step would wait for it."""
+    kept). Any thread: the engine compiles a new list on its compile thread before the request reaches
+    the scheduler (a 100-term list takes ~0.3-0.4 s of Python), never on the scheduler's loop, where every
+    sequence's decode step would wait for it (engine/core.py `submit`)."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
