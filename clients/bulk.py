@@ -71,6 +71,10 @@ RETRYABLE = {
     grpc.StatusCode.ABORTED,
     grpc.StatusCode.CANCELLED,
 }
+# A stream also ends INTERNAL ("Internal error from Core") when the server ends it while this side's
+# write is in flight (grpc/grpc#36066: a drain's RECONNECT races the next chunk); its finals still
+# stand, and the next stream goes on after them.
+STREAM_RETRYABLE = RETRYABLE | {grpc.StatusCode.INTERNAL}
 _HASH_BLOCK = 1 << 20
 
 
@@ -441,7 +445,7 @@ async def stream_whole(
                     if r.HasField("call_metrics"):
                         call_metrics = r.call_metrics
         except aio.AioRpcError as e:
-            if e.code() not in RETRYABLE:
+            if e.code() not in STREAM_RETRYABLE:
                 raise
             problem = f"{e.code().name}: {e.details()}"
         if problem:

@@ -14,15 +14,17 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 import soundfile as sf
-from asr.v1 import asr_pb2
+from asr.v1 import asr_pb2, asr_pb2_grpc
 
-from clients.bulk import OutputError, resume_point, write_outputs
+from clients.bulk import BulkOptions, OutputError, resume_point, stream_whole, write_outputs
+from clients.client import STREAM_ID_HEADER, RecognizerClient
 from clients.scoring import normalize
 from engine import Engine
 from service.config import ServerConfig
@@ -501,3 +503,48 @@ def test_the_json_carries_the_call_metrics_recognized_and_streamed(
         assert [c["channel_tag"] for c in m["channels"]] == [1, 2], m
         for c in m["channels"]:
             assert float(c["talk_time"].rstrip("s")) > 1.0 and c["words_per_minute"] > 0, m
+
+
+class _CutThenWhole(asr_pb2_grpc.RecognizerServicer):
+    """A replica whose first stream ends as grpc.aio ends one when the server closes while the client is
+    writing (INTERNAL "Internal error from Core", grpc/grpc#36066), after one final; later streams are
+    heard to the end, one final each."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def StreamingRecognize(
+        self, requests: AsyncIterator[asr_pb2.StreamingRecognizeRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[asr_pb2.StreamingRecognizeResponse]:
+        self.calls += 1
+        await context.send_initial_metadata(((STREAM_ID_HEADER, f"s{self.calls}"),))
+        response = asr_pb2.StreamingRecognizeResponse()
+        final = response.results.add(is_final=True)
+        final.alternatives.add(transcript=f"stream {self.calls}")
+        final.start_offset.FromNanoseconds(500_000_000)
+        final.end_offset.FromNanoseconds(2_000_000_000)
+        if self.calls == 1:
+            yield response
+            await context.abort(grpc.StatusCode.INTERNAL, "Internal error from Core")
+        async for _ in requests:
+            pass
+        yield response
+
+
+async def test_a_stream_cut_by_the_write_race_is_continued_after_its_last_final(tmp_path: Path) -> None:
+    servicer = _CutThenWhole()
+    server = grpc.aio.server()
+    asr_pb2_grpc.add_RecognizerServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    path = tmp_path / "call.wav"
+    sf.write(path, np.zeros(5 * RATE, dtype=np.int16), RATE, subtype="PCM_16")
+    client = RecognizerClient(f"127.0.0.1:{port}")
+    try:
+        response, resumed_at = await stream_whole(client, path, BulkOptions(tmp_path, stream_speed=0))
+    finally:
+        await client.close()
+        await server.stop(None)
+    assert servicer.calls == 2
+    assert resumed_at == [2.0]
+    assert [r.alternatives[0].transcript for r in response.results] == ["stream 1", "stream 2"]
