@@ -289,6 +289,22 @@ class ServerConfig:
             "ASR_AUTH_TOKENS=tok1,tok2 in the environment) every call needs 'authorization: Bearer <token>'"
         },
     )
+    twilio_auth_token_file: str = field(
+        default="",
+        metadata={
+            "help": "Twilio Media Streams door: a file holding the account's auth token (else TWILIO_AUTH_TOKEN "
+            "in the environment); with it every stream's X-Twilio-Signature is checked, without it the door "
+            "takes bearer tokens as the others do (or anyone, with auth off)"
+        },
+    )
+    twilio_public_url: str = field(
+        default="",
+        metadata={
+            "help": "Twilio Media Streams door: the wss:// URL as Twilio dials it (the TwiML <Stream url>), "
+            "which its signature covers; behind a proxy or gateway it is not the URL the server sees "
+            "(default: the request's own, with wss:// when TLS is on, else ws://)"
+        },
+    )
     auth_health_open: bool = field(
         default=True,
         metadata={"help": "with auth on: let health checks through without a token (kubelet probes)"},
@@ -419,9 +435,11 @@ def validate(config: ServerConfig) -> None:
         problems.append("--drain-seconds must not be negative")
     if bool(config.tls_cert) != bool(config.tls_key):
         problems.append("--tls-cert and --tls-key go together")
+    if config.twilio_public_url and not config.twilio_public_url.startswith(("wss://", "ws://")):
+        problems.append("--twilio-public-url must be a ws:// or wss:// URL (the TwiML <Stream url>)")
     if config.tls_client_ca and not config.tls_cert:
         problems.append("--tls-client-ca needs --tls-cert and --tls-key (mutual TLS is TLS first)")
-    for name in ("auth_tokens_file", "tls_cert", "tls_key", "tls_client_ca"):
+    for name in ("auth_tokens_file", "twilio_auth_token_file", "tls_cert", "tls_key", "tls_client_ca"):
         path = getattr(config, name)
         if path and not os.access(path, os.R_OK):
             problems.append(f"{_flag(name)} {path!r} is not a readable file")

@@ -11,7 +11,7 @@ from engine import Engine, EngineConfig
 from engine.hooks import EngineHooks
 from service.config import ServerConfig
 from tests.support import gpu_rehearsal
-from tests.support.server import DOOR_TOKEN, ServerProcess, ServerThread
+from tests.support.server import DOOR_TOKEN, TWILIO_AUTH_TOKEN, ServerProcess, ServerThread
 
 _rehearsal: gpu_rehearsal.Rehearsal | None = None
 
@@ -82,12 +82,26 @@ def door_tokens_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def door_server(service_engine: Engine, door_tokens_file: Path) -> Iterator[ServerThread]:
+def twilio_auth_token_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """--twilio-auth-token-file holding TWILIO_AUTH_TOKEN, the token the Twilio door's tests sign with."""
+    path = tmp_path_factory.mktemp("twilio") / "auth-token"
+    path.write_text(f"{TWILIO_AUTH_TOKEN}\n")
+    return path
+
+
+@pytest.fixture(scope="session")
+def door_server(
+    service_engine: Engine, door_tokens_file: Path, twilio_auth_token_file: Path
+) -> Iterator[ServerThread]:
     """One server for the protocol doors' tests (Riva, Google, Deepgram, OpenAI Realtime): auth on, the
     HTTP port on (Deepgram, Realtime), an interim at most every 0.5 s so that a sentence of real speech
     has one. Tests that need limits of their own, or drain a server, start their own."""
     server = ServerThread(
-        ServerConfig(auth_tokens_file=str(door_tokens_file), interim_interval_s=0.5),
+        ServerConfig(
+            auth_tokens_file=str(door_tokens_file),
+            twilio_auth_token_file=str(twilio_auth_token_file),
+            interim_interval_s=0.5,
+        ),
         service_engine,
         http=True,
     ).start()

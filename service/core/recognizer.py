@@ -29,11 +29,20 @@ from engine.api import ModelInfo
 from engine.request import Priority
 from service import metrics
 from service.config import ServerConfig
+from service.core.call_hub import CallHub
 from service.core.engine import RecognitionEngine
 from service.core.errors import Code, RecognitionError
 from service.core.rate_limit import TokenBucket
 from service.core.stream_limit import MAX_STREAMS, MAX_STREAMS_PER_TOKEN, StreamLimit
-from service.core.types import CallEvent, Identity, RecognitionSettings, RecognizeResult, StreamSettings
+from service.core.types import (
+    CallEvent,
+    CallInfo,
+    Identity,
+    RecognitionSettings,
+    RecognizeResult,
+    Result,
+    StreamSettings,
+)
 from service.pipeline.audio import EncodedAudio, probe_recording
 from service.pipeline.endpointing import EndpointSettings
 from service.pipeline.options import decode_options, plan_stream, result_options, with_keyterms
@@ -65,6 +74,29 @@ class Stream:
         self._outcome: Code | None = None  # how events() ended
         self._released = False
         self._keyterm_updates = TokenBucket(session.config.max_keyterm_updates_per_s, KEYTERM_UPDATE_BURST)
+        self.call: CallInfo | None = session.settings.call
+        if self.call is not None:
+            self._publish(
+                "call_started",
+                platform=self.call.platform,
+                stream_id=session.id,
+                channels=list(self.call.channel_labels),
+                attributes=dict(self.call.attributes),
+            )
+
+    def _publish(self, kind: str, **fields: object) -> None:
+        """A message about the call this stream carries, to its subscribers (service/core/call_hub.py)."""
+        assert self.call is not None
+        self._recognizer.call_hub.publish(
+            self.call.call_id, {"type": kind, "call_id": self.call.call_id, **fields}
+        )
+
+    def _channel_label(self, channel: int) -> str:
+        """The platform's name of a result's channel (tag 0, mixed down, is the first leg's name)."""
+        assert self.call is not None
+        labels = self.call.channel_labels
+        index = max(channel - 1, 0)
+        return labels[index] if index < len(labels) else str(channel)
 
     @property
     def id(self) -> str:
@@ -156,6 +188,15 @@ class Stream:
         --max-response-backlog-bytes wait for it: past that the stream ends RESOURCE_EXHAUSTED)."""
         try:
             async for event in self._session.events():
+                if self.call is not None and isinstance(event, Result):
+                    self._publish(
+                        "transcript",
+                        channel=self._channel_label(event.channel),
+                        is_final=event.is_final,
+                        text=event.transcript,
+                        start_s=round(event.start_s, 3),
+                        end_s=round(event.end_s, 3),
+                    )
                 yield event
         except RecognitionError as e:
             self._outcome = e.code
@@ -169,6 +210,8 @@ class Stream:
             return
         self._released = True
         self._recognizer._release(self._session, self.door, code, self.identity.principal)
+        if self.call is not None:
+            self._publish("call_ended", status=code.name)
 
     async def close(self, code: Code | None = None) -> None:
         """The call is over: record how it ended (`code`, else how `events()` ended, else CANCELLED), free
@@ -185,8 +228,11 @@ class Recognizer:
         config: ServerConfig,
         engine: RecognitionEngine | None = None,
         stream_limit: StreamLimit | None = None,
+        call_hub: CallHub | None = None,
     ) -> None:
         self.config = config
+        # where the transcripts of telephony calls go besides their doors: subscribers by call id
+        self.call_hub = call_hub or CallHub()
         self.engine = engine  # None while the model loads: calls are refused UNAVAILABLE
         # --max-streams, shared by every frontend process of asr-server (service/core/stream_limit.py)
         self.stream_limit = stream_limit or StreamLimit(config.max_streams, config.max_streams_per_token)

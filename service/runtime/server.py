@@ -30,16 +30,19 @@ from engine import Engine
 from engine.client import EngineClient
 from service import metrics
 from service.config import ServerConfig
+from service.core.call_hub import CallHub
 from service.core.engine import RecognitionEngine
 from service.core.recognizer import Recognizer
 from service.core.stream_limit import StreamLimit
 from service.doors import google_speech
 from service.doors.asr_v1 import RecognizerServicer
+from service.doors.call_transcripts import CallTranscriptsDoor
 from service.doors.deepgram.door import DeepgramDoor
 from service.doors.openai_http import OpenAIHttpDoor
 from service.doors.openai_realtime.door import OpenAIRealtimeDoor
 from service.doors.riva import SERVICE_NAME as RIVA_SERVICE_NAME
 from service.doors.riva import RivaServicer
+from service.doors.twilio import TwilioDoor
 from service.runtime.auth import ENV_VAR, AuthInterceptor, TokenStore
 from service.runtime.exits import EXIT_ENGINE_FAILED, EXIT_LOAD_FAILED, EXIT_OK
 from service.runtime.http_server import HttpServer
@@ -75,6 +78,7 @@ class AsrServer:
         *,
         reuse_port: bool = False,
         stream_limit: StreamLimit | None = None,
+        call_hub: CallHub | None = None,
     ) -> None:
         self.config = config
         self.engine = engine
@@ -82,7 +86,8 @@ class AsrServer:
         self.port = 0
         self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]
         # the engine is attached once loaded (load()); `stream_limit`: a count shared with other frontends
-        self.recognizer = Recognizer(config, stream_limit=stream_limit)
+        # `call_hub`: the frontends' forwarder (service/core/call_hub.py), else this process's own
+        self.recognizer = Recognizer(config, stream_limit=stream_limit, call_hub=call_hub)
         self._server: aio.Server | None = None
         self._shutdown = asyncio.Event()
         self._failure: BaseException | None = None
@@ -150,6 +155,8 @@ class AsrServer:
             OpenAIHttpDoor(c, self.recognizer, tokens).register(self.http.app)
             DeepgramDoor(c, self.recognizer, tokens).register(self.http.app)
             OpenAIRealtimeDoor(c, self.recognizer, tokens).register(self.http.app)
+            TwilioDoor(c, self.recognizer, tokens).register(self.http.app)
+            CallTranscriptsDoor(c, self.recognizer, tokens).register(self.http.app)
             self.http_port = await self.http.start()
         log.info(
             "listening",
@@ -221,6 +228,7 @@ class AsrServer:
         idle = await self.recognizer.wait_idle(max(0.0, deadline - time.monotonic() - 0.5))
         if not idle:
             log.warning("drain deadline reached with streams still open; they are cancelled")
+        await self.recognizer.call_hub.close()  # subscribers have every message of this process's calls
         if self.http is not None:  # HTTP requests in flight get what is left of the grace, as gRPC calls do
             await asyncio.gather(
                 self.http.stop(max(0.0, deadline - time.monotonic())), self._stop_grpc(deadline)
@@ -268,6 +276,7 @@ class AsrServer:
 
     async def stop(self, grace: float = 1.0, *, stop_engine: bool = True) -> None:
         """Stop at once: calls still open after `grace` seconds are cancelled."""
+        await self.recognizer.call_hub.close()
         if self.http is not None:
             await self.http.stop(grace)
         if self._server is not None:

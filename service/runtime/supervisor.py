@@ -68,6 +68,7 @@ from engine.config import EngineConfig
 from engine.core_process import HEARTBEAT_PENDING, HEARTBEAT_PROGRESS, HEARTBEAT_PUBLISHED, HEARTBEAT_SLOTS
 from engine.cpus import usable_cpus
 from service.config import ServerConfig
+from service.core.call_hub import CallHubForwarder, HubAddresses, ZmqCallHub
 from service.core.stream_limit import SharedStreamCounts, SharedStreamLimit, caller_buckets
 from service.runtime.exits import EXIT_ENGINE_FAILED, EXIT_LOAD_FAILED, EXIT_OK
 from service.runtime.logging import setup_logging
@@ -176,7 +177,12 @@ def engine_main(
 
 
 def frontend_main(
-    index: int, config: ServerConfig, address: str, parent_pid: int, streams: SharedStreamCounts
+    index: int,
+    config: ServerConfig,
+    address: str,
+    parent_pid: int,
+    streams: SharedStreamCounts,
+    hub: HubAddresses,
 ) -> None:
     """A frontend process: gRPC server on the shared port, its engine an EngineClient; drains on
     CONTROL_SIGNAL."""
@@ -186,13 +192,15 @@ def frontend_main(
         import cProfile
 
         profiler = cProfile.Profile()
-        code = profiler.runcall(asyncio.run, _serve_frontend(index, config, address, streams))
+        code = profiler.runcall(asyncio.run, _serve_frontend(index, config, address, streams, hub))
         profiler.dump_stats(Path(config.debug_profile_dir) / f"frontend-{index}-{os.getpid()}.prof")
         sys.exit(code)
-    sys.exit(asyncio.run(_serve_frontend(index, config, address, streams)))
+    sys.exit(asyncio.run(_serve_frontend(index, config, address, streams, hub)))
 
 
-async def _serve_frontend(index: int, config: ServerConfig, address: str, streams: SharedStreamCounts) -> int:
+async def _serve_frontend(
+    index: int, config: ServerConfig, address: str, streams: SharedStreamCounts, hub: HubAddresses
+) -> int:
     # Here, in the frontend process only: the supervisor holds no server (nor the service's metrics,
     # whose gauges would then count the supervisor as a frontend).
     from engine.client import EngineClient
@@ -206,7 +214,7 @@ async def _serve_frontend(index: int, config: ServerConfig, address: str, stream
         log.error(f"frontend-{index} could not reach the engine process: {e!r}")
         return EXIT_ENGINE_FAILED
     limit = SharedStreamLimit(config.max_streams, streams, index, config.max_streams_per_token)
-    server = AsrServer(config, client, reuse_port=True, stream_limit=limit)
+    server = AsrServer(config, client, reuse_port=True, stream_limit=limit, call_hub=ZmqCallHub(hub))
     asyncio.get_running_loop().add_signal_handler(CONTROL_SIGNAL, server.request_shutdown)
     return await server.run()
 
@@ -294,6 +302,8 @@ class Supervisor:
         self.frontend_count = config.frontends or default_frontends()
         self.metrics_dir = workdir / "metrics"
         self.address = f"ipc://{workdir / 'engine.sock'}"
+        # telephony calls' transcripts to subscribers on any frontend (service/core/call_hub.py)
+        self.hub = HubAddresses(f"ipc://{workdir / 'calls-in.sock'}", f"ipc://{workdir / 'calls-out.sock'}")
         self.ctx = multiprocessing.get_context("spawn")
         self.engine: BaseProcess | None = None
         self.frontends: dict[int, BaseProcess] = {}
@@ -333,7 +343,7 @@ class Supervisor:
     def _start_frontend(self, index: int) -> None:
         p = self.ctx.Process(
             target=frontend_main,
-            args=(index, self.config, self.address, os.getpid(), self.streams),
+            args=(index, self.config, self.address, os.getpid(), self.streams, self.hub),
             name=f"asr-frontend-{index}",
         )
         start_child(p)
@@ -359,6 +369,7 @@ class Supervisor:
                     return EXIT_LOAD_FAILED
                 held.enter_context(http_holder)
                 c.http_port = http_holder.getsockname()[1]
+            held.callback(CallHubForwarder(self.hub).close)
             try:
                 return self._run()
             finally:

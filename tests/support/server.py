@@ -27,6 +27,7 @@ from service.runtime.server import AsrServer
 __all__ = ["HOST", "REPO", "ServerProcess", "ServerThread", "free_port", "sync_stream", "watch_health"]
 T = TypeVar("T")
 DOOR_TOKEN = "door-test-token"  # what tests/conftest.py's door_server accepts
+TWILIO_AUTH_TOKEN = "twilio-test-auth-token"  # the account auth token door_server checks signatures with
 
 
 class ServerThread:
