@@ -33,4 +33,8 @@ for dir in tests/tools deploy/tools; do
         (cd "$dir" && npm ci --silent --no-audit --no-fund)
     fi
 done
+# Asterisk 22 for the telephony tests, in a Debian-unstable chroot (root only; a minute or two, then kept)
+if [[ "${ASR_SKIP_ASTERISK:-0}" != 1 && "$(id -u)" == 0 ]]; then
+    scripts/asterisk_chroot.sh >/dev/null
+fi
 echo "setup done: activate with '. .venv/bin/activate'"

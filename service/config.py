@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import ipaddress
 import os
 import sys
 import typing
@@ -27,6 +28,24 @@ LogLevel = Literal["debug", "info", "warning", "error"]
 class ServerConfig:
     host: str = field(default="[::]", metadata={"help": "address to bind the gRPC server to"})
     port: int = field(default=50051, metadata={"help": "gRPC port"})
+    audiosocket_port: int = field(
+        default=0,
+        metadata={
+            "help": "TCP port of the Asterisk AudioSocket door (AudioSocket() in the dialplan; 9092 by "
+            "convention); it carries no credentials, so only --audiosocket-allowed-peers may connect (0: off)"
+        },
+    )
+    audiosocket_host: str = field(
+        default="127.0.0.1",
+        metadata={"help": "address the AudioSocket door binds to (the PBX's side of the network only)"},
+    )
+    audiosocket_allowed_peers: str = field(
+        default="127.0.0.0/8,::1/128",
+        metadata={
+            "help": "comma-separated addresses or CIDR blocks allowed to connect to the AudioSocket door "
+            "(the PBXs); any other is closed before a byte is read"
+        },
+    )
     metrics_port: int = field(default=9464, metadata={"help": "Prometheus /metrics HTTP port (0: off)"})
     metrics_host: str = field(
         default="",
@@ -386,6 +405,17 @@ def parse_args(argv: Sequence[str] | None = None) -> ServerConfig:
     return config
 
 
+def allowed_peers(text: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    """--audiosocket-allowed-peers as networks; ValueError naming the entry that is not one."""
+    networks = []
+    for entry in filter(None, (e.strip() for e in text.split(","))):
+        try:
+            networks.append(ipaddress.ip_network(entry, strict=False))
+        except ValueError as e:
+            raise ValueError(f"{entry!r} is not an address or CIDR block ({e})") from e
+    return tuple(networks)
+
+
 def validate(config: ServerConfig) -> None:
     """Refuse settings that cannot work, naming the flag (argparse-style exit via SystemExit)."""
     problems = []
@@ -393,6 +423,12 @@ def validate(config: ServerConfig) -> None:
         problems.append("--port must be 0-65535")
     if not 0 <= config.metrics_port <= 65535:
         problems.append("--metrics-port must be 0-65535")
+    if not 0 <= config.audiosocket_port <= 65535:
+        problems.append("--audiosocket-port must be 0-65535")
+    try:
+        allowed_peers(config.audiosocket_allowed_peers)
+    except ValueError as e:
+        problems.append(f"--audiosocket-allowed-peers: {e}")
     if not 0 <= config.http_port <= 65535:
         problems.append("--http-port must be 0-65535")
     for name in (

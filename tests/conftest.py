@@ -11,7 +11,7 @@ from engine import Engine, EngineConfig
 from engine.hooks import EngineHooks
 from service.config import ServerConfig
 from tests.support import gpu_rehearsal
-from tests.support.server import DOOR_TOKEN, TWILIO_AUTH_TOKEN, ServerProcess, ServerThread
+from tests.support.server import DOOR_TOKEN, TWILIO_AUTH_TOKEN, ServerProcess, ServerThread, free_port
 
 _rehearsal: gpu_rehearsal.Rehearsal | None = None
 
@@ -100,6 +100,7 @@ def door_server(
         ServerConfig(
             auth_tokens_file=str(door_tokens_file),
             twilio_auth_token_file=str(twilio_auth_token_file),
+            audiosocket_port=free_port(),
             interim_interval_s=0.5,
         ),
         service_engine,

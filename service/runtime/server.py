@@ -36,6 +36,8 @@ from service.core.recognizer import Recognizer
 from service.core.stream_limit import StreamLimit
 from service.doors import google_speech
 from service.doors.asr_v1 import RecognizerServicer
+from service.doors.asterisk.audiosocket import AudioSocketDoor
+from service.doors.asterisk.websocket import AsteriskWebSocketDoor
 from service.doors.call_transcripts import CallTranscriptsDoor
 from service.doors.deepgram.door import DeepgramDoor
 from service.doors.openai_http import OpenAIHttpDoor
@@ -93,6 +95,7 @@ class AsrServer:
         self._failure: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.http: HttpServer | None = None  # the HTTP doors' port (--http-port), same loop
+        self.audiosocket: AudioSocketDoor | None = None  # Asterisk's AudioSocket (--audiosocket-port)
         self.http_port = 0
 
     async def _set_health(self, status: int) -> None:
@@ -156,8 +159,12 @@ class AsrServer:
             DeepgramDoor(c, self.recognizer, tokens).register(self.http.app)
             OpenAIRealtimeDoor(c, self.recognizer, tokens).register(self.http.app)
             TwilioDoor(c, self.recognizer, tokens).register(self.http.app)
+            AsteriskWebSocketDoor(c, self.recognizer, tokens).register(self.http.app)
             CallTranscriptsDoor(c, self.recognizer, tokens).register(self.http.app)
             self.http_port = await self.http.start()
+        if c.audiosocket_port:
+            self.audiosocket = AudioSocketDoor(c, self.recognizer, reuse_port=self.reuse_port)
+            await self.audiosocket.start()
         log.info(
             "listening",
             extra={
@@ -229,6 +236,8 @@ class AsrServer:
         if not idle:
             log.warning("drain deadline reached with streams still open; they are cancelled")
         await self.recognizer.call_hub.close()  # subscribers have every message of this process's calls
+        if self.audiosocket is not None:
+            await self.audiosocket.stop(0)
         if self.http is not None:  # HTTP requests in flight get what is left of the grace, as gRPC calls do
             await asyncio.gather(
                 self.http.stop(max(0.0, deadline - time.monotonic())), self._stop_grpc(deadline)
@@ -277,6 +286,8 @@ class AsrServer:
     async def stop(self, grace: float = 1.0, *, stop_engine: bool = True) -> None:
         """Stop at once: calls still open after `grace` seconds are cancelled."""
         await self.recognizer.call_hub.close()
+        if self.audiosocket is not None:
+            await self.audiosocket.stop(grace)
         if self.http is not None:
             await self.http.stop(grace)
         if self._server is not None:

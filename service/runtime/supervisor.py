@@ -369,6 +369,16 @@ class Supervisor:
                     return EXIT_LOAD_FAILED
                 held.enter_context(http_holder)
                 c.http_port = http_holder.getsockname()[1]
+            if c.audiosocket_port:  # Asterisk's AudioSocket, served by every frontend too
+                try:
+                    audiosocket_holder = reserve_port(c.audiosocket_host, c.audiosocket_port)
+                except OSError as e:
+                    log.error(
+                        f"could not start the AudioSocket door: port {c.audiosocket_port} is not free: {e}"
+                    )
+                    return EXIT_LOAD_FAILED
+                held.enter_context(audiosocket_holder)
+                c.audiosocket_port = audiosocket_holder.getsockname()[1]
             held.callback(CallHubForwarder(self.hub).close)
             try:
                 return self._run()

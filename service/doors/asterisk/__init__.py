@@ -1,0 +1,1 @@
+"""Asterisk's media doors: AudioSocket over TCP (audiosocket.py) and chan_websocket (websocket.py)."""
