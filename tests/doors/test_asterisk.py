@@ -7,17 +7,23 @@ caller's hangup (the file ends) finalises it."""
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import Iterator
 
+import aiohttp
 import pytest
 import soundfile as sf
 
 from clients.scoring import corpus_wer, normalize
+from engine import Engine
+from service.config import ServerConfig
+from service.core.types import AudioFormat
+from service.doors.asterisk.websocket import audio_format, parse_media_start
 from tests.doors.test_twilio import follow
 from tests.support.asterisk import Asterisk
 from tests.support.audio import JFK_FLAC, JFK_TEXT
-from tests.support.server import DOOR_TOKEN, HOST, ServerThread
+from tests.support.server import DOOR_TOKEN, HOST, ServerThread, free_port
 
 pytestmark = pytest.mark.slow
 CALL_DEADLINE_S = 120.0
@@ -82,3 +88,84 @@ async def test_a_call_through_asterisk_is_transcribed_for_its_subscribers(
     text = followed.finals("caller")
     assert corpus_wer([normalize(JFK_TEXT)], [normalize(text)]) < 0.2, text
     assert "country" in normalize(text)  # the last word, before the caller hung up
+
+
+# --- bad input, answered in each protocol's own terms (a client written from the protocol) ---------------
+
+
+async def audiosocket_exchange(port: int, frames: bytes) -> bytes:
+    """Send raw AudioSocket frames; everything the server sends until it closes."""
+    reader, writer = await asyncio.open_connection(HOST, port)
+    writer.write(frames)
+    await writer.drain()
+    async with asyncio.timeout(30):
+        answer = await reader.read()
+    writer.close()
+    return answer
+
+
+async def test_audiosocket_frames_it_does_not_take_are_answered_with_a_hangup(server: ServerThread) -> None:
+    """No UUID first, or audio at a rate this door does not take (0x12, 16 kHz): Asterisk gets the hangup
+    frame (AudioSocket has no error text towards it) and the connection closes."""
+    port = server.config.audiosocket_port
+    assert await audiosocket_exchange(port, bytes((0x10, 0, 2, 0, 0))) == bytes((0, 0, 0))
+    call = uuid.uuid4().bytes
+    frames = bytes((0x01, 0, 16)) + call + bytes((0x12, 0, 4, 0, 0, 0, 0))
+    assert await audiosocket_exchange(port, frames) == bytes((0, 0, 0))
+
+
+async def test_audiosocket_peers_outside_the_allow_list_are_closed_before_a_byte_is_read(
+    service_engine: Engine,
+) -> None:
+    config = ServerConfig(audiosocket_port=free_port(), audiosocket_allowed_peers="10.0.0.0/8, 192.0.2.7")
+    own = ServerThread(config, service_engine).start()
+    try:
+        call = uuid.uuid4().bytes
+        assert await audiosocket_exchange(config.audiosocket_port, bytes((0x01, 0, 16)) + call) == b""
+        assert not own.server.recognizer.sessions
+    finally:
+        own.stop()
+
+
+async def test_chan_websocket_credentials_and_formats(server: ServerThread) -> None:
+    """Without the token (websocket_client.conf's password, HTTP Basic): 401. A format the server does not
+    take: the HANGUP command, then close 1003 naming the format."""
+    url = f"ws://{HOST}:{server.server.http_port}/v1/telephony/asterisk"
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await session.ws_connect(
+                url,
+                protocols=("media",),
+                headers={"Authorization": aiohttp.BasicAuth("asterisk", "wrong-token").encode()},
+            )
+        assert refused.value.status == 401
+        async with session.ws_connect(
+            url,
+            protocols=("media",),
+            headers={"Authorization": aiohttp.BasicAuth("asterisk", DOOR_TOKEN).encode()},
+        ) as ws:
+            assert ws.protocol == "media"
+            await ws.send_str("MEDIA_START connection_id:asr channel:WebSocket/asr/0x1 format:g729 ptime:20")
+            hangup = await asyncio.wait_for(ws.receive(), 30)
+            assert hangup.type == aiohttp.WSMsgType.TEXT and hangup.data == "HANGUP"
+            closing = await asyncio.wait_for(ws.receive(), 30)
+            assert closing.type == aiohttp.WSMsgType.CLOSE and closing.data == 1003
+            assert "format: 'g729'" in closing.extra
+
+
+def test_media_start_in_both_control_formats() -> None:
+    plain = "MEDIA_START connection_id:asr channel:WebSocket/asr/0x5140 channel_id:1761245643.1 format:ulaw"
+    assert parse_media_start(plain)["channel_id"] == "1761245643.1"
+    as_json = json.dumps(
+        {
+            "event": "MEDIA_START",
+            "connection_id": "asr",
+            "channel_id": "1761245643.1",
+            "format": "slin16",
+            "optimal_frame_size": 640,
+            "channel_variables": {"MEDIA_WEBSOCKET_CONNECTION_ID": "asr"},
+        }
+    )
+    start = parse_media_start(as_json)
+    assert start["format"] == "slin16" and start["optimal_frame_size"] == "640"
+    assert audio_format(start["format"]) == AudioFormat("LINEAR16", 16000, 1)

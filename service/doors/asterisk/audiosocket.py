@@ -123,6 +123,7 @@ class AudioSocketCall:
         self.door, self.reader, self.writer, self.caller = door, reader, writer, caller
         self.stream: Stream | None = None
         self._events: asyncio.Task[None] | None = None
+        self._hung_up = False
 
     async def _frame(self, first: bool) -> tuple[int, bytes] | None:
         """The next frame; None at the connection's end."""
@@ -167,6 +168,9 @@ class AudioSocketCall:
         return fields
 
     def _hang_up_on_asterisk(self) -> None:
+        if self._hung_up:
+            return
+        self._hung_up = True
         with contextlib.suppress(ConnectionError, RuntimeError):
             self.writer.write(HANGUP_FRAME)
 
