@@ -405,7 +405,14 @@ GRPC_ROUTED = {
     "grpc.health.v1.Health",
 }
 # The HTTP port's doors: Deepgram's and OpenAI Realtime's WebSockets, OpenAI's file upload.
-HTTP_ROUTED = {"/v1/listen", "/v1/realtime", "/v1/audio/transcriptions", "/v1/models"}
+HTTP_ROUTED = {
+    "/v1/listen",
+    "/v1/realtime",
+    "/v1/audio/transcriptions",
+    "/v1/models",
+    "/v1/telephony",
+    "/v1/calls",
+}
 
 
 def test_gateway_routes_grpc_over_an_httproute_with_grpc_health_checks() -> None:
