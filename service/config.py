@@ -324,6 +324,21 @@ class ServerConfig:
             "(default: the request's own, with wss:// when TLS is on, else ws://)"
         },
     )
+    audiohook_api_key_file: str = field(
+        default="",
+        metadata={
+            "help": "Genesys AudioHook door: a file holding the integration's API key (else AUDIOHOOK_API_KEY "
+            "in the environment); with it every session's X-API-KEY must be it, without it the door takes "
+            "bearer tokens as the others do"
+        },
+    )
+    audiohook_client_secret_file: str = field(
+        default="",
+        metadata={
+            "help": "Genesys AudioHook door: a file holding the integration's client secret, base64 (else "
+            "AUDIOHOOK_CLIENT_SECRET); with it every session's HTTP message signature must verify"
+        },
+    )
     auth_health_open: bool = field(
         default=True,
         metadata={"help": "with auth on: let health checks through without a token (kubelet probes)"},
@@ -475,7 +490,15 @@ def validate(config: ServerConfig) -> None:
         problems.append("--twilio-public-url must be a ws:// or wss:// URL (the TwiML <Stream url>)")
     if config.tls_client_ca and not config.tls_cert:
         problems.append("--tls-client-ca needs --tls-cert and --tls-key (mutual TLS is TLS first)")
-    for name in ("auth_tokens_file", "twilio_auth_token_file", "tls_cert", "tls_key", "tls_client_ca"):
+    for name in (
+        "auth_tokens_file",
+        "twilio_auth_token_file",
+        "audiohook_api_key_file",
+        "audiohook_client_secret_file",
+        "tls_cert",
+        "tls_key",
+        "tls_client_ca",
+    ):
         path = getattr(config, name)
         if path and not os.access(path, os.R_OK):
             problems.append(f"{_flag(name)} {path!r} is not a readable file")

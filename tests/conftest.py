@@ -11,7 +11,15 @@ from engine import Engine, EngineConfig
 from engine.hooks import EngineHooks
 from service.config import ServerConfig
 from tests.support import gpu_rehearsal
-from tests.support.server import DOOR_TOKEN, TWILIO_AUTH_TOKEN, ServerProcess, ServerThread, free_port
+from tests.support.server import (
+    AUDIOHOOK_API_KEY,
+    AUDIOHOOK_CLIENT_SECRET,
+    DOOR_TOKEN,
+    TWILIO_AUTH_TOKEN,
+    ServerProcess,
+    ServerThread,
+    free_port,
+)
 
 _rehearsal: gpu_rehearsal.Rehearsal | None = None
 
@@ -90,8 +98,20 @@ def twilio_auth_token_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def audiohook_secret_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """--audiohook-api-key-file and --audiohook-client-secret-file: AUDIOHOOK_API_KEY, AUDIOHOOK_CLIENT_SECRET."""
+    folder = tmp_path_factory.mktemp("audiohook")
+    (folder / "api-key").write_text(AUDIOHOOK_API_KEY)
+    (folder / "client-secret").write_text(AUDIOHOOK_CLIENT_SECRET)
+    return folder / "api-key", folder / "client-secret"
+
+
+@pytest.fixture(scope="session")
 def door_server(
-    service_engine: Engine, door_tokens_file: Path, twilio_auth_token_file: Path
+    service_engine: Engine,
+    door_tokens_file: Path,
+    twilio_auth_token_file: Path,
+    audiohook_secret_files: tuple[Path, Path],
 ) -> Iterator[ServerThread]:
     """One server for the protocol doors' tests (Riva, Google, Deepgram, OpenAI Realtime): auth on, the
     HTTP port on (Deepgram, Realtime), an interim at most every 0.5 s so that a sentence of real speech
@@ -101,6 +121,8 @@ def door_server(
             auth_tokens_file=str(door_tokens_file),
             twilio_auth_token_file=str(twilio_auth_token_file),
             audiosocket_port=free_port(),
+            audiohook_api_key_file=str(audiohook_secret_files[0]),
+            audiohook_client_secret_file=str(audiohook_secret_files[1]),
             interim_interval_s=0.5,
         ),
         service_engine,

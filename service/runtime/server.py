@@ -38,6 +38,7 @@ from service.doors import google_speech
 from service.doors.asr_v1 import RecognizerServicer
 from service.doors.asterisk.audiosocket import AudioSocketDoor
 from service.doors.asterisk.websocket import AsteriskWebSocketDoor
+from service.doors.audiohook import AudioHookDoor
 from service.doors.call_transcripts import CallTranscriptsDoor
 from service.doors.deepgram.door import DeepgramDoor
 from service.doors.openai_http import OpenAIHttpDoor
@@ -160,6 +161,7 @@ class AsrServer:
             OpenAIRealtimeDoor(c, self.recognizer, tokens).register(self.http.app)
             TwilioDoor(c, self.recognizer, tokens).register(self.http.app)
             AsteriskWebSocketDoor(c, self.recognizer, tokens).register(self.http.app)
+            AudioHookDoor(c, self.recognizer, tokens).register(self.http.app)
             CallTranscriptsDoor(c, self.recognizer, tokens).register(self.http.app)
             self.http_port = await self.http.start()
         if c.audiosocket_port:

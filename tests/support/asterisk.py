@@ -19,6 +19,8 @@ import soundfile as sf
 
 REPO = Path(__file__).resolve().parents[2]
 CHROOT = Path(os.environ.get("ASTERISK_CHROOT", "/var/cache/callcenter-asr/asterisk-sid"))
+
+
 def ensure_chroot() -> Path:
     """The chroot, built on first use (a few minutes: ~640 MB from Debian's mirror) and kept."""
     if not (CHROOT / ".ready").exists():

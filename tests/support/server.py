@@ -28,6 +28,8 @@ __all__ = ["HOST", "REPO", "ServerProcess", "ServerThread", "free_port", "sync_s
 T = TypeVar("T")
 DOOR_TOKEN = "door-test-token"  # what tests/conftest.py's door_server accepts
 TWILIO_AUTH_TOKEN = "twilio-test-auth-token"  # the account auth token door_server checks signatures with
+AUDIOHOOK_API_KEY = "audiohook-test-api-key"  # the Genesys integration door_server takes
+AUDIOHOOK_CLIENT_SECRET = "VGhpcyBpcyBhIHRlc3QgY2xpZW50IHNlY3JldC4="  # base64, as Genesys shows it
 
 
 class ServerThread:
