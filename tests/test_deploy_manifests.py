@@ -412,6 +412,7 @@ HTTP_ROUTED = {
     "/v1/models",
     "/v1/telephony",
     "/v1/calls",
+    "/api/v1/audiohook",
 }
 
 

@@ -13,8 +13,9 @@ Connector shows them in Genesys); the call's subscribers get them too, by conver
   it, and with `AUDIOHOOK_CLIENT_SECRET` (base64, or `--audiohook-client-secret-file`) the signature must
   verify (`http-message-signatures`, HMAC-SHA256 over the components Genesys signs): else HTTP 401 before
   the upgrade. Without an API key the door takes bearer tokens as every door.
-- Times: a transcript's `offset` is the audio position in Genesys' terms, audio lost while paused or
-  discarded included: the stream ends each utterance at such a gap and its times are shifted past it.
+- Times: a transcript's `offset` is the audio position in Genesys' terms: audio Genesys discarded (its
+  `resumed` and `discarded` messages say how much) counts, so times after such a gap move on by it. A
+  pause, and a language `update`, end the utterance under way (the new language applies from the next).
 - Errors: the core's refusal or bad input: `disconnect` (reason `error`, info naming the field or flag);
   Genesys then closes (`close` -> `closed`). A drain: the finals of what was heard, then `reconnect`.
 """
@@ -46,7 +47,15 @@ from http_message_signatures import (
 from service.config import ServerConfig
 from service.core.errors import Code, RecognitionError
 from service.core.recognizer import Recognizer, Stream
-from service.core.types import AudioFormat, CallInfo, Identity, RecognitionSettings, Result, StreamSettings
+from service.core.types import (
+    AudioFormat,
+    CallInfo,
+    EndpointSettings,
+    Identity,
+    RecognitionSettings,
+    Result,
+    StreamSettings,
+)
 from service.doors.deepgram.framing import Reframer
 from service.doors.ws_deadline import write_within
 from service.runtime.auth import TokenStore, bearer_token
@@ -316,6 +325,11 @@ class AudioHookSession:
         keyterms = custom.get("keyterms") or []
         if not isinstance(keyterms, list) or not all(isinstance(k, str) for k in keyterms):
             raise BadMessage("open.parameters.customConfig.keyterms: a list of strings")
+        endpointing_ms = custom.get("endpointing_ms", 0)
+        if not isinstance(endpointing_ms, int) or isinstance(endpointing_ms, bool) or endpointing_ms < 0:
+            raise BadMessage(
+                "open.parameters.customConfig.endpointing_ms: milliseconds of silence that end an utterance"
+            )
         participant: dict[str, Any] = p["participant"] if isinstance(p.get("participant"), dict) else {}
         conversation = str(p.get("conversationId") or self.session_id)
         attributes = tuple(
@@ -334,6 +348,7 @@ class AudioHookSession:
                 word_times=True,
                 word_confidence=True,
             ),
+            endpointing=EndpointSettings.from_overrides(min_silence_s=endpointing_ms / 1000),
             call=CallInfo(
                 call_id=conversation,
                 platform=DOOR,
@@ -360,8 +375,9 @@ class AudioHookSession:
         limit = self.door.config.max_chunk_bytes
         async for msg in self.ws:
             if msg.type == WSMsgType.BINARY:
-                if self._ended or self.paused_at is not None:
+                if self._ended:
                     continue
+                self.paused_at = None  # audio again: resumed (Genesys' reference client sends no `resumed`)
                 if len(msg.data) > limit:
                     raise BadMessage(
                         f"an audio frame of {len(msg.data)} bytes is over max_chunk_bytes ({limit})"
@@ -381,14 +397,18 @@ class AudioHookSession:
             elif kind == "close":
                 return
             elif kind == "update":
-                await self.send("updated", {})  # one language per stream: the next utterances keep it
+                # a new language applies from an utterance's start: the one under way ends here
+                self.stream.finalize(hold=True)
+                await self.send("updated", {})
             elif kind == "paused":
                 self.paused_at = self.stream.heard_s
+                self.stream.finalize(hold=True)  # no utterance spans a pause
             elif kind in ("resumed", "discarded"):
+                # audio Genesys never sent: later positions move on by that much
                 lost = parse_duration(p.get("discarded"), f"{kind}.parameters.discarded")
                 self.paused_at = None
-                self.stream.finalize(hold=True)  # no utterance spans the gap
-                self.timeline.gap(self.stream.heard_s, lost)
+                if lost > 0:
+                    self.timeline.gap(self.stream.heard_s, lost)
             elif kind == "error":
                 log.info("audiohook: the client reported an error: %s", json.dumps(p)[:500])
             elif kind == "open":

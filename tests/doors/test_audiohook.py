@@ -266,3 +266,20 @@ async def test_media_it_cannot_take_gets_disconnect_naming_it_then_closed(server
         assert "open.parameters.media" in disconnect["parameters"]["info"]
         await client.send("close", {"reason": "error"})
         await client.next("closed")
+
+
+async def test_a_custom_config_it_cannot_read_gets_disconnect_naming_the_field(server: ServerThread) -> None:
+    url = server.http_url.replace("http://", "ws://") + PATH
+    session_id = str(uuid.uuid4())
+    async with (
+        aiohttp.ClientSession() as http,
+        http.ws_connect(url, headers=genesys_headers(url, session_id)) as ws,
+    ):
+        client = Session(ws, session_id)
+        parameters = open_parameters(str(uuid.uuid4()))
+        parameters["customConfig"] = {"endpointing_ms": "short"}
+        await client.send("open", parameters)
+        disconnect = await client.next("disconnect")
+        assert "customConfig.endpointing_ms" in disconnect["parameters"]["info"]
+        await client.send("close", {"reason": "error"})
+        await client.next("closed")
