@@ -32,7 +32,7 @@ class ServerConfig:
         default=0,
         metadata={
             "help": "TCP port of the Asterisk AudioSocket door (AudioSocket() in the dialplan; 9092 by "
-            "convention); it carries no credentials, so only --audiosocket-allowed-peers may connect (0: off)"
+            "convention); it carries no credentials, so only the allowed peers may connect (0: off)"
         },
     )
     audiosocket_host: str = field(

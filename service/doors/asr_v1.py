@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 from asr.v1 import asr_pb2, asr_pb2_grpc
 from google.protobuf.duration_pb2 import Duration
 from grpc import aio
 
+from service.core.call_hub import EVERY_CALL, SubscriberLagged
 from service.core.errors import Code, RecognitionError
 from service.core.recognizer import Recognizer, Stream
 from service.core.types import (
@@ -367,3 +369,42 @@ class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
             await context.abort(grpc_code(e.code), e.message_for(CONFIG_NAMES))
             raise  # unreachable: abort raises
         return recognize_response(result)
+
+    async def FollowCalls(
+        self, request: asr_pb2.FollowCallsRequest, context: aio.ServicerContext
+    ) -> AsyncIterator[asr_pb2.CallEvent]:
+        hub = self.recognizer.call_hub
+        ended = False
+        try:
+            async with hub.subscribe(request.call_id or EVERY_CALL) as subscription:
+                # headers once subscribed: a follower that waits for them misses nothing of the call
+                await context.send_initial_metadata(())
+                async for message in subscription:
+                    event = call_event(message)
+                    ended = event.HasField("ended") and bool(request.call_id)
+                    yield event
+        except SubscriberLagged as e:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"this follower fell behind: {e}")
+        if not ended and hub.closed:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, "server is draining; follow the call on another replica"
+            )
+
+
+def call_event(message: dict[str, Any]) -> asr_pb2.CallEvent:
+    """A message of the call hub (service/core/call_hub.py) as asr.v1's CallEvent."""
+    event = asr_pb2.CallEvent(call_id=message["call_id"])
+    kind = message["type"]
+    if kind == "call_started":
+        event.started.platform = message["platform"]
+        event.started.stream_id = message["stream_id"]
+        event.started.channels.extend(message["channels"])
+        event.started.attributes.update(message["attributes"])
+    elif kind == "transcript":
+        t = event.transcript
+        t.channel, t.is_final, t.text = message["channel"], message["is_final"], message["text"]
+        t.start_offset.FromNanoseconds(round(message["start_s"] * 1e9))
+        t.end_offset.FromNanoseconds(round(message["end_s"] * 1e9))
+    elif kind == "call_ended":
+        event.ended.status = message["status"]
+    return event

@@ -17,10 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+import grpc
 import numpy as np
 import pytest
 import soundfile as sf
 import soxr
+from asr.v1 import asr_pb2, asr_pb2_grpc
 from twilio.request_validator import RequestValidator
 
 from clients.scoring import corpus_wer, normalize
@@ -300,3 +302,25 @@ async def test_subscribers_on_every_frontend_get_the_call() -> None:
             assert "thank you for calling" in normalize(followed.finals("inbound")), followed.messages
     finally:
         server.stop()
+
+
+async def test_a_grpc_follower_gets_the_call_as_asr_v1_events(server: ServerThread) -> None:
+    """asr.v1 FollowCalls for the callSid, subscribed (its headers came) before the call: started (platform, legs), the finals of
+    each leg labelled, then ended, and the stream ends OK."""
+    call_sid = "CA" + "5" * 32
+    metadata = (("authorization", f"Bearer {DOOR_TOKEN}"),)
+    async with grpc.aio.insecure_channel(server.target) as channel:
+        follower = asr_pb2_grpc.RecognizerStub(channel).FollowCalls(
+            asr_pb2.FollowCallsRequest(call_id=call_sid), metadata=metadata, timeout=CALL_DEADLINE_S
+        )
+        await follower.initial_metadata()  # sent once the server has subscribed
+        code = await send_call(server, call_sid, {"inbound": to_mulaw_8k_bytes(speak(AGENT))})
+        events = [e async for e in follower]
+        assert await follower.code() == grpc.StatusCode.OK
+    assert code == 1000
+    assert events[0].started.platform == "twilio" and list(events[0].started.channels) == ["inbound"]
+    finals = [e.transcript for e in events if e.HasField("transcript") and e.transcript.is_final]
+    assert finals and all(f.channel == "inbound" for f in finals)
+    assert "thank you for calling" in normalize(" ".join(f.text for f in finals))
+    assert finals[0].end_offset.ToNanoseconds() > finals[0].start_offset.ToNanoseconds() > 0
+    assert events[-1].ended.status == "OK" and all(e.call_id == call_sid for e in events)

@@ -45,6 +45,63 @@ PCI: Redaction
 SSN: Redaction
 NUMBERS: Redaction
 
+class FollowCallsRequest(_message.Message):
+    __slots__ = ("call_id",)
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    call_id: str
+    def __init__(self, call_id: _Optional[str] = ...) -> None: ...
+
+class CallEvent(_message.Message):
+    __slots__ = ("call_id", "started", "transcript", "ended")
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    STARTED_FIELD_NUMBER: _ClassVar[int]
+    TRANSCRIPT_FIELD_NUMBER: _ClassVar[int]
+    ENDED_FIELD_NUMBER: _ClassVar[int]
+    call_id: str
+    started: CallStarted
+    transcript: CallTranscript
+    ended: CallEnded
+    def __init__(self, call_id: _Optional[str] = ..., started: _Optional[_Union[CallStarted, _Mapping]] = ..., transcript: _Optional[_Union[CallTranscript, _Mapping]] = ..., ended: _Optional[_Union[CallEnded, _Mapping]] = ...) -> None: ...
+
+class CallStarted(_message.Message):
+    __slots__ = ("platform", "stream_id", "channels", "attributes")
+    class AttributesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    PLATFORM_FIELD_NUMBER: _ClassVar[int]
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    CHANNELS_FIELD_NUMBER: _ClassVar[int]
+    ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    platform: str
+    stream_id: str
+    channels: _containers.RepeatedScalarFieldContainer[str]
+    attributes: _containers.ScalarMap[str, str]
+    def __init__(self, platform: _Optional[str] = ..., stream_id: _Optional[str] = ..., channels: _Optional[_Iterable[str]] = ..., attributes: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class CallTranscript(_message.Message):
+    __slots__ = ("channel", "is_final", "text", "start_offset", "end_offset")
+    CHANNEL_FIELD_NUMBER: _ClassVar[int]
+    IS_FINAL_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    channel: str
+    is_final: bool
+    text: str
+    start_offset: _duration_pb2.Duration
+    end_offset: _duration_pb2.Duration
+    def __init__(self, channel: _Optional[str] = ..., is_final: _Optional[bool] = ..., text: _Optional[str] = ..., start_offset: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., end_offset: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class CallEnded(_message.Message):
+    __slots__ = ("status",)
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    status: str
+    def __init__(self, status: _Optional[str] = ...) -> None: ...
+
 class RecognitionConfig(_message.Message):
     __slots__ = ("encoding", "sample_rate_hertz", "audio_channel_count", "enable_separate_recognition_per_channel", "language_code", "prompt", "enable_segment_time_offsets", "enable_word_time_offsets", "enable_word_confidence", "redact", "keyterms", "formatting", "call_metrics")
     ENCODING_FIELD_NUMBER: _ClassVar[int]

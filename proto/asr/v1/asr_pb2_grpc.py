@@ -44,6 +44,11 @@ class RecognizerStub:
                 request_serializer=asr_dot_v1_dot_asr__pb2.RecognizeRequest.SerializeToString,
                 response_deserializer=asr_dot_v1_dot_asr__pb2.RecognizeResponse.FromString,
                 _registered_method=True)
+        self.FollowCalls = channel.unary_stream(
+                '/asr.v1.Recognizer/FollowCalls',
+                request_serializer=asr_dot_v1_dot_asr__pb2.FollowCallsRequest.SerializeToString,
+                response_deserializer=asr_dot_v1_dot_asr__pb2.CallEvent.FromString,
+                _registered_method=True)
 
 
 class RecognizerServicer:
@@ -65,6 +70,17 @@ class RecognizerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FollowCalls(self, request, context):
+        """Follow telephony calls (the Genesys AudioHook, Twilio and Asterisk doors) as they happen, on
+        whichever frontend they came in: one call by its platform id, from before it starts, or every call
+        as each starts (call_id empty). Following one call, the stream ends OK after its ended event. A
+        follower more than 1024 events behind is ended RESOURCE_EXHAUSTED (the call goes on); on drain,
+        after every event of this server's calls, UNAVAILABLE.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RecognizerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -77,6 +93,11 @@ def add_RecognizerServicer_to_server(servicer, server):
                     servicer.Recognize,
                     request_deserializer=asr_dot_v1_dot_asr__pb2.RecognizeRequest.FromString,
                     response_serializer=asr_dot_v1_dot_asr__pb2.RecognizeResponse.SerializeToString,
+            ),
+            'FollowCalls': grpc.unary_stream_rpc_method_handler(
+                    servicer.FollowCalls,
+                    request_deserializer=asr_dot_v1_dot_asr__pb2.FollowCallsRequest.FromString,
+                    response_serializer=asr_dot_v1_dot_asr__pb2.CallEvent.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -133,6 +154,33 @@ class Recognizer:
             '/asr.v1.Recognizer/Recognize',
             asr_dot_v1_dot_asr__pb2.RecognizeRequest.SerializeToString,
             asr_dot_v1_dot_asr__pb2.RecognizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FollowCalls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/asr.v1.Recognizer/FollowCalls',
+            asr_dot_v1_dot_asr__pb2.FollowCallsRequest.SerializeToString,
+            asr_dot_v1_dot_asr__pb2.CallEvent.FromString,
             options,
             channel_credentials,
             insecure,
