@@ -339,6 +339,24 @@ class ServerConfig:
             "AUDIOHOOK_CLIENT_SECRET); with it every session's HTTP message signature must verify"
         },
     )
+    call_webhook_url: str = field(
+        default="",
+        metadata={
+            "help": "POST every telephony call's messages (call_started, transcript, call_ended) to this URL, "
+            "signed with the secret below, retried with backoff; empty: off"
+        },
+    )
+    call_webhook_secret_file: str = field(
+        default="",
+        metadata={"help": "the call webhook's signing secret, in a file (else CALL_WEBHOOK_SECRET)"},
+    )
+    call_webhook_queue: int = field(
+        default=10000,
+        metadata={
+            "help": "call webhook messages one frontend keeps waiting while the receiver is slow or down; "
+            "past it the oldest is dropped (asr_call_webhook_dropped_total)"
+        },
+    )
     auth_health_open: bool = field(
         default=True,
         metadata={"help": "with auth on: let health checks through without a token (kubelet probes)"},
@@ -420,6 +438,9 @@ def parse_args(argv: Sequence[str] | None = None) -> ServerConfig:
     return config
 
 
+CALL_WEBHOOK_SECRET_ENV = "CALL_WEBHOOK_SECRET"
+
+
 def allowed_peers(text: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
     """--audiosocket-allowed-peers as networks; ValueError naming the entry that is not one."""
     networks = []
@@ -486,6 +507,15 @@ def validate(config: ServerConfig) -> None:
         problems.append("--drain-seconds must not be negative")
     if bool(config.tls_cert) != bool(config.tls_key):
         problems.append("--tls-cert and --tls-key go together")
+    if config.call_webhook_url:
+        if not config.call_webhook_url.startswith(("https://", "http://")):
+            problems.append("--call-webhook-url must be an http:// or https:// URL")
+        if not config.call_webhook_secret_file and not os.environ.get(CALL_WEBHOOK_SECRET_ENV):
+            problems.append(
+                f"--call-webhook-url needs a signing secret: --call-webhook-secret-file or {CALL_WEBHOOK_SECRET_ENV}"
+            )
+        if config.call_webhook_queue < 1:
+            problems.append("--call-webhook-queue must be at least 1")
     if config.twilio_public_url and not config.twilio_public_url.startswith(("wss://", "ws://")):
         problems.append("--twilio-public-url must be a ws:// or wss:// URL (the TwiML <Stream url>)")
     if config.tls_client_ca and not config.tls_cert:
@@ -495,6 +525,7 @@ def validate(config: ServerConfig) -> None:
         "twilio_auth_token_file",
         "audiohook_api_key_file",
         "audiohook_client_secret_file",
+        "call_webhook_secret_file",
         "tls_cert",
         "tls_key",
         "tls_client_ca",

@@ -201,3 +201,15 @@ def observe_call(m: CallMetrics) -> None:
     CALL_OVERLAP_SHARE.observe(m.overlap_s / m.total_s)
     for c in m.channels:
         CALL_TALK_SHARE.labels(str(c.channel_tag)).observe(m.talk_share(c.channel_tag))
+
+
+# the call webhook (service/runtime/call_webhook.py)
+CALL_WEBHOOK_POSTS = Counter(
+    "asr_call_webhook_posts", "Call webhook requests, by outcome (delivered, retried)", ["outcome"]
+)
+CALL_WEBHOOK_DROPPED = Counter(
+    "asr_call_webhook_dropped", "Call webhook messages dropped unsent: more than --call-webhook-queue waited"
+)
+CALL_WEBHOOK_WAITING = Gauge(
+    "asr_call_webhook_waiting", "Call webhook messages waiting to be delivered", multiprocess_mode="livesum"
+)

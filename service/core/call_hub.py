@@ -18,9 +18,10 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import threading
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,8 @@ import zmq.asyncio
 log = logging.getLogger("service.core.call_hub")
 
 EVERY_CALL = ""  # subscribe to every call
+# a platform's call id as a door takes it from its client: Twilio's CA + 32 hex, a UUID, a SIP Call-ID
+CALL_ID_SYNTAX = re.compile(r"[\x21-\x7e]{1,256}")
 DEFAULT_BACKLOG = 1024  # messages one subscriber may have waiting before it is ended
 _PROBE = "_probe"  # a ZmqCallHub's own message: its subscription has reached the forwarder
 _PROBE_EVERY_S = 0.05
@@ -80,9 +83,20 @@ class CallHub:
         self.backlog = backlog
         self._subscribers: dict[str, set[Subscription]] = {}
         self.closed = False
+        # called with each message this process publishes (runtime/call_webhook.py posts them)
+        self._taps: list[Callable[[dict[str, Any]], None]] = []
+
+    def tap(self, listener: Callable[[dict[str, Any]], None]) -> None:
+        """Call `listener` with every message this process publishes (not those of other frontends)."""
+        self._taps.append(listener)
+
+    def _tapped(self, message: dict[str, Any]) -> None:
+        for listener in self._taps:
+            listener(message)
 
     def publish(self, call_id: str, message: dict[str, Any]) -> None:
         """Send `message` (JSON-able, its "call_id" set) to the call's subscribers; never waits."""
+        self._tapped(message)
         self._deliver(call_id, message)
 
     def _deliver(self, call_id: str, message: dict[str, Any]) -> None:
@@ -152,6 +166,8 @@ class ZmqCallHub(CallHub):
         self._reader: asyncio.Task[None] | None = None
 
     def publish(self, call_id: str, message: dict[str, Any]) -> None:
+        if message.get("type") != _PROBE:
+            self._tapped(message)
         # PUB never blocks: past its high-water mark ZeroMQ drops (a forwarder that is gone or stuck)
         with contextlib.suppress(zmq.Again):
             self._out.send_multipart((_topic(call_id), json.dumps(message).encode()), zmq.NOBLOCK)

@@ -29,10 +29,8 @@ import bisect
 import datetime
 import json
 import logging
-import os
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -57,8 +55,9 @@ from service.core.types import (
     StreamSettings,
 )
 from service.doors.deepgram.framing import Reframer
+from service.doors.telephony_socket import TelephonySockets, refusal
 from service.doors.ws_deadline import write_within
-from service.runtime.auth import TokenStore, bearer_token
+from service.runtime.auth import TokenStore, bearer_token, read_secret
 
 log = logging.getLogger("service.doors.audiohook")
 
@@ -79,12 +78,6 @@ LABELS = {"external": "customer", "internal": "agent"}
 FORMATS = {"PCMU": "MULAW", "L16": "LINEAR16"}
 OPEN_WITHIN_S = 10.0
 MESSAGE_SLACK_BYTES = 64 << 10  # an `open` with participant and customConfig; audio frames are far smaller
-
-
-def read_secret(path: str, env: str) -> str:
-    if path:
-        return Path(path).read_text().strip()
-    return os.environ.get(env, "").strip()
 
 
 def duration(seconds: float) -> str:
@@ -146,7 +139,7 @@ class AudioHookDoor:
             self.client_secret = base64.b64decode(secret, validate=True) if secret else b""
         except binascii.Error as e:
             raise ValueError(f"{CLIENT_SECRET_ENV}: the integration's client secret, base64 ({e})") from e
-        self._calls: set[asyncio.Task[None]] = set()
+        self.sockets = TelephonySockets(PATH)
 
     def register(self, app: web.Application) -> None:
         app.router.add_get(PATH, self.session)
@@ -183,29 +176,17 @@ class AudioHookDoor:
         why = self._refusal(request)
         if why is not None:
             self.recognizer.refused(DOOR, RecognitionError(Code.UNAUTHENTICATED, why))
-            return web.json_response({"error": {"message": why, "code": 401}}, status=401)
+            return refusal(401, why)
         ws = web.WebSocketResponse(
             heartbeat=self.config.keepalive_time or None,
             max_msg_size=self.config.max_chunk_bytes + MESSAGE_SLACK_BYTES,
         )
-        if not ws.can_prepare(request).ok:
-            return web.json_response(
-                {"error": {"message": f"{PATH} is a WebSocket: send an Upgrade request", "code": 426}},
-                status=426,
-            )
-        await ws.prepare(request)
-        caller = Identity(
-            "audiohook:" + request.headers.get("Audiohook-Organization-Id", "")[:64], request.remote or ""
-        )
-        # Genesys closing the socket ends the session, and the HTTP port cancels a handler whose client
-        # went away: the session runs on as its own task so that the last words still reach subscribers.
-        call = asyncio.create_task(
-            AudioHookSession(self, request, ws, caller).run(), name="audiohook-session"
-        )
-        self._calls.add(call)
-        call.add_done_callback(self._calls.discard)
-        await asyncio.shield(call)
-        return ws
+        upgraded = await self.sockets.upgrade(request, ws)
+        if upgraded is ws:
+            organization = request.headers.get("Audiohook-Organization-Id", "")[:64]
+            caller = Identity("audiohook:" + organization, request.remote or "")
+            await self.sockets.run(AudioHookSession(self, request, ws, caller).run(), "audiohook-session")
+        return upgraded
 
 
 class AudioHookSession:

@@ -20,13 +20,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 
 from aiohttp import web
 
 from service.config import ServerConfig
-from service.core.call_hub import EVERY_CALL, SubscriberLagged
+from service.core.call_hub import CALL_ID_SYNTAX, EVERY_CALL, SubscriberLagged
 from service.core.recognizer import Recognizer
+from service.doors.telephony_socket import refusal
 from service.doors.ws_deadline import write_within
 from service.runtime.auth import TokenStore, bearer_token
 
@@ -34,8 +34,6 @@ log = logging.getLogger("service.doors.call_transcripts")
 
 CALL_PATH = "/v1/calls/{call_id}/transcripts"
 EVERY_CALL_PATH = "/v1/calls/transcripts"
-# a platform's call id: Twilio's CA + 32 hex, a UUID, a SIP Call-ID (word@host)
-CALL_ID_SYNTAX = re.compile(r"[\x21-\x7e]{1,256}")
 
 
 class CallTranscriptsDoor:
@@ -54,26 +52,26 @@ class CallTranscriptsDoor:
     async def one_call(self, request: web.Request) -> web.StreamResponse:
         call_id = request.match_info["call_id"]
         if not CALL_ID_SYNTAX.fullmatch(call_id):
-            return _error(400, "call_id: 1 to 256 visible ASCII characters")
+            return refusal(400, "call_id: 1 to 256 visible ASCII characters")
         return await self._follow(request, call_id)
 
-    def _refusal(self, request: web.Request) -> web.Response | None:
+    def _unauthenticated(self, request: web.Request) -> web.Response | None:
         if not self.tokens.enabled:
             return None
         token = bearer_token(request.headers.items())
         if token is None:
-            return _error(401, "missing credentials: send the header 'Authorization: Bearer <token>'")
+            return refusal(401, "missing credentials: send the header 'Authorization: Bearer <token>'")
         if not token or not self.tokens.check(token):
-            return _error(401, "invalid credentials")
+            return refusal(401, "invalid credentials")
         return None
 
     async def _follow(self, request: web.Request, call_id: str) -> web.StreamResponse:
-        refusal = self._refusal(request)
-        if refusal is not None:
-            return refusal
+        unauthenticated = self._unauthenticated(request)
+        if unauthenticated is not None:
+            return unauthenticated
         ws = web.WebSocketResponse(heartbeat=self.config.keepalive_time or None, max_msg_size=4096)
         if not ws.can_prepare(request).ok:
-            return _error(426, f"{request.path} is a WebSocket: send an Upgrade request")
+            return refusal(426, f"{request.path} is a WebSocket: send an Upgrade request")
         async with self.recognizer.call_hub.subscribe(call_id) as subscription:
             await ws.prepare(request)
             reader = asyncio.create_task(_until_closed(ws))
@@ -99,7 +97,3 @@ class CallTranscriptsDoor:
 async def _until_closed(ws: web.WebSocketResponse) -> None:
     async for _ in ws:  # the subscriber sends nothing the server needs; its close ends the loop
         pass
-
-
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": {"message": message, "code": status}}, status=status)

@@ -25,8 +25,6 @@ import base64
 import binascii
 import json
 import logging
-import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -38,9 +36,10 @@ from service.core.errors import Code, RecognitionError
 from service.core.rate_limit import TokenBucket
 from service.core.recognizer import Recognizer, Stream
 from service.core.types import AudioFormat, CallInfo, Identity, RecognitionSettings, StreamSettings
+from service.doors.telephony_socket import TelephonySockets, refusal
 from service.doors.ws_deadline import write_within
 from service.pipeline.redaction import Kind
-from service.runtime.auth import TokenStore, bearer_token, identity
+from service.runtime.auth import TokenStore, bearer_token, identity, read_secret
 
 log = logging.getLogger("service.doors.twilio")
 
@@ -61,12 +60,6 @@ OWN_PARAMETERS = ("language", "keyterms", "redact")
 
 class BadMessage(ValueError):
     """A message that is not Twilio's; the text names the field."""
-
-
-def read_auth_token(config: ServerConfig) -> str:
-    if config.twilio_auth_token_file:
-        return Path(config.twilio_auth_token_file).read_text().strip()
-    return os.environ.get(AUTH_TOKEN_ENV, "").strip()
 
 
 class TrackMixer:
@@ -178,9 +171,9 @@ class TwilioDoor:
         self.config = config
         self.recognizer = recognizer
         self.tokens = tokens
-        auth_token = read_auth_token(config)
+        auth_token = read_secret(config.twilio_auth_token_file, AUTH_TOKEN_ENV)
         self.validator = RequestValidator(auth_token) if auth_token else None
-        self._calls: set[asyncio.Task[None]] = set()
+        self.sockets = TelephonySockets(PATH)
 
     def register(self, app: web.Application) -> None:
         app.router.add_get(PATH, self.media_stream)
@@ -225,24 +218,15 @@ class TwilioDoor:
         caller, status, why = self._authenticate(request)
         if caller is None:
             self.recognizer.refused(DOOR, RecognitionError(Code.UNAUTHENTICATED, why))
-            return web.json_response({"error": {"message": why, "code": status}}, status=status)
+            return refusal(status, why)
         ws = web.WebSocketResponse(
             heartbeat=self.config.keepalive_time or None,
             max_msg_size=self.config.max_chunk_bytes * 4 // 3 + MESSAGE_SLACK_BYTES,
         )
-        if not ws.can_prepare(request).ok:
-            return web.json_response(
-                {"error": {"message": f"{PATH} is a WebSocket: send an Upgrade request", "code": 426}},
-                status=426,
-            )
-        await ws.prepare(request)
-        # A hang-up closes the socket, and the HTTP port cancels a handler whose client went away; the
-        # call's last words must still be transcribed and published, so the call runs on as its own task.
-        call = asyncio.create_task(MediaStream(self, request, ws, caller).run(), name="twilio-call")
-        self._calls.add(call)
-        call.add_done_callback(self._calls.discard)
-        await asyncio.shield(call)
-        return ws
+        upgraded = await self.sockets.upgrade(request, ws)
+        if upgraded is ws:
+            await self.sockets.run(MediaStream(self, request, ws, caller).run(), "twilio-call")
+        return upgraded
 
 
 class MediaStream:

@@ -245,3 +245,11 @@ class AuthInterceptor(aio.ServerInterceptor):
             extra={"fields": {"method": method, "reason": reason, "refused": self._unlogged}},
         )
         self._last_log, self._unlogged = now, 0
+
+
+def read_secret(path: str, env: str) -> str:
+    """A credential from the file at `path` (a mounted Kubernetes Secret), else from the environment
+    variable `env` (a Secret as env); "" when neither is set."""
+    if path:
+        return Path(path).read_text().strip()
+    return os.environ.get(env, "").strip()

@@ -29,7 +29,7 @@ from riva.client.proto import riva_asr_pb2_grpc
 from engine import Engine
 from engine.client import EngineClient
 from service import metrics
-from service.config import ServerConfig
+from service.config import CALL_WEBHOOK_SECRET_ENV, ServerConfig
 from service.core.call_hub import CallHub
 from service.core.engine import RecognitionEngine
 from service.core.recognizer import Recognizer
@@ -46,7 +46,8 @@ from service.doors.openai_realtime.door import OpenAIRealtimeDoor
 from service.doors.riva import SERVICE_NAME as RIVA_SERVICE_NAME
 from service.doors.riva import RivaServicer
 from service.doors.twilio import TwilioDoor
-from service.runtime.auth import ENV_VAR, AuthInterceptor, TokenStore
+from service.runtime.auth import ENV_VAR, AuthInterceptor, TokenStore, read_secret
+from service.runtime.call_webhook import CallWebhook
 from service.runtime.exits import EXIT_ENGINE_FAILED, EXIT_LOAD_FAILED, EXIT_OK
 from service.runtime.http_server import HttpServer
 from service.runtime.interceptors import MetricsInterceptor
@@ -97,6 +98,7 @@ class AsrServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.http: HttpServer | None = None  # the HTTP doors' port (--http-port), same loop
         self.audiosocket: AudioSocketDoor | None = None  # Asterisk's AudioSocket (--audiosocket-port)
+        self.call_webhook: CallWebhook | None = None  # --call-webhook-url
         self.http_port = 0
 
     async def _set_health(self, status: int) -> None:
@@ -164,6 +166,10 @@ class AsrServer:
             AudioHookDoor(c, self.recognizer, tokens).register(self.http.app)
             CallTranscriptsDoor(c, self.recognizer, tokens).register(self.http.app)
             self.http_port = await self.http.start()
+        if c.call_webhook_url:
+            secret = read_secret(c.call_webhook_secret_file, CALL_WEBHOOK_SECRET_ENV).encode()
+            self.call_webhook = CallWebhook(c.call_webhook_url, secret, c.call_webhook_queue)
+            self.recognizer.call_hub.tap(self.call_webhook.deliver)
         if c.audiosocket_port:
             self.audiosocket = AudioSocketDoor(c, self.recognizer, reuse_port=self.reuse_port)
             await self.audiosocket.start()
@@ -237,6 +243,8 @@ class AsrServer:
         idle = await self.recognizer.wait_idle(max(0.0, deadline - time.monotonic() - 0.5))
         if not idle:
             log.warning("drain deadline reached with streams still open; they are cancelled")
+        if self.call_webhook is not None:  # every message of this process's calls, within the grace
+            await self.call_webhook.flush(deadline - time.monotonic() - 0.5)
         await self.recognizer.call_hub.close()  # subscribers have every message of this process's calls
         if self.audiosocket is not None:
             await self.audiosocket.stop(0)
@@ -288,6 +296,8 @@ class AsrServer:
     async def stop(self, grace: float = 1.0, *, stop_engine: bool = True) -> None:
         """Stop at once: calls still open after `grace` seconds are cancelled."""
         await self.recognizer.call_hub.close()
+        if self.call_webhook is not None:
+            await self.call_webhook.close()
         if self.audiosocket is not None:
             await self.audiosocket.stop(grace)
         if self.http is not None:

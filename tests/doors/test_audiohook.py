@@ -251,7 +251,19 @@ async def test_credentials_and_signatures_are_checked_before_the_upgrade(server:
             assert refused.value.status == 401, headers
 
 
-async def test_media_it_cannot_take_gets_disconnect_naming_it_then_closed(server: ServerThread) -> None:
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        (
+            {"media": [{"type": "audio", "format": "opus", "channels": ["external"], "rate": 48000}]},
+            "open.parameters.media",
+        ),
+        ({"customConfig": {"endpointing_ms": "short"}}, "customConfig.endpointing_ms"),
+    ],
+)
+async def test_an_open_it_cannot_take_gets_disconnect_naming_the_field_then_closed(
+    server: ServerThread, change: dict[str, Any], named: str
+) -> None:
     url = server.http_url.replace("http://", "ws://") + PATH
     session_id = str(uuid.uuid4())
     async with (
@@ -259,27 +271,9 @@ async def test_media_it_cannot_take_gets_disconnect_naming_it_then_closed(server
         http.ws_connect(url, headers=genesys_headers(url, session_id)) as ws,
     ):
         client = Session(ws, session_id)
-        media = [{"type": "audio", "format": "opus", "channels": ["external"], "rate": 48000}]
-        await client.send("open", open_parameters(str(uuid.uuid4()), media))
+        await client.send("open", open_parameters(str(uuid.uuid4())) | change)
         disconnect = await client.next("disconnect")
         assert disconnect["parameters"]["reason"] == "error"
-        assert "open.parameters.media" in disconnect["parameters"]["info"]
-        await client.send("close", {"reason": "error"})
-        await client.next("closed")
-
-
-async def test_a_custom_config_it_cannot_read_gets_disconnect_naming_the_field(server: ServerThread) -> None:
-    url = server.http_url.replace("http://", "ws://") + PATH
-    session_id = str(uuid.uuid4())
-    async with (
-        aiohttp.ClientSession() as http,
-        http.ws_connect(url, headers=genesys_headers(url, session_id)) as ws,
-    ):
-        client = Session(ws, session_id)
-        parameters = open_parameters(str(uuid.uuid4()))
-        parameters["customConfig"] = {"endpointing_ms": "short"}
-        await client.send("open", parameters)
-        disconnect = await client.next("disconnect")
-        assert "customConfig.endpointing_ms" in disconnect["parameters"]["info"]
+        assert named in disconnect["parameters"]["info"]
         await client.send("close", {"reason": "error"})
         await client.next("closed")

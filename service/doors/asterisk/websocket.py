@@ -28,10 +28,12 @@ import re
 from aiohttp import WSMsgType, web
 
 from service.config import ServerConfig
+from service.core.call_hub import CALL_ID_SYNTAX
 from service.core.errors import Code, RecognitionError
 from service.core.recognizer import Recognizer, Stream
 from service.core.types import AudioFormat, CallInfo, Identity, RecognitionSettings, StreamSettings
 from service.doors.deepgram.framing import Reframer
+from service.doors.telephony_socket import TelephonySockets, refusal
 from service.doors.ws_deadline import write_within
 from service.runtime.auth import TOKEN_SYNTAX, TokenStore, bearer_token, identity
 
@@ -40,7 +42,6 @@ log = logging.getLogger("service.doors.asterisk.websocket")
 DOOR = "asterisk-websocket"
 PATH = "/v1/telephony/asterisk"
 SUBPROTOCOL = "media"
-CALL_ID_SYNTAX = re.compile(r"[\x21-\x7e]{1,256}")
 FORMATS = {"ulaw": ("MULAW", 8000), "alaw": ("ALAW", 8000), "slin": ("LINEAR16", 8000)}
 SLIN = re.compile(r"slin(12|16|24|32|44|48)")
 START_WITHIN_S = 10.0  # Asterisk sends MEDIA_START as soon as the socket opens
@@ -87,7 +88,7 @@ class AsteriskWebSocketDoor:
         self.config = config
         self.recognizer = recognizer
         self.tokens = tokens
-        self._calls: set[asyncio.Task[None]] = set()
+        self.sockets = TelephonySockets(PATH)
 
     def register(self, app: web.Application) -> None:
         app.router.add_get(PATH, self.media)
@@ -114,30 +115,19 @@ class AsteriskWebSocketDoor:
         if caller is None:
             why = "credentials: set websocket_client.conf's password to a token of this server (HTTP Basic)"
             self.recognizer.refused(DOOR, RecognitionError(Code.UNAUTHENTICATED, why))
-            return web.json_response({"error": {"message": why, "code": 401}}, status=401)
+            return refusal(401, why)
         call_id = request.query.get("call_id", "")
         if call_id and not CALL_ID_SYNTAX.fullmatch(call_id):
-            return web.json_response(
-                {"error": {"message": "call_id: 1 to 256 visible ASCII characters", "code": 400}}, status=400
-            )
+            return refusal(400, "call_id: 1 to 256 visible ASCII characters")
         ws = web.WebSocketResponse(
             protocols=(SUBPROTOCOL,),
             heartbeat=self.config.keepalive_time or None,
             max_msg_size=self.config.max_chunk_bytes + FRAME_SLACK_BYTES,
         )
-        if not ws.can_prepare(request).ok:
-            return web.json_response(
-                {"error": {"message": f"{PATH} is a WebSocket: send an Upgrade request", "code": 426}},
-                status=426,
-            )
-        await ws.prepare(request)
-        # Asterisk closing the socket is the hangup, and the HTTP port cancels a handler whose client went
-        # away: the call runs on as its own task so that its last words are still transcribed.
-        call = asyncio.create_task(MediaCall(self, request, ws, caller, call_id).run(), name="asterisk-call")
-        self._calls.add(call)
-        call.add_done_callback(self._calls.discard)
-        await asyncio.shield(call)
-        return ws
+        upgraded = await self.sockets.upgrade(request, ws)
+        if upgraded is ws:
+            await self.sockets.run(MediaCall(self, request, ws, caller, call_id).run(), "asterisk-call")
+        return upgraded
 
 
 class MediaCall:
