@@ -44,6 +44,7 @@ from http_message_signatures import (
 
 from service.config import ServerConfig
 from service.core.errors import Code, RecognitionError
+from service.core.framing import Reframer
 from service.core.recognizer import Recognizer, Stream
 from service.core.types import (
     AudioFormat,
@@ -54,7 +55,6 @@ from service.core.types import (
     Result,
     StreamSettings,
 )
-from service.doors.deepgram.framing import Reframer
 from service.doors.telephony_socket import TelephonySockets, refusal
 from service.doors.ws_deadline import write_within
 from service.runtime.auth import TokenStore, bearer_token, read_secret

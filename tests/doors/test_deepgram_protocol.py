@@ -19,8 +19,8 @@ from deepgram.listen.v1.types import (
 )
 from deepgram.types import ListenV1Response
 
+from service.core.framing import Reframer, container_of
 from service.doors.deepgram import messages
-from service.doors.deepgram.framing import Reframer, container_of
 from service.doors.deepgram.options import (
     MAX_ENDPOINTING_MS,
     MIN_ENDPOINTING_MS,

@@ -33,6 +33,7 @@ from pydantic import BaseModel
 
 from service.config import ServerConfig
 from service.core.errors import Code, RecognitionError
+from service.core.framing import Reframer, container_of
 from service.core.rate_limit import TokenBucket
 from service.core.recognizer import Recognizer, Stream
 from service.core.types import (
@@ -48,7 +49,6 @@ from service.core.types import (
     StreamSettings,
 )
 from service.doors.deepgram import messages
-from service.doors.deepgram.framing import Reframer, container_of
 from service.doors.deepgram.options import ListenOptions, OptionError, parse_listen_options
 from service.doors.deepgram.utterance_end import UtteranceEndTracker
 from service.doors.ws_deadline import write_within

@@ -1,10 +1,10 @@
-"""Deepgram's binary frames are a byte stream of raw audio (pure helpers).
+"""Audio as doors receive it: a byte stream split wherever the client's transport split it (pure helpers).
 
-A client may split it anywhere (a browser's buffer, a file read in fixed sizes), while the core decodes
-whole sample frames: `Reframer` carries a partial frame over to the next message. A stream with no
-`encoding` is raw linear16 here; Deepgram would read a container's header instead, so `container_of`
-recognises the common ones in the first bytes, and the door refuses them (DATA-0000) rather than transcribe
-a header and compressed bytes as noise.
+A client may split it anywhere (a browser's buffer, a file read in fixed sizes, a platform's packets),
+while a stream takes whole sample frames: `Reframer` carries a partial frame over to the next message
+(the Deepgram, AudioHook and Asterisk chan_websocket doors). `container_of` recognises a container's
+header in a raw stream's first bytes, so that a door refuses it (Deepgram's DATA-0000) rather than
+transcribe a header and compressed bytes as noise.
 """
 
 from __future__ import annotations
