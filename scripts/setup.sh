@@ -35,6 +35,7 @@ for dir in tests/tools deploy/tools; do
 done
 # Asterisk 22 for the telephony tests, in a Debian-unstable chroot (root only; a minute or two, then kept)
 if [[ "${ASR_SKIP_ASTERISK:-0}" != 1 && "$(id -u)" == 0 ]]; then
-    scripts/asterisk_chroot.sh >/dev/null
+    # not fatal here: the telephony tests build it again on first use and say why it cannot be built
+    scripts/asterisk_chroot.sh >/dev/null || echo "warning: the Asterisk chroot could not be built (scripts/asterisk_chroot.sh)" >&2
 fi
 echo "setup done: activate with '. .venv/bin/activate'"
