@@ -43,6 +43,9 @@ wheels=(
     jiter==0.19.0
     # numbers as digits (service/pipeline/formatting.py)
     text2num==3.1.0
+    twilio==9.13.0 PyJWT==2.15.1 aiohttp-retry==2.9.1 requests==2.34.2 urllib3==2.8.0
+    certifi==2026.10.19.post1 charset-normalizer==3.5.3
+    http-message-signatures==3.0.0 http-sf==1.5.0 typing-extensions==4.16.0
 )
 download() {  # $1: python version (3.12), $2: folder
     local missing=()

@@ -42,7 +42,7 @@ def test_reflection_lists_the_recognizer_and_health(asr_server: ServerThread) ->
         services = set(db.get_services())
         assert {"asr.v1.Recognizer", "grpc.health.v1.Health"} <= services
         methods = {m.name for m in db.FindFileContainingSymbol("asr.v1.Recognizer").service[0].method}
-    assert methods == {"StreamingRecognize", "Recognize"}
+    assert methods == {"StreamingRecognize", "Recognize", "FollowCalls"}
 
 
 async def test_grpc_server_metrics_count_calls_messages_and_codes(asr_server: ServerThread) -> None:

@@ -104,9 +104,10 @@ class HttpServer:
         def connection_made(handler: RequestHandler, transport: asyncio.Transport) -> None:
             admit(handler, transport)
             if len(server.connections) > cap:
+                # counted before the answer leaves: a client that reads it may look at the count at once
+                metrics.HTTP_REQUESTS.labels("503").inc()
                 transport.write(_over_cap_response(cap))
                 transport.close()
-                metrics.HTTP_REQUESTS.labels("503").inc()
 
         server.connection_made = connection_made  # type: ignore[method-assign]
 
