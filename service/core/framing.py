@@ -44,6 +44,13 @@ class Reframer:
         self._rest = data[cut:]
         return data[:cut]
 
+    def push_within(self, data: bytes, limit: int) -> list[bytes]:
+        """`push`, cut into pieces of whole frames of at most `limit` bytes (a carried partial frame can
+        take a message of `limit` bytes past it)."""
+        frames = self.push(data)
+        step = max(limit - limit % self.frame_bytes, self.frame_bytes)
+        return [frames[i : i + step] for i in range(0, len(frames), step)]
+
     @property
     def pending(self) -> int:
         return len(self._rest)

@@ -363,9 +363,8 @@ class AudioHookSession:
                     raise BadMessage(
                         f"an audio frame of {len(msg.data)} bytes is over max_chunk_bytes ({limit})"
                     )
-                frames = self.reframer.push(msg.data)
-                if frames:
-                    self.stream.audio(frames)
+                for piece in self.reframer.push_within(msg.data, limit):
+                    self.stream.audio(piece)
                 await self.stream.pace()
                 continue
             if msg.type != WSMsgType.TEXT:

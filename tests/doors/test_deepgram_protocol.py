@@ -321,3 +321,10 @@ def test_containers_are_recognised() -> None:
     assert container_of(b"OggS\x00\x02") == "Ogg"
     assert container_of(b"\x00\x00\x00\x20ftypisom") == "MP4"
     assert container_of(b"\x00\x01\x02\x03\x04\x05\x06\x07") is None
+
+
+def test_reframer_pieces_stay_within_the_limit_with_a_carried_partial_frame() -> None:
+    r = Reframer(4)
+    assert r.push_within(b"\x01" * 6, 6) == [b"\x01" * 4]  # 2 bytes carried
+    # a message of 6 bytes (the limit) and the 2 carried: 8 bytes of whole frames, over the limit at once
+    assert r.push_within(b"\x02" * 6, 6) == [b"\x01\x01\x02\x02", b"\x02" * 4]

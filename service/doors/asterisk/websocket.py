@@ -201,9 +201,8 @@ class MediaCall:
                     raise BadInput(
                         f"a media frame of {len(msg.data)} bytes is over max_chunk_bytes ({limit})", 1009
                     )
-                frames = self.reframer.push(msg.data)
-                if frames:
-                    self.stream.audio(frames)
+                for piece in self.reframer.push_within(msg.data, limit):
+                    self.stream.audio(piece)
                 await self.stream.pace()
                 if not self.stream.takes_audio:
                     return

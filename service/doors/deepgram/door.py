@@ -474,10 +474,8 @@ class LiveCall:
             )
             return
         self._sha.update(data)
-        frames = self._reframer.push(data)
-        step = limit - limit % self._reframer.frame_bytes  # a carried partial frame can push it past
-        for i in range(0, len(frames), step):
-            self.stream.audio(frames[i : i + step])
+        for piece in self._reframer.push_within(data, limit):
+            self.stream.audio(piece)
 
     def _refuse(self, variant: str, description: str, close_code: int) -> None:
         self._refusal = (variant, description, close_code)
