@@ -205,7 +205,8 @@ class ServerConfig:
         metadata={
             "help": "responses one stream may have queued for a client that does not read them (bytes, "
             "beyond what HTTP/2 flow control lets through); beyond it the stream's work stops, what is queued "
-            "is dropped and the stream ends RESOURCE_EXHAUSTED (the client sees it once it reads again)"
+            "is dropped and the stream ends RESOURCE_EXHAUSTED (the client sees it once it reads again). On "
+            "the WebSocket doors, past it the connection is aborted at once and its stream place given back"
         },
     )
     interim_interval_s: float = field(

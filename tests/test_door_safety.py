@@ -150,6 +150,60 @@ async def test_a_client_that_never_reads_is_cut_off_and_its_place_given_back(
 
 
 @pytest.fixture(scope="module")
+def backlog_server(small_engine: Engine) -> Iterator[ServerThread]:
+    """One stream place, a send bound far longer than the test waits, and a small reply backlog; no text
+    message rate (the flood below is of answers, not of requests)."""
+    config = ServerConfig(
+        max_streams=1,
+        ws_send_timeout=120.0,
+        max_response_backlog_bytes=64 << 10,
+        max_text_messages_per_s=0,
+        keepalive_time=0,
+        idle_audio_timeout=600,
+    )
+    server = ServerThread(config, small_engine, http=True).start()
+    yield server
+    server.stop()
+
+
+async def test_replies_wait_in_the_writers_queue_and_past_the_backlog_the_client_is_cut_off_at_once(
+    backlog_server: ServerThread, speech_chunks: list[bytes]
+) -> None:
+    """#2: the reader answered controls itself (an empty final per Finalize), awaiting a client that reads
+    nothing under the lock the writer shares, so the connection was held until --ws-send-timeout (120 s
+    here). Replies now go to the connection's writer queue; the reader never waits on the client, and once
+    the queue holds more than --max-response-backlog-bytes the connection is aborted and the place given
+    back at once."""
+    host, port = "127.0.0.1", backlog_server.server.http_port
+    path = "/v1/listen?encoding=mulaw&sample_rate=8000&endpointing=false"
+    silent = await silent_websocket(host, port, path)
+    finalize = masked_text_frame(json.dumps({"type": "Finalize"}))
+    loop = asyncio.get_running_loop()
+    started = time.monotonic()
+    with contextlib.suppress(OSError):  # TimeoutError too: the server stopped reading this client
+        for _ in range(40_000):  # ~16 MB of answers: more than the socket buffers and the backlog hold
+            await asyncio.wait_for(loop.sock_sendall(silent, finalize), 3)
+    url = f"ws://{host}:{port}{path}"
+    transcript = ""
+    while not transcript:
+        assert time.monotonic() - started < 30, "the silent client still holds the only stream place"
+        try:
+            async with websockets.connect(url) as ws:
+                for chunk in speech_chunks:
+                    await ws.send(chunk)
+                await ws.send(json.dumps({"type": "CloseStream"}))
+                async for message in ws:
+                    body = json.loads(message)
+                    if body.get("type") == "Results" and body["is_final"]:
+                        transcript += body["channel"]["alternatives"][0]["transcript"]
+        except websockets.InvalidStatus as e:
+            assert e.response.status_code == 429, e  # the place is still held: try again
+            await asyncio.sleep(0.5)
+    assert "read me" in transcript.lower(), transcript
+    silent.close()
+
+
+@pytest.fixture(scope="module")
 def rate_server(small_engine: Engine) -> Iterator[ServerThread]:
     server = ServerThread(ServerConfig(max_text_messages_per_s=10), small_engine, http=True).start()
     yield server

@@ -20,7 +20,6 @@ import hashlib
 import importlib.metadata
 import logging
 import uuid
-from collections.abc import Awaitable
 
 from aiohttp import WSMsgType, web
 from deepgram.listen.v1.types import (
@@ -51,7 +50,7 @@ from service.core.types import (
 from service.doors.deepgram import messages
 from service.doors.deepgram.options import ListenOptions, OptionError, parse_listen_options
 from service.doors.deepgram.utterance_end import UtteranceEndTracker
-from service.doors.ws_deadline import write_within
+from service.doors.ws_deadline import Outbox
 from service.pipeline.audio import probe_recording
 from service.runtime.auth import TOKEN_SYNTAX, TokenStore, identity
 
@@ -375,8 +374,9 @@ class DeepgramDoor:
 
 class LiveCall:
     """One live connection: a reader (client frames -> the stream) and a writer (the stream's events ->
-    Deepgram's messages), sharing one send lock. The call is over when the writer has closed the socket,
-    or at once when the client goes away (nothing can reach it any more)."""
+    Deepgram's messages); both queue what they say to the connection's outbox, which writes it in order.
+    The call is over when the writer has closed the socket, or at once when the client goes away (nothing
+    can reach it any more)."""
 
     def __init__(
         self,
@@ -394,7 +394,14 @@ class LiveCall:
         self._text_messages = TokenBucket(rate, 2 * rate)  # parsed on the loop every stream here shares
         self.request_id = request_id
         self.no_encoding = no_encoding  # raw linear16 assumed: a container's header is refused
-        self._send_lock = asyncio.Lock()
+        config = door.config
+        self._outbox = Outbox(
+            ws,
+            request,
+            config.ws_send_timeout,
+            config.max_response_backlog_bytes,
+            on_abort=lambda: self.stream.cancel(Code.CANCELLED),
+        )
         self._sha = hashlib.sha256()  # of the audio received, as Metadata.sha256 is
         self._first = True
         self._closing = False  # CloseStream received: later audio and controls are not taken
@@ -418,17 +425,10 @@ class LiveCall:
             for task in (writer, reader):
                 task.cancel()
             await asyncio.gather(writer, reader, return_exceptions=True)
+            await self._outbox.aclose()
 
-    async def send(self, message: BaseModel) -> None:
-        if self.ws.closed:
-            return
-        async with self._send_lock:
-            await self._within(self.ws.send_str(messages.dump(message)))
-
-    async def _within(self, write: Awaitable[object]) -> None:
-        """`write` bounded by --ws-send-timeout; past it the connection is aborted and the stream ends."""
-        if not await write_within(write, self.request, self.door.config.ws_send_timeout):
-            self.stream.cancel(Code.CANCELLED)
+    def send(self, message: BaseModel) -> None:
+        self._outbox.send(messages.dump(message))
 
     # --- client -> stream ---
 
@@ -438,9 +438,9 @@ class LiveCall:
                 if msg.type == WSMsgType.BINARY:
                     self._audio(msg.data)
                     await self.stream.pace()
-                    await self._utterance_ends()
+                    self._utterance_ends()
                 elif msg.type == WSMsgType.TEXT:
-                    await self._control(msg.data)
+                    self._control(msg.data)
         except Exception as e:  # a bug of ours: fail this stream only, loudly
             log.exception("deepgram reader failed", extra={"fields": {"stream_id": self.stream.id}})
             self.stream.fail(RecognitionError(Code.INTERNAL, f"internal error: {type(e).__name__}: {e}"))
@@ -481,7 +481,7 @@ class LiveCall:
         self._refusal = (variant, description, close_code)
         self.stream.fail(RecognitionError(Code.INVALID_ARGUMENT, description, "audio_content"))
 
-    async def _control(self, text: str) -> None:
+    def _control(self, text: str) -> None:
         if not self._text_messages.take():
             self._refuse(
                 "DATA-0000",
@@ -493,7 +493,7 @@ class LiveCall:
         try:
             control = messages.parse_control(text)
         except messages.SchemaError as e:
-            await self.send(messages.error("SchemaError", e.description, e.original))
+            self.send(messages.error("SchemaError", e.description, e.original))
             return
         if isinstance(control, ListenV1KeepAlive):
             self.stream.keep_alive()
@@ -501,24 +501,24 @@ class LiveCall:
             return
         elif isinstance(control, ListenV1Finalize):
             if not self.stream.finalize(hold=True):  # past --max-finals-in-flight it waits its turn
-                await self._empty_finals()
+                self._empty_finals()
         elif isinstance(control, ListenV1CloseStream):
             self._closing = True
             self.stream.finish()
         elif isinstance(control, ListenV1Configure):
-            await self._configure(control)
+            self._configure(control)
 
-    async def _empty_finals(self) -> None:
+    def _empty_finals(self) -> None:
         """Finalize with no speech open: Deepgram still answers it, with an empty final per channel."""
         at = self.stream.heard_s
         for channel in range(self.options.result_channels):
-            await self.send(self._results(channel, at, at, True, False, True, "", 0.0, ()))
+            self.send(self._results(channel, at, at, True, False, True, "", 0.0, ()))
 
-    async def _configure(self, control: ListenV1Configure) -> None:
+    def _configure(self, control: ListenV1Configure) -> None:
         """Keyterms replaced mid-stream (from the next utterance on); `features` are formatting hints and
         are left as the query set them."""
         if control.keyterms is None:
-            await self.send(messages.configure_success(self.request_id, None))
+            self.send(messages.configure_success(self.request_id, None))
             return
         try:
             self.stream.update_keyterms(control.keyterms)
@@ -528,9 +528,9 @@ class LiveCall:
                 if e.code is Code.RESOURCE_EXHAUSTED
                 else "CONFIGURE_KEYTERM_LIMIT_EXCEEDED"
             )
-            await self.send(messages.configure_failure(self.request_id, code, e.message_for(FIELD_NAMES)))
+            self.send(messages.configure_failure(self.request_id, code, e.message_for(FIELD_NAMES)))
             return
-        await self.send(messages.configure_success(self.request_id, control.keyterms))
+        self.send(messages.configure_success(self.request_id, control.keyterms))
 
     # --- stream -> client ---
 
@@ -567,25 +567,25 @@ class LiveCall:
             extra=self.options.extra,
         )
 
-    async def _utterance_ends(self) -> None:
+    def _utterance_ends(self) -> None:
         heard = self.stream.heard_s
         for channel, tracker in enumerate(self._trackers):
             last = tracker.advance(heard)
             if last is not None:
-                await self.send(messages.utterance_end(channel, len(self._trackers), last))
+                self.send(messages.utterance_end(channel, len(self._trackers), last))
 
     async def _write(self) -> None:
         error: RecognitionError | None = None
         try:
             async for event in self.stream.events():
                 if isinstance(event, Result):
-                    await self._result(event)
+                    self._result(event)
                 elif isinstance(event, SpeechStarted):
                     channel = self._index(event.channel)
                     if self._trackers:
                         self._trackers[channel].on_speech_started(event.offset_s)
                     if self.options.vad_events:
-                        await self.send(
+                        self.send(
                             messages.speech_started(channel, self.options.result_channels, event.offset_s)
                         )
                 elif isinstance(event, Reconnect):
@@ -593,8 +593,8 @@ class LiveCall:
         except RecognitionError as e:
             error = e
         self._ending = True
-        await self._utterance_ends()
-        await self.send(
+        self._utterance_ends()
+        self.send(
             messages.metadata(
                 request_id=self.request_id,
                 created=_now(),
@@ -608,17 +608,17 @@ class LiveCall:
         )
         if error is None:
             code = 1001 if self._draining else 1000
-            await self._within(self.ws.close(code=code, message=CLOSE_REASON[code].encode()))
+            await self._outbox.close(code, CLOSE_REASON[code].encode())
             return
         variant, description, close_code = self._error_terms(error)
-        await self.send(messages.error(variant, description))
-        await self._within(self.ws.close(code=close_code, message=variant.encode()))
+        self.send(messages.error(variant, description))
+        await self._outbox.close(close_code, variant.encode())
 
-    async def _result(self, r: Result) -> None:
+    def _result(self, r: Result) -> None:
         channel = self._index(r.channel)
         words = words_of(r)
         start, end = span(r, words)
-        await self.send(
+        self.send(
             self._results(
                 channel,
                 start,
@@ -633,7 +633,7 @@ class LiveCall:
         )
         if self._trackers:
             self._trackers[channel].on_result(words[-1].end if words else None, r.is_final)
-            await self._utterance_ends()
+            self._utterance_ends()
 
     def _error_terms(self, e: RecognitionError) -> tuple[str, str, int]:
         """The core's error -> Deepgram's Error variant, its description and the close code."""

@@ -37,7 +37,6 @@ import binascii
 import contextlib
 import json
 import time
-from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,7 +61,7 @@ from service.core.types import (
 )
 from service.doors.openai_realtime import protocol as rt
 from service.doors.openai_realtime.protocol import ProtocolError, Session, TurnText
-from service.doors.ws_deadline import write_within
+from service.doors.ws_deadline import Outbox
 from service.runtime.auth import TokenStore, bearer_token, identity
 
 DOOR = "openai-realtime"
@@ -233,6 +232,11 @@ class _Connection:
     ) -> None:
         self.door, self.ws, self.caller, self.model = door, ws, caller, model
         self.request = request
+        # what this connection says to its client, written in order by its own task: neither the reader
+        # nor the pump ever waits on a client that does not read
+        self.outbox = Outbox(
+            ws, request, door.config.ws_send_timeout, door.config.max_response_backlog_bytes, self._cut_off
+        )
         rate = door.config.max_text_messages_per_s
         self.text_messages = TokenBucket(rate, 2 * rate)  # parsed on the loop every stream here shares
         self.config = door.config
@@ -262,23 +266,20 @@ class _Connection:
     def heard_ms(self) -> float:
         return self.session.bytes_to_ms(self.received_bytes)
 
-    async def send(self, event: dict[str, Any]) -> None:
-        if not self.ws.closed:
-            await self._within(self.ws.send_str(json.dumps(event, ensure_ascii=False)))
+    def send(self, event: dict[str, Any]) -> None:
+        self.outbox.send(json.dumps(event, ensure_ascii=False))
 
-    async def _within(self, write: Awaitable[object]) -> None:
-        """`write` bounded by --ws-send-timeout; past it the connection is aborted and the stream ends."""
-        if (
-            not await write_within(write, self.request, self.config.ws_send_timeout)
-            and self.stream is not None
-        ):
+    def _cut_off(self) -> None:
+        """The client read nothing past --ws-send-timeout or --max-response-backlog-bytes: the connection is
+        aborted, and the stream's work stops."""
+        if self.stream is not None:
             self.stream.cancel(Code.CANCELLED)
 
-    async def error(self, e: ProtocolError) -> None:
-        await self.send(rt.error_event(e))
+    def error(self, e: ProtocolError) -> None:
+        self.send(rt.error_event(e))
 
     async def run(self) -> None:
-        await self.send(rt.event("session.created", session=self._session_object()))
+        self.send(rt.event("session.created", session=self._session_object()))
         idle = self.config.idle_audio_timeout
         # before the first audio nothing holds a stream place: the first audio is due this long after the
         # session opens, whatever events come before it; the stream's own idle bound applies once it exists
@@ -291,19 +292,19 @@ class _Connection:
                 try:
                     msg = await asyncio.wait_for(self.ws.receive(), timeout)
                 except TimeoutError:
-                    await self.error(
+                    self.error(
                         ProtocolError(
                             "idle_timeout",
                             f"no audio for {idle:g} s (idle_audio_timeout): send input_audio_buffer.append "
                             "events, silence too, while the session lasts",
                         )
                     )
-                    await self._within(self.ws.close(code=1008, message=b"idle"))
+                    await self.outbox.close(1008, b"idle")
                     return
                 if msg.type == WSMsgType.TEXT:
                     await self.on_text(msg.data)
                 elif msg.type == WSMsgType.BINARY:
-                    await self.error(
+                    self.error(
                         ProtocolError(
                             "invalid_value",
                             "binary frames carry no event here: send JSON text events, audio as base64 in "
@@ -314,10 +315,11 @@ class _Connection:
                     return
         except asyncio.CancelledError:
             # the server stops (its grace spent): tell the client to go elsewhere
-            await self._within(self.ws.close(code=1012, message=b"server stopping"))
+            await self.outbox.close(1012, b"server stopping")
             raise
         finally:
             await self._end()
+            await self.outbox.aclose()
 
     async def _end(self) -> None:
         if self.stream is not None:
@@ -336,7 +338,7 @@ class _Connection:
 
     async def on_text(self, text: str) -> None:
         if not self.text_messages.take():
-            await self.error(
+            self.error(
                 ProtocolError(
                     "rate_limit_exceeded",
                     f"more than {self.text_messages.rate:g} events per second (max_text_messages_per_s): "
@@ -348,10 +350,10 @@ class _Connection:
         try:
             message = json.loads(text)
         except (ValueError, RecursionError) as e:  # RecursionError: nested past the parser's depth
-            await self.error(ProtocolError("invalid_json", f"the event is not valid JSON: {e}"))
+            self.error(ProtocolError("invalid_json", f"the event is not valid JSON: {e}"))
             return
         if not isinstance(message, dict):
-            await self.error(ProtocolError("invalid_type", "an event is a JSON object with a 'type'"))
+            self.error(ProtocolError("invalid_type", "an event is a JSON object with a 'type'"))
             return
         event_id = message.get("event_id") if isinstance(message.get("event_id"), str) else None
         kind = message.get("type")
@@ -385,7 +387,7 @@ class _Connection:
                 )
         except ProtocolError as e:
             e.event_id = event_id
-            await self.error(e)
+            self.error(e)
 
     async def on_session_update(self, update: Any) -> None:
         session = rt.apply_session_update(self.session, update)
@@ -408,7 +410,7 @@ class _Connection:
                         type="rate_limit_error" if limited else "invalid_request_error",
                     ) from None
         self.session = session
-        await self.send(rt.event("session.updated", session=self._session_object()))
+        self.send(rt.event("session.updated", session=self._session_object()))
 
     def _check_unchanged(self, session: Session) -> None:
         opened = self.opened_with
@@ -491,10 +493,8 @@ class _Connection:
             )
         except RecognitionError as e:
             kind, code = _error_code(e.code)
-            await self.error(ProtocolError(code, e.message_for(FIELD_NAMES), type=kind))
-            await self._within(
-                self.ws.close(code=CLOSE_CODES.get(e.code, 1011), message=e.code.name.encode())
-            )
+            self.error(ProtocolError(code, e.message_for(FIELD_NAMES), type=kind))
+            await self.outbox.close(CLOSE_CODES.get(e.code, 1011), e.code.name.encode())
             return None
         self.stream = stream
         self.opened_with = self.session
@@ -544,7 +544,7 @@ class _Connection:
                 self.next_index += 1  # the core does not give a dropped turn's index again
             self.pending = None
         self.buffer_start_ms = self.heard_ms
-        await self.send(rt.event("input_audio_buffer.cleared"))
+        self.send(rt.event("input_audio_buffer.cleared"))
 
     # --- core events ---
 
@@ -564,7 +564,7 @@ class _Connection:
                     code, message = 1012, f"server draining: reconnect; audio_end_ms {heard_ms}".encode()
             if code == 1012:
                 # after the finals of what was heard: where the client's next session takes the audio up
-                await self.error(
+                self.error(
                     ProtocolError(
                         "server_draining",
                         f"the server is restarting: this session's audio was heard up to audio_end_ms "
@@ -576,9 +576,9 @@ class _Connection:
         except RecognitionError as e:
             await self._fail_items(e)
             kind, err = _error_code(e.code)
-            await self.error(ProtocolError(err, e.message_for(FIELD_NAMES), type=kind))
+            self.error(ProtocolError(err, e.message_for(FIELD_NAMES), type=kind))
             code, message = CLOSE_CODES.get(e.code, 1011), e.code.name.encode()
-        await self._within(self.ws.close(code=code, message=message))
+        await self.outbox.close(code, message)
 
     async def on_speech_started(self, e: SpeechStarted) -> None:
         item = _Item(rt.new_id("item"), 0.0, speech_start_s=e.offset_s, in_speech=True)
@@ -594,7 +594,7 @@ class _Connection:
         pad = self.session.turn_detection.prefix_padding_ms
         item.start_ms = max(offset_s * 1000 - pad, self.buffer_start_ms, 0.0)
         self.pending = item
-        await self.send(
+        self.send(
             rt.event(
                 "input_audio_buffer.speech_started", audio_start_ms=round(item.start_ms), item_id=item.id
             )
@@ -611,15 +611,13 @@ class _Connection:
         item.in_speech = False
         self.last_speech_end_s = e.offset_s
         end_ms = e.offset_s * 1000
-        await self.send(
-            rt.event("input_audio_buffer.speech_stopped", audio_end_ms=round(end_ms), item_id=item.id)
-        )
+        self.send(rt.event("input_audio_buffer.speech_stopped", audio_end_ms=round(end_ms), item_id=item.id))
         await self._commit(item, end_ms)
 
     async def _commit(self, item: _Item, end_ms: float) -> None:
         item.committed, item.end_ms = True, end_ms
         self.buffer_start_ms = max(self.buffer_start_ms, end_ms)
-        await self.send(
+        self.send(
             rt.event("input_audio_buffer.committed", item_id=item.id, previous_item_id=self.last_item_id)
         )
         self.last_item_id = item.id
@@ -672,7 +670,7 @@ class _Connection:
             await self._complete(item)
 
     async def _delta(self, item: _Item, delta: str) -> None:
-        await self.send(
+        self.send(
             rt.event(
                 "conversation.item.input_audio_transcription.delta",
                 item_id=item.id,
@@ -697,7 +695,7 @@ class _Connection:
         }
         if self.session.logprobs:
             fields["logprobs"] = rt.logprobs_of(item.logprobs)
-        await self.send(rt.event("conversation.item.input_audio_transcription.completed", **fields))
+        self.send(rt.event("conversation.item.input_audio_transcription.completed", **fields))
 
     async def _fail_items(self, e: RecognitionError) -> None:
         kind, code = _error_code(e.code)
@@ -705,7 +703,7 @@ class _Connection:
             if not item.committed or item.dropped or item.done:
                 continue
             item.done = True
-            await self.send(
+            self.send(
                 rt.event(
                     "conversation.item.input_audio_transcription.failed",
                     item_id=item.id,
