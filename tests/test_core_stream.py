@@ -27,6 +27,7 @@ from service.core.types import (
     SpeechStarted,
     StreamSettings,
 )
+from service.pipeline.endpointing import MIN_FLUSHED_TURN_S
 from service.pipeline.session import MAX_HELD_OPTION_CHANGES
 from tests.support.audio import silence, speak, speech_bounds, to_linear16_bytes
 
@@ -266,6 +267,30 @@ async def test_without_endpointing_the_client_cuts_each_utterance(
     assert second.ended_by is EndReason.END_OF_AUDIO and "help" in second.transcript.lower()
     assert second.start_s == pytest.approx(first.end_s, abs=0.02)
     assert not [e for e in events if not isinstance(e, Result)]  # no speech events without endpointing
+
+
+async def test_a_flushed_turn_shorter_than_the_minimum_joins_the_next_turn(
+    recognizer: Recognizer, thanks: np.ndarray
+) -> None:
+    """Issue 26 #1, the minimum flushed turn: a client flushing every few milliseconds (Deepgram Finalize
+    with endpointing=false) made each sliver a final of its own, one engine decode each. A turn shorter than
+    MIN_FLUSHED_TURN_S is not cut: finalize says so (False) and its audio starts the next turn."""
+    manual = StreamSettings(RecognitionSettings(AudioFormat("LINEAR16", 16000)), endpointing=None)
+    stream = recognizer.open_stream(manual, door="test")
+    events: list[CallEvent] = []
+    reading = asyncio.create_task(collect(stream, events))
+    sliver = int(MIN_FLUSHED_TURN_S * 16000) // 2
+    try:
+        feed(stream, silence(0.3)[:sliver])
+        assert not stream.finalize()  # too short to be a turn: kept
+        feed(stream, np.concatenate([silence(0.3), thanks]))
+        assert stream.finalize()
+        stream.finish()
+        await asyncio.wait_for(reading, 120)
+    finally:
+        await stream.close()
+    (turn,) = finals(events)
+    assert turn.start_s == 0.0 and turn.ended_by is EndReason.FINALIZE and "help" in turn.transcript.lower()
 
 
 async def test_empty_finals_answer_every_turn_and_finalize_and_clear_say_what_they_cut(

@@ -578,6 +578,12 @@ class Endpointer:
         self._win0 += drop_windows
 
 
+# The shortest turn a client's flush cuts: a shorter sliver holds no word, and a client flushing every few
+# milliseconds would otherwise cost one engine decode per sliver. Below OpenAI's least commit (100 ms, which
+# the Realtime door checks on the bytes it received) so that a resampler's delay never splits the two.
+MIN_FLUSHED_TURN_S = 0.05
+
+
 class ManualTurns:
     """A channel the client cuts itself (StreamSettings.endpointing None: OpenAI Realtime without turn
     detection): everything since the last cut is one utterance, which `flush()` (the client's commit, or
@@ -625,6 +631,13 @@ class ManualTurns:
 
     def advance(self, probs: np.ndarray) -> list[Event]:
         return []
+
+    def cut(self) -> list[Event]:
+        """The client's flush: the turn so far as one utterance, unless it is shorter than
+        MIN_FLUSHED_TURN_S (then it goes on, and its audio starts the next turn)."""
+        if self._len < MIN_FLUSHED_TURN_S * RATE:
+            return []
+        return self.flush()
 
     def flush(self) -> list[Event]:
         """The turn so far as one utterance (none when no audio came since the last cut)."""

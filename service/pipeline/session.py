@@ -321,7 +321,8 @@ class StreamSession:
         try:
             self._endpoint(self._vad.score_now(self._endpointers))  # what was pushed is heard first
             for ch in self.channels:
-                for event in ch.endpointer.flush() if self.state.takes_audio else []:
+                cut = ch.endpointer.cut if isinstance(ch.endpointer, ManualTurns) else ch.endpointer.flush
+                for event in cut() if self.state.takes_audio else []:
                     ended |= isinstance(event, Utterance)
                     self._on_event(ch, event, ended_by=EndReason.FINALIZE)
                 self._next_manual_turn(ch)
