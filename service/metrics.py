@@ -79,6 +79,20 @@ DOOR_CALLS = Counter(
     "Calls ended, by door, kind (stream, recognize) and status code",
     ["door", "kind", "code"],
 )
+# Every refusal (or cut-off connection) by a per-caller bound, labelled by the flag that set it: what a
+# misbehaving integration costs shows here before it shows in anyone else's latency.
+LIMIT_REFUSALS = Counter(
+    "asr_limit_refusals_total",
+    "Requests refused, flushes held or connections cut by a bound on one caller, by the flag that sets it",
+    ["limit"],
+)
+
+
+def refused(limit: str) -> None:
+    """Count one refusal by the bound `limit` (the flag's name, underscores)."""
+    LIMIT_REFUSALS.labels(limit=limit).inc()
+
+
 RECOGNIZE_QUEUED = Gauge(
     "asr_recognize_queued_calls",
     "Recognize calls and HTTP transcriptions waiting past --max-recognize-calls (first come, first served)",

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import websockets
 from grpc import aio
+from prometheus_client import REGISTRY
 
 from clients.client import RecognizerClient
 from engine import Engine, EngineConfig
@@ -47,6 +48,11 @@ def speech_chunks() -> list[bytes]:
     return [data[i : i + 3200] for i in range(0, len(data) - 3200, 3200)]
 
 
+def refusals(limit: str) -> float:
+    """asr_limit_refusals_total for one bound (the servers here run in this process)."""
+    return REGISTRY.get_sample_value("asr_limit_refusals_total", {"limit": limit}) or 0.0
+
+
 async def _events(stream: Stream, into: list[CallEvent]) -> RecognitionError | None:
     try:
         async for event in stream.events():
@@ -64,6 +70,7 @@ async def test_a_flush_flood_cannot_fill_the_live_queue_every_stream_shares(
     call was refused RESOURCE_EXHAUSTED. Now a stream's flushes past --max-finals-in-flight (4) wait
     (`hold`, Deepgram) or are refused to that stream alone (Realtime), and the other call is served."""
     recognizer = Recognizer(ServerConfig(), small_engine)
+    held_before = refusals("max_finals_in_flight")
     manual = StreamSettings(RecognitionSettings(AudioFormat("MULAW", 8000)), endpointing=None)
     flood, good, refused = (recognizer.open_stream(manual, door="test") for _ in range(3))
     flood_events: list[CallEvent] = []
@@ -100,14 +107,23 @@ async def test_a_flush_flood_cannot_fill_the_live_queue_every_stream_shares(
     assert flood_end is None and sum(isinstance(e, Result) and e.is_final for e in flood_events) >= 2
     assert refusal is not None and refusal.code is Code.RESOURCE_EXHAUSTED
     assert "--max-finals-in-flight" in refusal.message
+    assert refusals("max_finals_in_flight") > held_before  # operators see the flood
 
 
 @pytest.fixture(scope="module")
 def one_place_server(small_engine: Engine) -> Iterator[ServerThread]:
     """One stream place; a client's writes bounded at 1 s. No WebSocket heartbeat (a client that reads a
     frame now and then answers pings and still stalls every send) and a long idle-audio timeout: this
-    test is about the send bound alone."""
-    config = ServerConfig(max_streams=1, ws_send_timeout=1.0, keepalive_time=0, idle_audio_timeout=600)
+    test is about the send bound alone (the reply backlog's bound is set past what the flood queues, and
+    no text message rate ends the flood first)."""
+    config = ServerConfig(
+        max_streams=1,
+        ws_send_timeout=1.0,
+        max_response_backlog_bytes=1 << 30,
+        max_text_messages_per_s=0,
+        keepalive_time=0,
+        idle_audio_timeout=600,
+    )
     server = ServerThread(config, small_engine, http=True).start()
     yield server
     server.stop()
@@ -122,6 +138,7 @@ async def test_a_client_that_never_reads_is_cut_off_and_its_place_given_back(
     next call gets the place and its final."""
     host, port = "127.0.0.1", one_place_server.server.http_port
     path = "/v1/listen?encoding=mulaw&sample_rate=8000&endpointing=false"
+    cut_before = refusals("ws_send_timeout")
     silent = await silent_websocket(host, port, path)
     finalize = masked_text_frame(json.dumps({"type": "Finalize"}))
     loop = asyncio.get_running_loop()
@@ -146,6 +163,7 @@ async def test_a_client_that_never_reads_is_cut_off_and_its_place_given_back(
             assert e.response.status_code == 429, e  # the place is still held: try again
             await asyncio.sleep(0.5)
     assert "read me" in transcript.lower(), transcript
+    assert refusals("ws_send_timeout") == cut_before + 1
     silent.close()
 
 
@@ -179,6 +197,7 @@ async def test_replies_wait_in_the_writers_queue_and_past_the_backlog_the_client
     silent = await silent_websocket(host, port, path)
     finalize = masked_text_frame(json.dumps({"type": "Finalize"}))
     loop = asyncio.get_running_loop()
+    cut_before = refusals("max_response_backlog_bytes")
     started = time.monotonic()
     with contextlib.suppress(OSError):  # TimeoutError too: the server stopped reading this client
         for _ in range(40_000):  # ~16 MB of answers: more than the socket buffers and the backlog hold
@@ -200,6 +219,7 @@ async def test_replies_wait_in_the_writers_queue_and_past_the_backlog_the_client
             assert e.response.status_code == 429, e  # the place is still held: try again
             await asyncio.sleep(0.5)
     assert "read me" in transcript.lower(), transcript
+    assert refusals("max_response_backlog_bytes") == cut_before + 1
     silent.close()
 
 
@@ -215,6 +235,7 @@ async def test_a_control_flood_ends_that_deepgram_stream_in_its_own_terms(rate_s
     Past --max-text-messages-per-s (10 here, burst 20) Deepgram's stream ends 1008 naming the limit."""
     url = rate_server.http_url.replace("http://", "ws://") + "/v1/listen?encoding=mulaw&sample_rate=8000"
     errors: list[str] = []
+    refused_before = refusals("max_text_messages_per_s")
     async with websockets.connect(url) as ws:
 
         async def read() -> None:
@@ -234,6 +255,7 @@ async def test_a_control_flood_ends_that_deepgram_stream_in_its_own_terms(rate_s
         await asyncio.wait_for(reader, 30)
     assert errors and "max_text_messages_per_s" in errors[0], errors
     assert ws.close_code == 1008, ws.close_code
+    assert refusals("max_text_messages_per_s") > refused_before
 
 
 async def test_an_event_flood_on_realtime_is_answered_rate_limit_exceeded(rate_server: ServerThread) -> None:

@@ -166,6 +166,7 @@ class Stream:
             return
         # before the tokenizer's check, the costly part a flood would make the event loop pay
         if not self._keyterm_updates.take():
+            metrics.refused("max_keyterm_updates_per_s")
             raise RecognitionError(
                 Code.RESOURCE_EXHAUSTED,
                 f"keyterms: more than {self._keyterm_updates.rate:g} updates per second "
@@ -317,6 +318,8 @@ class Recognizer:
         try:
             engine = self._check_available()
             refused = self.stream_limit.take(identity.principal)
+            if refused:
+                metrics.refused(refused)
             if refused == MAX_STREAMS:
                 raise RecognitionError(
                     Code.RESOURCE_EXHAUSTED,
@@ -436,6 +439,7 @@ class Recognizer:
             return
         limit = self.config.max_recognize_queue_bytes
         if self._recognize_queued_bytes + size > limit:
+            metrics.refused("max_recognize_queue_bytes")
             raise RecognitionError(
                 Code.RESOURCE_EXHAUSTED,
                 f"server is at its limit of {self.config.max_recognize_calls} concurrent Recognize calls "

@@ -13,6 +13,8 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from service import metrics
+
 log = logging.getLogger("service.doors.ws_deadline")
 
 
@@ -27,6 +29,7 @@ async def write_within(write: Awaitable[object], request: web.BaseRequest, timeo
             timeout_s,
             extra={"fields": {"peer": request.remote or ""}},
         )
+        metrics.refused("ws_send_timeout")
         if request.transport is not None:
             request.transport.abort()
         return False
@@ -69,6 +72,7 @@ class Outbox:
                 self._max_bytes,
                 extra={"fields": {"peer": self._request.remote or ""}},
             )
+            metrics.refused("max_response_backlog_bytes")
             self._abort()
             return
         self._wake.set()

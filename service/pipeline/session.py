@@ -309,6 +309,7 @@ class StreamSession:
         if not self.state.takes_audio:
             return False
         if self._finals_in_flight_full():
+            metrics.refused("max_finals_in_flight")
             if hold:
                 self._finalize_held = True
                 return True
@@ -460,6 +461,7 @@ class StreamSession:
         self._out.put_nowait(item)
         self._count_backlog(item.size)
         if self._backlog > self.config.max_response_backlog_bytes:
+            metrics.refused("max_response_backlog_bytes")
             self._shed()
 
     def _count_backlog(self, change: int) -> None:

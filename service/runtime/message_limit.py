@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 from grpc import aio
 
+from service import metrics
 from service.core.errors import Code, RecognitionError
 
 # Beside the audio, what one streaming request may carry: the first request's config (phrase hints
@@ -65,6 +66,7 @@ class StreamMessageLimit(aio.ServerInterceptor):
         async def checked() -> AsyncIterator[Any]:
             async for request in requests:
                 if isinstance(request, _Oversized):
+                    metrics.refused("max_chunk_bytes")
                     raise RecognitionError(
                         Code.INVALID_ARGUMENT,
                         f"audio_content: a streaming request of {request.size} bytes is over the limit of "

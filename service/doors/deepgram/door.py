@@ -30,6 +30,7 @@ from deepgram.listen.v1.types import (
 )
 from pydantic import BaseModel
 
+from service import metrics
 from service.config import ServerConfig
 from service.core.errors import Code, RecognitionError
 from service.core.framing import Reframer, container_of
@@ -483,6 +484,7 @@ class LiveCall:
 
     def _control(self, text: str) -> None:
         if not self._text_messages.take():
+            metrics.refused("max_text_messages_per_s")
             self._refuse(
                 "DATA-0000",
                 f"more than {self._text_messages.rate:g} text messages per second (max_text_messages_per_s); "

@@ -43,6 +43,7 @@ from typing import Any
 from aiohttp import WSMsgType, web
 from prometheus_client import Counter
 
+from service import metrics
 from service.config import ServerConfig
 from service.core.errors import Code, RecognitionError
 from service.core.rate_limit import TokenBucket
@@ -338,6 +339,7 @@ class _Connection:
 
     async def on_text(self, text: str) -> None:
         if not self.text_messages.take():
+            metrics.refused("max_text_messages_per_s")
             self.error(
                 ProtocolError(
                     "rate_limit_exceeded",
