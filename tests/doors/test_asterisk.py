@@ -1,15 +1,17 @@
 """Asterisk's media doors with a real Asterisk 22 (tests/support/asterisk.py: a Debian-unstable chroot):
-a call whose caller says jfk's speech (a real recording, played by Asterisk from an 8 kHz WAV) reaches
-the server over AudioSocket (TCP) and over chan_websocket (`Dial(WebSocket/...)`, mu-law), each through
-Asterisk's own dialplan applications. Subscribers follow the call by the id the dialplan gives it; the
-caller's hangup (the file ends) finalises it."""
+a real SIP call (PJSUA2, tests/support/sip_phone.py) into Asterisk's PJSIP, whose caller says jfk's speech
+(a real recording, 8 kHz, sent as mu-law RTP), reaches the server over AudioSocket (TCP) and over
+chan_websocket (`Dial(WebSocket/...)`, mu-law), each through Asterisk's own dialplan applications.
+Subscribers follow the call by the id the dialplan gives it; the caller's BYE finalises it."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -37,19 +39,13 @@ def server(door_server: ServerThread) -> ServerThread:
 @pytest.fixture(scope="module")
 def asterisk(server: ServerThread) -> Iterator[Asterisk]:
     dialplan = f"""
-[play]
-exten => s,1,Answer()
- same => n,Playback(${{CALL_AUDIO}})
- same => n,Wait(0.3)
- same => n,Hangup()
-
-[to-audiosocket]
-exten => s,1,Answer()
+[from-phone]
+exten => to-audiosocket,1,Answer()
  same => n,AudioSocket(${{CALL_UUID}},{HOST}:{server.config.audiosocket_port})
  same => n,Hangup()
 
-[to-websocket]
-exten => s,1,Dial(WebSocket/asr/c(ulaw)v(call_id=${{CALL_UUID}}))
+exten => to-websocket,1,Answer()
+ same => n,Dial(WebSocket/asr/c(ulaw)v(call_id=${{CALL_UUID}}))
  same => n,Hangup()
 """
     clients = f"""
@@ -65,21 +61,40 @@ reconnect_interval = 500
 reconnect_attempts = 3
 tls_enabled = no
 """
-    pbx = Asterisk(dialplan, clients).start()
-    audio, rate = sf.read(JFK_FLAC, dtype="float32")
-    pbx.set_global("CALL_AUDIO", pbx.audio_file("jfk", audio.mean(axis=1), rate))
+    pbx = Asterisk(dialplan, clients, sip_port=free_port()).start()
     yield pbx
     pbx.stop()
 
 
+@pytest.fixture(scope="module")
+def jfk_8k_wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What the phone says: jfk.flac as an 8 kHz 16-bit WAV (a narrowband call's audio)."""
+    import soxr
+
+    audio, rate = sf.read(JFK_FLAC, dtype="float32")
+    path = tmp_path_factory.mktemp("phone") / "jfk-8k.wav"
+    sf.write(path, soxr.resample(audio.mean(axis=1), rate, 8000), 8000, subtype="PCM_16")
+    return path
+
+
+async def sip_call(pbx: Asterisk, extension: str, wav: Path) -> None:
+    """A SIP call from the PJSUA2 phone to `extension` on `pbx`, saying `wav`, then BYE."""
+    uri = pbx.sip_uri(extension)
+    phone = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.support.sip_phone", uri, str(wav), stderr=asyncio.subprocess.PIPE
+    )
+    _, errors = await phone.communicate()
+    assert phone.returncode == 0, errors.decode(errors="replace")[-2000:] + pbx.log()[-3000:]
+
+
 @pytest.mark.parametrize("route", ["to-audiosocket", "to-websocket"])
-async def test_a_call_through_asterisk_is_transcribed_for_its_subscribers(
-    server: ServerThread, asterisk: Asterisk, route: str
+async def test_a_sip_call_through_asterisk_is_transcribed_for_its_subscribers(
+    server: ServerThread, asterisk: Asterisk, jfk_8k_wav: Path, route: str
 ) -> None:
     call_id = str(uuid.uuid4())
     asterisk.set_global("CALL_UUID", call_id)
     async with asyncio.timeout(CALL_DEADLINE_S), follow(server, call_id) as (followed, reader):
-        await asyncio.to_thread(asterisk.originate, "play", route)
+        await sip_call(asterisk, route, jfk_8k_wav)
         await reader
     started, ended = followed.messages[0], followed.messages[-1]
     assert started["type"] == "call_started" and started["platform"] == "asterisk", followed.messages

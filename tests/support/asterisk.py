@@ -2,8 +2,9 @@
 builds (Asterisk 22 needs a newer libc than this machine's). Each `Asterisk` has its own configuration,
 run and log directories inside the chroot, loads only the modules the tests use, and is driven with its
 own CLI (`asterisk -rx`), its modules as the package loads them (autoload: loading only a chosen few
-made this build exit 2 at start): a call is a Local channel whose one side plays a WAV file (what the caller
-says) and whose other side runs the dialplan under test (AudioSocket, or Dial over chan_websocket)."""
+made this build exit 2 at start). A call comes in over SIP: a phone (tests/support/sip_phone.py, PJSUA2)
+calls Asterisk's PJSIP on `sip_port` and says a WAV file; the extension it dials runs the dialplan under
+test (AudioSocket, or Dial over chan_websocket)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,6 @@ import subprocess
 import time
 import uuid
 from pathlib import Path
-
-import numpy as np
-import soundfile as sf
 
 REPO = Path(__file__).resolve().parents[2]
 CHROOT = Path(os.environ.get("ASTERISK_CHROOT", "/var/cache/callcenter-asr/asterisk-sid"))
@@ -32,7 +30,7 @@ def ensure_chroot() -> Path:
 
 
 class Asterisk:
-    def __init__(self, dialplan: str, websocket_clients: str = "") -> None:
+    def __init__(self, dialplan: str, websocket_clients: str = "", sip_port: int = 0) -> None:
         self.chroot = ensure_chroot()
         self.name = f"asr-test-{uuid.uuid4().hex[:8]}"
         self.inside = Path("/var/tmp") / self.name  # the run's directory as Asterisk sees it
@@ -46,6 +44,8 @@ class Asterisk:
         self._write("extensions.conf", dialplan)
         self._write("websocket_client.conf", websocket_clients)
         self._write("chan_websocket.conf", "[global]\ncontrol_message_format = plain-text\n")
+        self.sip_port = sip_port
+        self._write("pjsip.conf", self._pjsip_conf(sip_port) if sip_port else "")
         self.proc: subprocess.Popen[bytes] | None = None
 
     def _write(self, name: str, text: str) -> None:
@@ -62,10 +62,20 @@ class Asterisk:
             "[options]\nnofork = yes\n"
         )
 
+    @staticmethod
+    def _pjsip_conf(port: int) -> str:
+        """SIP on loopback only; calls from any caller there (the anonymous endpoint) run the dialplan's
+        `from-phone` context, in mu-law as a G.711 trunk would send."""
+        return (
+            f"[udp]\ntype = transport\nprotocol = udp\nbind = 127.0.0.1:{port}\n\n"
+            "[anonymous]\ntype = endpoint\ncontext = from-phone\ndisallow = all\nallow = ulaw\n"
+            "direct_media = no\nrtp_symmetric = yes\n"
+        )
+
     def start(self) -> Asterisk:
         # not -U root: Asterisk would drop CAP_DAC_OVERRIDE and could not open its own database
         self.proc = subprocess.Popen(
-            ["chroot", str(self.chroot), "asterisk", "-f", "-C", f"{self.inside}/etc/asterisk.conf"],
+            ["chroot", str(self.chroot), "asterisk", "-f", "-vvv", "-C", f"{self.inside}/etc/asterisk.conf"],
             stdin=subprocess.DEVNULL,
             stdout=(self.root / "log" / "console.log").open("wb"),
             stderr=subprocess.STDOUT,
@@ -100,20 +110,11 @@ class Asterisk:
             timeout=timeout,
         ).stdout
 
-    def audio_file(self, name: str, audio: np.ndarray, rate: int) -> str:
-        """`audio` as an 8 kHz 16-bit WAV Asterisk can play; the path to give Playback (no extension)."""
-        import soxr
-
-        samples = soxr.resample(audio, rate, 8000) if rate != 8000 else audio
-        sf.write(self.root / "audio" / f"{name}.wav", samples, 8000, subtype="PCM_16")
-        return f"{self.inside}/audio/{name}"
-
     def set_global(self, name: str, value: str) -> None:
         self.cli(f"dialplan set global {name} {value}")
 
-    def originate(self, play_context: str, run_context: str) -> None:
-        """A call: Local/s@play_context plays its file; its other side runs s@run_context."""
-        self.cli(f"channel originate Local/s@{play_context} extension s@{run_context}")
+    def sip_uri(self, extension: str) -> str:
+        return f"sip:{extension}@127.0.0.1:{self.sip_port}"
 
     def log(self) -> str:
         path = self.root / "log" / "console.log"
