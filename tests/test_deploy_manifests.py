@@ -240,7 +240,10 @@ def test_ports_and_health_service_match_the_server(overlay: str) -> None:
     config = server_config(docs)
     c = container(docs)
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert ports == {"grpc": config.port, "metrics": config.metrics_port, "http": config.http_port}
+    served = {"grpc": config.port, "metrics": config.metrics_port, "http": config.http_port}
+    if config.audiosocket_port:
+        served["audiosocket"] = config.audiosocket_port
+    assert ports == served
     assert config.host == "[::]"
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert c[probe]["grpc"] == {"port": config.port, "service": SERVICE_NAME}, probe
@@ -255,6 +258,30 @@ def test_ports_and_health_service_match_the_server(overlay: str) -> None:
     headless = one(docs, "Service", "asr-server-headless")
     assert headless["spec"]["clusterIP"] == "None"
     assert [p["targetPort"] for p in headless["spec"]["ports"]] == ["grpc"]
+
+
+def test_audiosocket_is_exposed_to_the_pbx_network_only() -> None:
+    """gke-gb300 takes Asterisk's AudioSocket (TCP, no credentials) on an internal passthrough load
+    balancer: the Service's port reaches the container's, its source ranges and the server's allowed
+    peers name the same network, and the client's address reaches the pod (externalTrafficPolicy Local)
+    so the server's own check sees Asterisk, not a node."""
+    docs = rendered("gke-gb300")
+    config = server_config(docs)
+    assert config.audiosocket_port and config.audiosocket_host == "0.0.0.0"
+    service = one(docs, "Service", "asr-telephony")
+    assert service["metadata"]["annotations"]["networking.gke.io/load-balancer-type"] == "Internal"
+    assert service["spec"]["type"] == "LoadBalancer" and service["spec"]["externalTrafficPolicy"] == "Local"
+    (port,) = service["spec"]["ports"]
+    assert (port["port"], port["targetPort"], port["protocol"]) == (
+        config.audiosocket_port,
+        "audiosocket",
+        "TCP",
+    )
+    peers = {p.strip() for p in config.audiosocket_allowed_peers.split(",")}
+    assert set(service["spec"]["loadBalancerSourceRanges"]) == peers
+    assert not [
+        d for d in rendered("cpu-dev") if d["kind"] == "Service" and d["spec"].get("type") == "LoadBalancer"
+    ]
 
 
 def cpu_cores(quantity: str) -> float:
