@@ -91,6 +91,28 @@ class Stream:
             self.call.call_id, {"type": kind, "call_id": self.call.call_id, **fields}
         )
 
+    def _metrics_message(self) -> dict[str, object]:
+        """The call's metrics for its subscribers (JSON: they cross processes), each leg by its label."""
+        m = self._session.call_metrics()
+        return {
+            "total_s": round(m.total_s, 3),
+            "non_talk_s": round(m.non_talk_s, 3),
+            "overlap_s": round(m.overlap_s, 3),
+            "channels": [
+                {
+                    "channel": self._channel_label(c.channel_tag),
+                    "channel_tag": c.channel_tag,
+                    "talk_s": round(c.talk_s, 3),
+                    "interruptions": c.interruptions,
+                    "words_per_minute": round(c.words_per_minute, 1),
+                    "mean_loudness_dbfs": None
+                    if c.mean_loudness_dbfs is None
+                    else round(c.mean_loudness_dbfs, 1),
+                }
+                for c in m.channels
+            ],
+        }
+
     def _channel_label(self, channel: int) -> str:
         """The platform's name of a result's channel (tag 0, mixed down, is the first leg's name)."""
         assert self.call is not None
@@ -212,7 +234,7 @@ class Stream:
         self._released = True
         self._recognizer._release(self._session, self.door, code, self.identity.principal)
         if self.call is not None:
-            self._publish("call_ended", status=code.name)
+            self._publish("call_ended", status=code.name, metrics=self._metrics_message())
 
     async def close(self, code: Code | None = None) -> None:
         """The call is over: record how it ended (`code`, else how `events()` ended, else CANCELLED), free

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from service.pipeline.call_metrics import CallMetrics, CallMetricsSettings
+from service.pipeline.call_metrics import CallMetrics, CallMetricsSettings, ChannelMetrics
 from service.pipeline.endpointing import EndpointSettings
 from service.pipeline.redaction import Kind as Redaction
 
@@ -21,6 +21,7 @@ __all__ = [
     "CallMetrics",
     "CallMetricsReport",
     "CallMetricsSettings",
+    "ChannelMetrics",
     "EndOfSingleUtterance",
     "EndReason",
     "EndpointSettings",

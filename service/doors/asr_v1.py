@@ -26,6 +26,7 @@ from service.core.types import (
     CallMetrics,
     CallMetricsReport,
     CallMetricsSettings,
+    ChannelMetrics,
     EndOfSingleUtterance,
     EndpointSettings,
     Formatting,
@@ -407,4 +408,25 @@ def call_event(message: dict[str, Any]) -> asr_pb2.CallEvent:
         t.end_offset.FromNanoseconds(round(message["end_s"] * 1e9))
     elif kind == "call_ended":
         event.ended.status = message["status"]
+        m = message["metrics"]
+        event.ended.metrics.CopyFrom(
+            call_metrics(
+                CallMetrics(
+                    channels=tuple(
+                        ChannelMetrics(
+                            channel_tag=c["channel_tag"],
+                            talk_s=c["talk_s"],
+                            interruptions=c["interruptions"],
+                            words_per_minute=c["words_per_minute"],
+                            mean_loudness_dbfs=c["mean_loudness_dbfs"],
+                            words=0,
+                        )
+                        for c in m["channels"]
+                    ),
+                    non_talk_s=m["non_talk_s"],
+                    overlap_s=m["overlap_s"],
+                    total_s=m["total_s"],
+                )
+            )
+        )
     return event

@@ -49,7 +49,7 @@ from service.core.types import (
 from service.core.types import SpeechEnded as SpeechEndedEvent
 from service.core.types import SpeechStarted as SpeechStartedEvent
 from service.pipeline.audio import TARGET_RATE, AudioFormatError, StreamDecoder, mixdown
-from service.pipeline.call_metrics import CallMetricsTracker
+from service.pipeline.call_metrics import CallMetrics, CallMetricsTracker
 from service.pipeline.endpointing import (
     Endpointer,
     EndpointingError,
@@ -256,6 +256,10 @@ class StreamSession:
             yield item.event
             if item.on_sent is not None:
                 item.on_sent()
+
+    def call_metrics(self) -> CallMetrics:
+        """The call's metrics so far (the whole call once the stream has ended)."""
+        return self._call_metrics.snapshot()
 
     @property
     def heard_s(self) -> float:

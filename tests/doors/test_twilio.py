@@ -183,7 +183,15 @@ async def test_two_leg_real_speech_call_reaches_its_subscribers_by_call_sid(serv
     assert started["type"] == "call_started" and started["platform"] == "twilio"
     assert started["channels"] == ["inbound", "outbound"]
     assert started["attributes"]["queue"] == "billing" and started["attributes"]["streamSid"].startswith("MZ")
-    assert one.messages[-1] == {"type": "call_ended", "call_id": call_sid, "status": "OK"}
+    ended = one.messages[-1]
+    assert (ended["type"], ended["call_id"], ended["status"]) == ("call_ended", call_sid, "OK")
+    # the call's metrics come with its end, each leg by its label: who talked how long, the call's length
+    metrics = ended["metrics"]
+    assert [c["channel"] for c in metrics["channels"]] == ["inbound", "outbound"]
+    talk = {c["channel"]: c["talk_s"] for c in metrics["channels"]}
+    assert 6.0 < talk["inbound"] < 10.0 and 1.0 < talk["outbound"] < 5.0, metrics  # jfk: ~8 s of speech
+    assert metrics["total_s"] == pytest.approx(len(customer) / 8000, abs=0.5)
+    assert all(c["words_per_minute"] > 60 for c in metrics["channels"]), metrics
     assert corpus_wer([normalize(JFK_TEXT)], [normalize(one.finals("inbound"))]) < 0.2, one.finals("inbound")
     assert "thank you for calling" in normalize(one.finals("outbound")), one.finals("outbound")
     assert "country" not in normalize(one.finals("outbound"))
@@ -324,3 +332,6 @@ async def test_a_grpc_follower_gets_the_call_as_asr_v1_events(server: ServerThre
     assert "thank you for calling" in normalize(" ".join(f.text for f in finals))
     assert finals[0].end_offset.ToNanoseconds() > finals[0].start_offset.ToNanoseconds() > 0
     assert events[-1].ended.status == "OK" and all(e.call_id == call_sid for e in events)
+    (leg,) = events[-1].ended.metrics.channels  # tag 0: the one leg, CallStarted.channels[0]
+    assert leg.talk_time.ToNanoseconds() > 1e9 and leg.words_per_minute > 60
+    assert events[-1].ended.metrics.total_time.ToNanoseconds() >= leg.talk_time.ToNanoseconds()

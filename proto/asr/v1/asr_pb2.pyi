@@ -97,10 +97,12 @@ class CallTranscript(_message.Message):
     def __init__(self, channel: _Optional[str] = ..., is_final: _Optional[bool] = ..., text: _Optional[str] = ..., start_offset: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., end_offset: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class CallEnded(_message.Message):
-    __slots__ = ("status",)
+    __slots__ = ("status", "metrics")
     STATUS_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
     status: str
-    def __init__(self, status: _Optional[str] = ...) -> None: ...
+    metrics: CallMetrics
+    def __init__(self, status: _Optional[str] = ..., metrics: _Optional[_Union[CallMetrics, _Mapping]] = ...) -> None: ...
 
 class RecognitionConfig(_message.Message):
     __slots__ = ("encoding", "sample_rate_hertz", "audio_channel_count", "enable_separate_recognition_per_channel", "language_code", "prompt", "enable_segment_time_offsets", "enable_word_time_offsets", "enable_word_confidence", "redact", "keyterms", "formatting", "call_metrics")
