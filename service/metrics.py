@@ -13,7 +13,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from engine.metrics import TIME_BUCKETS
 
 if TYPE_CHECKING:
-    from service.pipeline.call_metrics import CallMetrics
+    from service.vocabulary.call_metrics import CallMetrics
 
 # Gauges name their multiprocess_mode: asr-server's frontend processes each keep their own values and
 # /metrics combines those of the live ones (prometheus-client multiprocess mode; see service/runtime/supervisor.py).

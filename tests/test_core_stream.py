@@ -16,9 +16,10 @@ from prometheus_client import REGISTRY
 
 from engine import Engine
 from service.config import ServerConfig
-from service.core.errors import Code, RecognitionError
 from service.core.recognizer import KEYTERM_UPDATE_BURST, Recognizer, Stream
-from service.core.types import (
+from service.pipeline.session import MAX_HELD_OPTION_CHANGES
+from service.vocabulary.errors import Code, RecognitionError
+from service.vocabulary.types import (
     AudioFormat,
     CallEvent,
     EndReason,
@@ -27,7 +28,6 @@ from service.core.types import (
     SpeechStarted,
     StreamSettings,
 )
-from service.pipeline.session import MAX_HELD_OPTION_CHANGES
 from tests.support.audio import silence, speak, speech_bounds, to_linear16_bytes
 
 pytestmark = pytest.mark.slow

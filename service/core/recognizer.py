@@ -30,11 +30,16 @@ from engine.request import Priority
 from service import metrics
 from service.config import ServerConfig
 from service.core.call_hub import CallHub
-from service.core.engine import RecognitionEngine
-from service.core.errors import Code, RecognitionError
 from service.core.rate_limit import TokenBucket
 from service.core.stream_limit import MAX_STREAMS, MAX_STREAMS_PER_TOKEN, StreamLimit
-from service.core.types import (
+from service.pipeline.audio import EncodedAudio, probe_recording
+from service.pipeline.options import decode_options, plan_stream, result_options, with_keyterms
+from service.pipeline.recording import RecordingCutter, recognize_recording, too_long
+from service.pipeline.session import StreamSession
+from service.vocabulary.endpointing import EndpointSettings
+from service.vocabulary.engine import RecognitionEngine
+from service.vocabulary.errors import Code, RecognitionError
+from service.vocabulary.types import (
     CallEvent,
     CallInfo,
     Identity,
@@ -43,11 +48,6 @@ from service.core.types import (
     Result,
     StreamSettings,
 )
-from service.pipeline.audio import EncodedAudio, probe_recording
-from service.pipeline.endpointing import EndpointSettings
-from service.pipeline.options import decode_options, plan_stream, result_options, with_keyterms
-from service.pipeline.recording import RecordingCutter, recognize_recording, too_long
-from service.pipeline.session import StreamSession
 
 log = logging.getLogger("service.core.recognizer")
 

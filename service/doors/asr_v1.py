@@ -18,9 +18,12 @@ from google.protobuf.duration_pb2 import Duration
 from grpc import aio
 
 from service.core.call_hub import EVERY_CALL, SubscriberLagged
-from service.core.errors import Code, RecognitionError
 from service.core.recognizer import Recognizer, Stream
-from service.core.types import (
+from service.doors.grpc_calls import StreamCall, first_request
+from service.doors.grpc_status import core_code, grpc_code
+from service.runtime.auth import bearer_token, identity
+from service.vocabulary.errors import Code, RecognitionError
+from service.vocabulary.types import (
     AudioFormat,
     CallEvent,
     CallMetrics,
@@ -39,9 +42,6 @@ from service.core.types import (
     SpeechStarted,
     StreamSettings,
 )
-from service.doors.grpc_calls import StreamCall, first_request
-from service.doors.grpc_status import core_code, grpc_code
-from service.runtime.auth import bearer_token, identity
 
 log = logging.getLogger("service.doors.asr_v1")
 

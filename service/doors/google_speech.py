@@ -31,9 +31,12 @@ from google.longrunning import operations_pb2
 from google.protobuf import any_pb2, descriptor_pb2, descriptor_pool, duration_pb2, timestamp_pb2
 from grpc import aio
 
-from service.core.errors import Code, RecognitionError
 from service.core.recognizer import RECOGNIZE, Recognizer, Stream
-from service.core.types import (
+from service.doors.grpc_calls import StreamCall, first_request
+from service.doors.grpc_status import core_code, grpc_code
+from service.runtime.auth import bearer_token, identity
+from service.vocabulary.errors import Code, RecognitionError
+from service.vocabulary.types import (
     MAX_PHRASE_BYTES,
     MAX_PHRASES_READ,
     AudioFormat,
@@ -50,9 +53,6 @@ from service.core.types import (
     SpeechTimeout,
     StreamSettings,
 )
-from service.doors.grpc_calls import StreamCall, first_request
-from service.doors.grpc_status import core_code, grpc_code
-from service.runtime.auth import bearer_token, identity
 
 log = logging.getLogger("service.doors.google_speech")
 

@@ -39,13 +39,13 @@ from typing import Any, TypeVar
 from aiohttp import BodyPartReader, web
 
 from service.config import ServerConfig
-from service.core.errors import Code, RecognitionError
 from service.core.recognizer import Recognizer
-from service.core.types import AudioFormat, Identity, RecognitionSettings, RecognizeResult, Redaction
 from service.pipeline.options import whisper_language
 from service.pipeline.subtitles import Cue, srt, vtt
 from service.runtime.auth import TokenStore, bearer_token, identity
 from service.runtime.http_server import BODY_OVERHEAD_BYTES
+from service.vocabulary.errors import Code, RecognitionError
+from service.vocabulary.types import AudioFormat, Identity, RecognitionSettings, RecognizeResult, Redaction
 
 log = logging.getLogger("service.doors.openai_http")
 T = TypeVar("T")

@@ -33,7 +33,7 @@ DECODE_BLOCK_S = 10.0
 
 
 class AudioFormatError(ValueError):
-    """Bad audio or audio settings; `field` is the setting to blame (service/core/errors.py)."""
+    """Bad audio or audio settings; `field` is the setting to blame (service/vocabulary/errors.py)."""
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)

@@ -25,9 +25,9 @@ from engine import DecodeOptions, EngineOverloaded, UtteranceHandle
 from engine.api import EngineStopped
 from engine.request import Priority
 from service import metrics
-from service.core.engine import RecognitionEngine
 from service.pipeline.audio import TARGET_RATE
 from service.pipeline.endpointing import Utterance
+from service.vocabulary.engine import RecognitionEngine
 
 
 @dataclass

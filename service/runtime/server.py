@@ -31,7 +31,6 @@ from engine.client import EngineClient
 from service import metrics
 from service.config import CALL_WEBHOOK_SECRET_ENV, ServerConfig
 from service.core.call_hub import CallHub
-from service.core.engine import RecognitionEngine
 from service.core.recognizer import Recognizer
 from service.core.stream_limit import StreamLimit
 from service.doors import google_speech
@@ -53,6 +52,7 @@ from service.runtime.http_server import HttpServer
 from service.runtime.interceptors import MetricsInterceptor
 from service.runtime.message_limit import StreamMessageLimit
 from service.runtime.tls import server_credentials
+from service.vocabulary.engine import RecognitionEngine
 
 log = logging.getLogger("service.runtime.server")
 

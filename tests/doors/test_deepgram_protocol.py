@@ -29,7 +29,7 @@ from service.doors.deepgram.options import (
     parse_listen_options,
 )
 from service.doors.deepgram.utterance_end import UtteranceEndTracker
-from service.pipeline.redaction import Kind
+from service.vocabulary.redaction import Kind
 
 
 def parse(live: bool = True, **query: Any) -> ListenOptions:

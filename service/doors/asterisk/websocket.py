@@ -29,13 +29,13 @@ from aiohttp import WSMsgType, web
 
 from service.config import ServerConfig
 from service.core.call_hub import CALL_ID_SYNTAX
-from service.core.errors import Code, RecognitionError
 from service.core.framing import Reframer
 from service.core.recognizer import Recognizer, Stream
-from service.core.types import AudioFormat, CallInfo, Identity, RecognitionSettings, StreamSettings
 from service.doors.telephony_socket import TelephonySockets, refusal
 from service.doors.ws_deadline import write_within
 from service.runtime.auth import TOKEN_SYNTAX, TokenStore, bearer_token, identity
+from service.vocabulary.errors import Code, RecognitionError
+from service.vocabulary.types import AudioFormat, CallInfo, Identity, RecognitionSettings, StreamSettings
 
 log = logging.getLogger("service.doors.asterisk.websocket")
 

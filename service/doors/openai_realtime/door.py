@@ -45,10 +45,14 @@ from aiohttp import WSMsgType, web
 from prometheus_client import Counter
 
 from service.config import ServerConfig
-from service.core.errors import Code, RecognitionError
 from service.core.rate_limit import TokenBucket
 from service.core.recognizer import Recognizer, Stream
-from service.core.types import (
+from service.doors.openai_realtime import protocol as rt
+from service.doors.openai_realtime.protocol import ProtocolError, Session, TurnText
+from service.doors.ws_deadline import write_within
+from service.runtime.auth import TokenStore, bearer_token, identity
+from service.vocabulary.errors import Code, RecognitionError
+from service.vocabulary.types import (
     AudioFormat,
     EndpointSettings,
     EndReason,
@@ -60,10 +64,6 @@ from service.core.types import (
     SpeechStarted,
     StreamSettings,
 )
-from service.doors.openai_realtime import protocol as rt
-from service.doors.openai_realtime.protocol import ProtocolError, Session, TurnText
-from service.doors.ws_deadline import write_within
-from service.runtime.auth import TokenStore, bearer_token, identity
 
 DOOR = "openai-realtime"
 PATH = "/v1/realtime"

@@ -10,9 +10,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from service.pipeline.call_metrics import CallMetrics, CallMetricsSettings
-from service.pipeline.endpointing import EndpointSettings
-from service.pipeline.redaction import Kind as Redaction
+from service.vocabulary.call_metrics import CallMetrics, CallMetricsSettings
+from service.vocabulary.endpointing import EndpointSettings
+from service.vocabulary.redaction import Kind as Redaction
 
 __all__ = [
     "AudioFormat",
