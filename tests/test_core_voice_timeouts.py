@@ -12,7 +12,7 @@ import pytest
 
 from engine import Engine
 from service.config import ServerConfig
-from service.core.recognizer import Recognizer
+from service.recognizer.recognizer import Recognizer
 from service.vocabulary.errors import Code, RecognitionError
 from service.vocabulary.types import (
     AudioFormat,

@@ -20,7 +20,7 @@ from clients.client import RecognizerClient
 from engine import Engine, EngineConfig
 from harness.raw_websocket import masked_text_frame, silent_websocket
 from service.config import ServerConfig
-from service.core.recognizer import Recognizer, Stream
+from service.recognizer.recognizer import Recognizer, Stream
 from service.vocabulary.errors import Code, RecognitionError
 from service.vocabulary.types import AudioFormat, CallEvent, RecognitionSettings, Result, StreamSettings
 from tests.support.audio import make_conversation, to_mulaw_8k_bytes

@@ -30,11 +30,10 @@ from riva.client.proto import riva_asr_pb2_grpc as rasr_grpc
 from riva.client.proto import riva_audio_pb2 as raudio
 from riva.client.proto import riva_common_pb2
 
-from service.core.recognizer import Recognizer, Stream
-from service.doors.grpc_calls import StreamCall, first_request
-from service.doors.grpc_status import core_code, grpc_code
-from service.pipeline.audio import validate_stream_format
-from service.runtime.auth import bearer_token, identity
+from service.doors.shared.auth import bearer_token, identity
+from service.doors.shared.grpc_calls import StreamCall, first_request
+from service.doors.shared.grpc_status import core_code, grpc_code
+from service.recognizer.recognizer import Recognizer, Stream, validate_stream_format
 from service.vocabulary.endpointing import EndpointingError
 from service.vocabulary.errors import Code, RecognitionError
 from service.vocabulary.types import (

@@ -15,7 +15,7 @@ import numpy as np
 import soundfile as sf
 import soxr
 
-from engine import SAMPLE_RATE
+from engine.api import SAMPLE_RATE
 
 TARGET_RATE = SAMPLE_RATE  # everything downstream hears the engine's rate (engine/constants.py)
 G711_RATE = 8000  # G.711 (mu-law, A-law) is 8 kHz by definition: telephone audio, the API's floor

@@ -12,10 +12,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from engine import DecodeOptions
-from engine.api import ModelInfo
-from engine.prompt import check_prompt_chars
-from engine.request import Priority, check_keyterm_tokens
+from engine.api import DecodeOptions, ModelInfo, Priority, check_keyterm_tokens, check_prompt_chars
 from service.pipeline.audio import validate_stream_format
 from service.pipeline.results import ResultOptions
 from service.vocabulary.call_metrics import CallMetricsSettings, validate_interval

@@ -1,7 +1,7 @@
 """A whole recording: decoded, resampled and endpointed a block at a time, its utterances fed to the engine
 through a bounded window, its finals built and redacted per channel.
 
-The core (service/core/recognizer.py Recognizer.recognize) checks the call's limits first; everything here
+The core (service/recognizer/recognizer.py Recognizer.recognize) checks the call's limits first; everything here
 raises RecognitionError (or AudioFormatError, naming the field) for what goes wrong.
 """
 
@@ -14,8 +14,7 @@ import time
 
 import numpy as np
 
-from engine import DecodeOptions, EngineOverloaded, Transcript, UtteranceHandle
-from engine.api import EngineStopped
+from engine.api import DecodeOptions, EngineOverloaded, EngineStopped, Transcript, UtteranceHandle
 from service import metrics
 from service.pipeline.audio import (
     TARGET_RATE,

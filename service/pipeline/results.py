@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
-from engine import Transcript
+from engine.api import Transcript
 from service.pipeline.endpointing import Utterance
 from service.pipeline.formatting import format_text, format_words
 from service.pipeline.redaction import StreamRedactor, Word, join, redact_utterances, words_of_text

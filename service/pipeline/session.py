@@ -1,6 +1,6 @@
 """One live stream: audio in, endpointing per channel, utterances to the engine, the core's events out.
 
-Whoever feeds it (a door, through service/core/recognizer.py's Stream) and three kinds of asyncio tasks,
+Whoever feeds it (a door, through service/recognizer/recognizer.py's Stream) and three kinds of asyncio tasks,
 so that no one of them can stall the others:
 - `audio()` decodes each chunk and pushes it to each channel's endpointer; the process's VAD pass scores
   every stream's new audio in one batched call per event-loop tick (service/pipeline/vad_batch.py) and
@@ -31,8 +31,7 @@ from typing import Any
 import numpy as np
 from prometheus_client import Histogram
 
-from engine import DecodeOptions, EngineOverloaded, Transcript, UtteranceHandle
-from engine.api import EngineStopped
+from engine.api import DecodeOptions, EngineOverloaded, EngineStopped, Transcript, UtteranceHandle
 from service import metrics
 from service.config import ServerConfig
 from service.pipeline.audio import TARGET_RATE, AudioFormatError, StreamDecoder, mixdown

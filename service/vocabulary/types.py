@@ -138,7 +138,7 @@ class StreamSettings:
 
 @dataclass(frozen=True)
 class Identity:
-    """Who a call is for, as the door authenticated it (runtime/auth.py `identity`), and where it came
+    """Who a call is for, as the door authenticated it (doors/shared/auth.py `identity`), and where it came
     from. Both are safe to log: `principal` is never a token."""
 
     principal: str = "anonymous"

@@ -24,7 +24,7 @@ import socket
 import uuid
 
 from service.config import ServerConfig, allowed_peers
-from service.core.recognizer import Recognizer, Stream
+from service.recognizer.recognizer import Recognizer, Stream
 from service.vocabulary.errors import Code, RecognitionError
 from service.vocabulary.types import AudioFormat, CallInfo, Identity, RecognitionSettings, StreamSettings
 

@@ -32,15 +32,14 @@ from deepgram.listen.v1.types import (
 from pydantic import BaseModel
 
 from service.config import ServerConfig
-from service.core.framing import Reframer, container_of
-from service.core.rate_limit import TokenBucket
-from service.core.recognizer import Recognizer, Stream
 from service.doors.deepgram import messages
 from service.doors.deepgram.options import ListenOptions, OptionError, parse_listen_options
 from service.doors.deepgram.utterance_end import UtteranceEndTracker
-from service.doors.ws_deadline import write_within
-from service.pipeline.audio import probe_recording
-from service.runtime.auth import TOKEN_SYNTAX, TokenStore, identity
+from service.doors.shared.auth import TOKEN_SYNTAX, TokenStore, identity
+from service.doors.shared.ws_deadline import write_within
+from service.recognizer.framing import Reframer, container_of
+from service.recognizer.rate_limit import TokenBucket
+from service.recognizer.recognizer import Recognizer, Stream, probe_recording
 from service.vocabulary.errors import Code, RecognitionError
 from service.vocabulary.types import (
     AudioFormat,

@@ -45,12 +45,12 @@ from aiohttp import WSMsgType, web
 from prometheus_client import Counter
 
 from service.config import ServerConfig
-from service.core.rate_limit import TokenBucket
-from service.core.recognizer import Recognizer, Stream
 from service.doors.openai_realtime import protocol as rt
 from service.doors.openai_realtime.protocol import ProtocolError, Session, TurnText
-from service.doors.ws_deadline import write_within
-from service.runtime.auth import TokenStore, bearer_token, identity
+from service.doors.shared.auth import TokenStore, bearer_token, identity
+from service.doors.shared.ws_deadline import write_within
+from service.recognizer.rate_limit import TokenBucket
+from service.recognizer.recognizer import Recognizer, Stream
 from service.vocabulary.errors import Code, RecognitionError
 from service.vocabulary.types import (
     AudioFormat,

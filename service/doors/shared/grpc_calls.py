@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 from grpc import aio
 
-from service.core.recognizer import Recognizer, Stream
+from service.recognizer.recognizer import Recognizer, Stream
 from service.vocabulary.errors import Code, RecognitionError
 
 FIRST_REQUEST_TIMEOUT_S = 10.0  # a stream that sends no config is not kept waiting for it
