@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import grpc
+from asr.subtitles import Cue, srt
 from asr.v1 import asr_pb2
 from google.protobuf.json_format import MessageToDict
 from grpc import aio
@@ -58,7 +59,6 @@ from clients.client import (
     load_audio,
     paced,
 )
-from service.pipeline.subtitles import Cue, srt
 
 FILE_SUFFIXES = {".wav", ".flac"}
 DEFAULT_MAX_RECOGNIZE_BYTES = 64 << 20  # the server's default --max-recognize-bytes

@@ -23,12 +23,32 @@ from engine.config import EngineConfig
 from engine.constants import SAMPLE_RATE
 from engine.errors import EngineOverloaded, EngineStopped, ModelInfo
 from engine.hooks import EngineHooks
-from engine.request import DecodeOptions, Request, Transcript
+from engine.metrics import TIME_BUCKETS
+from engine.prompt import check_prompt_chars
+from engine.request import DecodeOptions, Priority, Request, Transcript, check_keyterm_tokens
 
 if TYPE_CHECKING:
     from engine.runner import ModelRunner
 
-__all__ = ["Engine", "EngineOverloaded", "EngineStopped", "ModelInfo", "UtteranceHandle"]
+# what service/ may import of the engine, all from here (the `service-meets-engine-in-api` contract):
+# the engine, its options and answers, the priority classes, the prompt and keyterm checks a request is
+# refused by before it is queued, the engine's flags (ServerConfig builds its flags from them) and the
+# latency buckets the service's histograms share
+__all__ = [
+    "SAMPLE_RATE",
+    "TIME_BUCKETS",
+    "DecodeOptions",
+    "Engine",
+    "EngineConfig",
+    "EngineOverloaded",
+    "EngineStopped",
+    "ModelInfo",
+    "Priority",
+    "Transcript",
+    "UtteranceHandle",
+    "check_keyterm_tokens",
+    "check_prompt_chars",
+]
 
 
 @dataclass

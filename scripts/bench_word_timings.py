@@ -29,7 +29,8 @@ sys.path.insert(0, str(REPO))
 from engine import DecodeOptions, Engine, EngineConfig  # noqa: E402
 from harness.stats import percentile  # noqa: E402
 from harness.usage import Stopwatch  # noqa: E402
-from service.pipeline.redaction import Kind, redact_words, words_of_text  # noqa: E402
+from service.pipeline.redaction import redact_words, words_of_text  # noqa: E402
+from service.vocabulary.redaction import Kind  # noqa: E402
 
 SHARED = REPO.parent / "shared"
 CLIPS = [

@@ -8,5 +8,7 @@ scripts/setup.sh
 ruff check .
 ruff format --check .
 mypy
+# the import contracts in pyproject.toml [tool.importlinter]: the service's layers, doors, engine API, clients
+lint-imports
 # the slowest tests named at the end: where the suite's time goes (kept under 30 min on 2 cores)
 exec pytest -q -p no:cacheprovider --durations=30 "$@"

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args, get_origin
 
-from engine.config import EngineConfig
+from engine.api import EngineConfig
 from service.pipeline.noise_gate import MARGIN_DB
 
 LogFormat = Literal["json", "text"]

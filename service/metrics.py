@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from engine.metrics import TIME_BUCKETS
+from engine.api import TIME_BUCKETS
 
 if TYPE_CHECKING:
-    from service.pipeline.call_metrics import CallMetrics
+    from service.vocabulary.call_metrics import CallMetrics
 
 # Gauges name their multiprocess_mode: asr-server's frontend processes each keep their own values and
 # /metrics combines those of the live ones (prometheus-client multiprocess mode; see service/runtime/supervisor.py).
@@ -72,7 +72,7 @@ RESPONSE_BACKLOG_BYTES = Gauge(
     "each stream's share is bounded by --max-response-backlog-bytes",
     multiprocess_mode="livesum",
 )
-# Every call of every door (service/core/recognizer.py): `door` asr.v1, openai-http, ...; `kind` stream or
+# Every call of every door (service/recognizer/recognizer.py): `door` asr.v1, openai-http, ...; `kind` stream or
 # recognize (a whole recording); `code` how it ended, google.rpc.Code names (as grpc_code above).
 DOOR_CALLS = Counter(
     "asr_door_calls_total",

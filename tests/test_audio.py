@@ -322,7 +322,7 @@ _PEAK_RSS_SCRIPT = textwrap.dedent(
     """
     import json, resource, sys
     from service.pipeline.audio import probe_recording
-    from service.pipeline.endpointing import EndpointSettings
+    from service.vocabulary.endpointing import EndpointSettings
     from service.pipeline.recording import RecordingCutter
 
     data = open(sys.argv[1], "rb").read()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from service.core.call_hub import (
+from service.recognizer.call_hub import (
     EVERY_CALL,
     CallHub,
     CallHubForwarder,

@@ -14,15 +14,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from service.pipeline.audio import StreamDecoder
-from service.pipeline.call_metrics import (
+from service.pipeline.call_metrics import CallMetricsTracker
+from service.pipeline.endpointing import Endpointer, Utterance
+from service.vocabulary.call_metrics import (
     CallMetrics,
     CallMetricsError,
     CallMetricsSettings,
-    CallMetricsTracker,
     ChannelMetrics,
     validate_interval,
 )
-from service.pipeline.endpointing import Endpointer, Utterance
 from tests.support.audio import RATE, silence, speak, speech_bounds, stereo, to_mulaw_8k_bytes
 
 Timeline = dict[int, list[tuple[float, float]]]

@@ -1,4 +1,4 @@
-"""The recognition core's Stream as a door sees it (service/core/recognizer.py), driven by a fake door on the
+"""The recognition core's Stream as a door sees it (service/recognizer/recognizer.py), driven by a fake door on the
 real tiny.en: the controls the WebSocket doors need (finalize, clear, keyterms mid-stream), the refusals
 every door maps to its own terms, and the per-door metrics. The asr.v1 and HTTP doors' own suites prove
 the rest through real servers."""
@@ -16,9 +16,11 @@ from prometheus_client import REGISTRY
 
 from engine import Engine
 from service.config import ServerConfig
-from service.core.errors import Code, RecognitionError
-from service.core.recognizer import KEYTERM_UPDATE_BURST, Recognizer, Stream
-from service.core.types import (
+from service.pipeline.endpointing import MIN_FLUSHED_TURN_S
+from service.pipeline.session import MAX_HELD_OPTION_CHANGES
+from service.recognizer.recognizer import KEYTERM_UPDATE_BURST, Recognizer, Stream
+from service.vocabulary.errors import Code, RecognitionError
+from service.vocabulary.types import (
     AudioFormat,
     CallEvent,
     EndReason,
@@ -27,8 +29,6 @@ from service.core.types import (
     SpeechStarted,
     StreamSettings,
 )
-from service.pipeline.endpointing import MIN_FLUSHED_TURN_S
-from service.pipeline.session import MAX_HELD_OPTION_CHANGES
 from tests.support.audio import silence, speak, speech_bounds, to_linear16_bytes
 
 pytestmark = pytest.mark.slow

@@ -12,9 +12,9 @@ import pytest
 
 from engine import Engine
 from service.config import ServerConfig
-from service.core.errors import Code, RecognitionError
-from service.core.recognizer import Recognizer
-from service.core.types import (
+from service.recognizer.recognizer import Recognizer
+from service.vocabulary.errors import Code, RecognitionError
+from service.vocabulary.types import (
     AudioFormat,
     CallEvent,
     RecognitionSettings,

@@ -32,8 +32,8 @@ from prometheus_client import REGISTRY
 from clients.scoring import corpus_wer, normalize
 from engine import Engine
 from service.config import ServerConfig
-from service.core.errors import RecognitionError
 from service.doors import google_speech
+from service.vocabulary.errors import RecognitionError
 from tests.support.audio import (
     JFK_FLAC,
     JFK_TEXT,

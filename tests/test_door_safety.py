@@ -21,9 +21,9 @@ from clients.client import RecognizerClient
 from engine import Engine, EngineConfig
 from harness.raw_websocket import masked_text_frame, silent_websocket
 from service.config import ServerConfig
-from service.core.errors import Code, RecognitionError
-from service.core.recognizer import Recognizer, Stream
-from service.core.types import AudioFormat, CallEvent, RecognitionSettings, Result, StreamSettings
+from service.recognizer.recognizer import Recognizer, Stream
+from service.vocabulary.errors import Code, RecognitionError
+from service.vocabulary.types import AudioFormat, CallEvent, RecognitionSettings, Result, StreamSettings
 from tests.support.audio import make_conversation, to_mulaw_8k_bytes
 from tests.support.calls import OpenStream
 from tests.support.server import ServerThread

@@ -13,14 +13,13 @@ import pytest
 from service.pipeline.audio import StreamDecoder
 from service.pipeline.endpointing import (
     Endpointer,
-    EndpointingError,
-    EndpointSettings,
     Event,
     SpeechEnded,
     SpeechStarted,
     Utterance,
     load_vad,
 )
+from service.vocabulary.endpointing import EndpointingError, EndpointSettings
 from tests.support.audio import (
     RATE,
     make_conversation,

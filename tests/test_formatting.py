@@ -14,7 +14,8 @@ from engine import Engine
 from engine.request import DecodeOptions
 from service.pipeline.audio import StreamDecoder
 from service.pipeline.formatting import format_text, format_transcript, format_words, split_word
-from service.pipeline.redaction import Kind, Word, join, redact_words, words_of_text
+from service.pipeline.redaction import Word, join, redact_words, words_of_text
+from service.vocabulary.redaction import Kind
 from tests.support.audio import RATE, silence, speak, speech_bounds, to_mulaw_8k_bytes
 
 RULES = [

@@ -1,70 +1,59 @@
-"""The service's shape, read from its imports (every `import` in a module, function bodies included):
-the core and the pipeline know no protocol, no door reaches into another, and the supervisor and the
-server no longer import each other."""
+"""The service's shape where import-linter cannot see it. The layers, the doors' independence, the protocols
+kept out of the lower layers, the engine's one door (engine/api.py) and the clients' separation are
+contracts in pyproject.toml `[tool.importlinter]`, which scripts/test.sh checks with `lint-imports`; what is
+left here is about *where* in a module an import is, and that the contracts are the ones the README
+describes."""
 
 from __future__ import annotations
 
 import ast
+import tomllib
 from pathlib import Path
 
-import pytest
-
-SERVICE = Path(__file__).resolve().parents[1] / "service"
-PROTOCOLS = ("grpc", "grpc_health", "grpc_reflection", "aiohttp", "asr", "google.protobuf")
-
-
-def imports(path: Path) -> set[str]:
-    """Every module `path` imports, anywhere in it."""
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            names.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
-            names.update(f"{node.module}.{a.name}" for a in node.names)
-    return names
-
-
-def modules(package: str) -> list[Path]:
-    return sorted((SERVICE / package).glob("*.py"))
+REPO = Path(__file__).resolve().parents[1]
+SERVICE = REPO / "service"
 
 
 def under(name: str, prefixes: tuple[str, ...]) -> bool:
     return any(name == p or name.startswith(p + ".") for p in prefixes)
 
 
-@pytest.mark.parametrize("package", ["core", "pipeline"])
-def test_the_core_and_the_pipeline_import_no_protocol_no_door_and_no_process_plumbing(package: str) -> None:
-    found = {
-        f"{path.name}: {name}"
-        for path in modules(package)
-        for name in imports(path)
-        if under(name, (*PROTOCOLS, "service.doors", "service.runtime"))
-    }
-    assert not found
+def contracts() -> dict[str, dict]:
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+    return {c["id"]: c for c in config["contracts"]}
 
 
-def test_no_door_imports_another_door() -> None:
-    # grpc_status (codes) and grpc_calls (a streaming call's life): what every gRPC door shares, not doors;
-    # ws_deadline (bounded writes) likewise for the WebSocket doors, telephony_socket for the telephony ones
-    shared = {"__init__", "grpc_status", "grpc_calls", "ws_deadline", "telephony_socket"}
-    doors = {p.stem for p in modules("doors")} - shared
-    found = {
-        f"{path.name}: {name}"
-        for path in modules("doors")
-        for name in imports(path)
-        if under(name, tuple(f"service.doors.{d}" for d in doors if d != path.stem))
+def test_the_service_layers_are_in_the_issue_s_order_and_every_package_has_its_place() -> None:
+    layers = contracts()["service-layers"]
+    assert layers["containers"] == ["service"]
+    assert layers["layers"] == ["runtime", "doors", "recognizer", "pipeline : config : metrics", "vocabulary"]
+    assert layers["exhaustive"] is True  # a package added under service/ breaks the contract until placed
+
+
+def test_every_door_is_independent_of_the_others_and_only_shared_is_below_them() -> None:
+    doors = contracts()["doors-independent"]
+    assert doors["exhaustive"] is True and doors["layers"][1:] == ["shared"]
+    listed = {d.strip() for d in doors["layers"][0].split("|")}
+    present = {
+        p.stem for p in (SERVICE / "doors").iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()
     }
-    assert not found
+    assert listed == present - {"__init__", "shared"}
+
+
+def test_lint_imports_runs_in_the_test_command() -> None:
+    # a line of its own, next to ruff and mypy: the contracts hold only if something runs them
+    assert "lint-imports" in (REPO / "scripts" / "test.sh").read_text().splitlines()
 
 
 def test_the_server_does_not_import_the_supervisor_and_the_supervisor_imports_it_only_in_a_frontend() -> None:
-    assert not under_any(imports(SERVICE / "runtime" / "server.py"), "service.runtime.supervisor")
+    # import-linter sees that the supervisor imports the server, not where: at module level the supervisor
+    # process (which never serves) would load every door and the gRPC stack
+    assert "server-without-supervisor" in contracts()
     tree = ast.parse((SERVICE / "runtime" / "supervisor.py").read_text())
     top_level = {
         node.module for node in tree.body if isinstance(node, ast.ImportFrom) and node.module is not None
     }
-    assert not under_any(top_level, "service.runtime.server")
+    assert not any(under(name, ("service.runtime.server",)) for name in top_level)
     importers = [
         f.name
         for f in ast.walk(tree)
@@ -72,7 +61,3 @@ def test_the_server_does_not_import_the_supervisor_and_the_supervisor_imports_it
         and any(isinstance(n, ast.ImportFrom) and n.module == "service.runtime.server" for n in f.body)
     ]
     assert importers == ["_serve_frontend"]  # run in the frontend process, never in the supervisor
-
-
-def under_any(names: set[str], module: str) -> bool:
-    return any(under(name, (module,)) for name in names)

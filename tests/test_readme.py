@@ -32,3 +32,15 @@ def test_readme_opens_with_the_setup_and_test_commands() -> None:
     assert "scripts/setup.sh" in blocks[0] and "asr-server" in blocks[0]
     assert blocks[1].strip() == "scripts/test.sh"
     assert "scripts/test.sh" in (REPO / ".ci" / "run").read_text()
+
+
+def test_every_path_in_what_is_where_exists() -> None:
+    # the table is how a reader finds a file: after a module moves, a stale row sends them nowhere
+    text = README.read_text()
+    table = text[text.index("## What is where") : text.index("\n## ", text.index("## What is where") + 1)]
+    paths = set(
+        re.findall(r"`((?:service|engine|clients|proto|harness|scripts|tests|deploy|docs)/[\w./-]*)`", table)
+    )
+    assert len(paths) > 30, "the table names no paths: the pattern above is stale"
+    missing = sorted(p for p in paths if not (REPO / p).exists())
+    assert not missing, f"README 'What is where' names paths that do not exist: {missing}"

@@ -15,7 +15,6 @@ from service.pipeline.redaction import (
     HOLD_AUDIO_S,
     LONG_RUN_DIGITS,
     MIN_HOLD_DIGITS,
-    Kind,
     StreamRedactor,
     Word,
     redact_text,
@@ -23,6 +22,7 @@ from service.pipeline.redaction import (
     redact_words,
     words_of_text,
 )
+from service.vocabulary.redaction import Kind
 
 PCI = frozenset({Kind.PCI})
 SSN = frozenset({Kind.SSN})

@@ -79,7 +79,7 @@ def test_rule_expressions_parse() -> None:
 
 
 def test_status_codes_in_rules_are_the_names_the_server_exports() -> None:
-    # service/runtime/interceptors.py labels grpc_code, and service/core/recognizer.py asr_door_calls_total's
+    # service/runtime/interceptors.py labels grpc_code, and service/recognizer/recognizer.py asr_door_calls_total's
     # code, with the same names (grpc.StatusCode's: OK, INVALID_ARGUMENT, ...).
     names = {code.name for code in grpc.StatusCode}
     text = RULES_FILE.read_text(encoding="utf-8")

@@ -22,7 +22,7 @@ from clients.client import RecognizerClient, Tls
 from clients.scoring import corpus_wer, normalize
 from engine import Engine
 from service.config import ServerConfig
-from service.runtime.auth import ENV_VAR
+from service.doors.shared.auth import ENV_VAR
 from service.runtime.logging import JsonFormatter
 from tests.support.audio import make_conversation, silence, speak, to_linear16_bytes
 from tests.support.calls import audio_requests, config_request, run_stream

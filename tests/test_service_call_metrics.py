@@ -22,7 +22,8 @@ from google.protobuf.duration_pb2 import Duration
 from grpc import aio
 from prometheus_client import REGISTRY
 
-from service.pipeline.call_metrics import CallMetrics, CallMetricsTracker
+from service.pipeline.call_metrics import CallMetricsTracker
+from service.vocabulary.call_metrics import CallMetrics
 from tests.support.audio import RATE, silence, stereo, to_mulaw_8k_bytes
 from tests.support.calls import Outcome, audio_requests, run_stream
 from tests.support.server import ServerThread

@@ -20,8 +20,8 @@ from clients.scoring import corpus_wer, normalize
 from engine import Engine
 from service.config import ServerConfig, parse_args
 from service.pipeline.audio import mixdown
-from service.pipeline.endpointing import EndpointSettings
 from service.pipeline.recording import cut_utterances
+from service.vocabulary.endpointing import EndpointSettings
 from tests.support.audio import JFK_FLAC, make_conversation, stereo, to_linear16_bytes
 from tests.support.calls import config_request, run_stream
 from tests.support.server import ServerThread

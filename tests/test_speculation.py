@@ -27,13 +27,13 @@ from service.config import ServerConfig
 from service.pipeline.audio import decode_file, mixdown
 from service.pipeline.endpointing import (
     Endpointer,
-    EndpointSettings,
     Event,
     SpeculationCancelled,
     SpeculativeEnd,
     SpeechEnded,
     Utterance,
 )
+from service.vocabulary.endpointing import EndpointSettings
 from tests.support.audio import JFK_FLAC, RATE, make_conversation, silence, speak, speech_bounds
 from tests.support.calls import OpenStream, config_request
 from tests.support.gate import scheduler_gate

@@ -1,4 +1,4 @@
-"""The shared --max-streams count (service/core/stream_limit.py) between two frontends' views of it, in one
+"""The shared --max-streams count (service/recognizer/stream_limit.py) between two frontends' views of it, in one
 process (flock excludes across open file descriptions, so two views exclude each other as two processes
 do). The whole server with two frontend processes: tests/test_server_processes.py::
 test_max_streams_is_the_servers_limit_shared_by_its_frontends."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import multiprocessing
 from pathlib import Path
 
-from service.core.stream_limit import (
+from service.recognizer.stream_limit import (
     MAX_STREAMS,
     MAX_STREAMS_PER_TOKEN,
     SharedStreamCounts,

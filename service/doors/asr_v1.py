@@ -1,6 +1,6 @@
 """The asr.v1 door: the project's own gRPC protocol (asr.v1.Recognizer: StreamingRecognize, Recognize).
 
-A translation layer and nothing more: requests -> the core's settings and calls (service/core/), the
+A translation layer and nothing more: requests -> the core's settings and calls (service/recognizer/), the
 core's events, results and errors -> asr.v1 messages and gRPC statuses. Every refusal is a gRPC status
 whose message names the field and the limit; nothing one call does can fail another.
 """
@@ -17,10 +17,13 @@ from asr.v1 import asr_pb2, asr_pb2_grpc
 from google.protobuf.duration_pb2 import Duration
 from grpc import aio
 
-from service.core.call_hub import EVERY_CALL, SubscriberLagged
-from service.core.errors import Code, RecognitionError
-from service.core.recognizer import Recognizer, Stream
-from service.core.types import (
+from service.doors.shared.auth import bearer_token, identity
+from service.doors.shared.grpc_calls import StreamCall, first_request
+from service.doors.shared.grpc_status import core_code, grpc_code
+from service.recognizer.call_hub import EVERY_CALL, SubscriberLagged
+from service.recognizer.recognizer import Recognizer, Stream
+from service.vocabulary.errors import Code, RecognitionError
+from service.vocabulary.types import (
     AudioFormat,
     CallEvent,
     CallMetrics,
@@ -40,9 +43,6 @@ from service.core.types import (
     SpeechStarted,
     StreamSettings,
 )
-from service.doors.grpc_calls import StreamCall, first_request
-from service.doors.grpc_status import core_code, grpc_code
-from service.runtime.auth import bearer_token, identity
 
 log = logging.getLogger("service.doors.asr_v1")
 
@@ -393,7 +393,7 @@ class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
 
 
 def call_event(message: dict[str, Any]) -> asr_pb2.CallEvent:
-    """A message of the call hub (service/core/call_hub.py) as asr.v1's CallEvent."""
+    """A message of the call hub (service/recognizer/call_hub.py) as asr.v1's CallEvent."""
     event = asr_pb2.CallEvent(call_id=message["call_id"])
     kind = message["type"]
     if kind == "call_started":

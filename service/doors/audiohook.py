@@ -43,10 +43,13 @@ from http_message_signatures import (
 )
 
 from service.config import ServerConfig
-from service.core.errors import Code, RecognitionError
-from service.core.framing import Reframer
-from service.core.recognizer import Recognizer, Stream
-from service.core.types import (
+from service.doors.shared.auth import TokenStore, bearer_token, read_secret
+from service.doors.shared.telephony_socket import TelephonySockets, refusal
+from service.doors.shared.ws_deadline import write_within
+from service.recognizer.framing import Reframer
+from service.recognizer.recognizer import Recognizer, Stream
+from service.vocabulary.errors import Code, RecognitionError
+from service.vocabulary.types import (
     AudioFormat,
     CallInfo,
     EndpointSettings,
@@ -55,9 +58,6 @@ from service.core.types import (
     Result,
     StreamSettings,
 )
-from service.doors.telephony_socket import TelephonySockets, refusal
-from service.doors.ws_deadline import write_within
-from service.runtime.auth import TokenStore, bearer_token, read_secret
 
 log = logging.getLogger("service.doors.audiohook")
 

@@ -24,11 +24,11 @@ import logging
 from aiohttp import web
 
 from service.config import ServerConfig
-from service.core.call_hub import CALL_ID_SYNTAX, EVERY_CALL, SubscriberLagged
-from service.core.recognizer import Recognizer
-from service.doors.telephony_socket import refusal
-from service.doors.ws_deadline import write_within
-from service.runtime.auth import TokenStore, bearer_token
+from service.doors.shared.auth import TokenStore, bearer_token
+from service.doors.shared.telephony_socket import refusal
+from service.doors.shared.ws_deadline import write_within
+from service.recognizer.call_hub import CALL_ID_SYNTAX, EVERY_CALL, SubscriberLagged
+from service.recognizer.recognizer import Recognizer
 
 log = logging.getLogger("service.doors.call_transcripts")
 

@@ -3,7 +3,7 @@ LongRunningRecognize) and `google.longrunning.Operations` GetOperation, on the g
 
 The messages are google-cloud-speech's own (its proto-plus types' raw protobuf classes, `Type.pb()`),
 served with grpc.method_handlers_generic_handler. A translation layer: RecognitionConfig and
-StreamingRecognitionConfig -> the core's settings (service/core/), the core's events and errors -> Google's
+StreamingRecognitionConfig -> the core's settings (service/recognizer/), the core's events and errors -> Google's
 responses and gRPC statuses (google.rpc codes, messages naming Google's field). What Google's v1 does and
 this server does not, where silently doing without it would change what a result means, is refused
 INVALID_ARGUMENT naming the field; hint-only options are accepted (docs/operations.md, "The Google
@@ -31,9 +31,12 @@ from google.longrunning import operations_pb2
 from google.protobuf import any_pb2, descriptor_pb2, descriptor_pool, duration_pb2, timestamp_pb2
 from grpc import aio
 
-from service.core.errors import Code, RecognitionError
-from service.core.recognizer import RECOGNIZE, Recognizer, Stream
-from service.core.types import (
+from service.doors.shared.auth import bearer_token, identity
+from service.doors.shared.grpc_calls import StreamCall, first_request
+from service.doors.shared.grpc_status import core_code, grpc_code
+from service.recognizer.recognizer import RECOGNIZE, Recognizer, Stream
+from service.vocabulary.errors import Code, RecognitionError
+from service.vocabulary.types import (
     MAX_PHRASE_BYTES,
     MAX_PHRASES_READ,
     AudioFormat,
@@ -50,9 +53,6 @@ from service.core.types import (
     SpeechTimeout,
     StreamSettings,
 )
-from service.doors.grpc_calls import StreamCall, first_request
-from service.doors.grpc_status import core_code, grpc_code
-from service.runtime.auth import bearer_token, identity
 
 log = logging.getLogger("service.doors.google_speech")
 

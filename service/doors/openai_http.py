@@ -1,8 +1,8 @@
 """The OpenAI-compatible HTTP door: `POST /v1/audio/transcriptions` (and `GET /v1/models`).
 
 Routes on the HTTP port (service/runtime/http_server.py), in the same event loop as the grpc.aio server,
-and a translation onto the core's `recognize()` (service/core/recognizer.py), as gRPC `Recognize` is: the
-same bearer tokens (service/runtime/auth.py TokenStore), the same limits (the upload may be at most
+and a translation onto the core's `recognize()` (service/recognizer/recognizer.py), as gRPC `Recognize` is: the
+same bearer tokens (service/doors/shared/auth.py TokenStore), the same limits (the upload may be at most
 --max-recognize-bytes; every recording check applies to the audio), the same engine, and the same
 metrics (asr_recognize_seconds, asr_utterances_total, asr_audio_seconds_total, asr_door_calls_total
 {door="openai-http"}) plus asr_http_requests_total{code}. Refusals use OpenAI's error body, {"error":
@@ -37,15 +37,14 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from aiohttp import BodyPartReader, web
+from asr.subtitles import Cue, srt, vtt
 
 from service.config import ServerConfig
-from service.core.errors import Code, RecognitionError
-from service.core.recognizer import Recognizer
-from service.core.types import AudioFormat, Identity, RecognitionSettings, RecognizeResult, Redaction
-from service.pipeline.options import whisper_language
-from service.pipeline.subtitles import Cue, srt, vtt
-from service.runtime.auth import TokenStore, bearer_token, identity
-from service.runtime.http_server import BODY_OVERHEAD_BYTES
+from service.doors.shared.auth import TokenStore, bearer_token, identity
+from service.doors.shared.http_body import BODY_OVERHEAD_BYTES
+from service.recognizer.recognizer import Recognizer, whisper_language
+from service.vocabulary.errors import Code, RecognitionError
+from service.vocabulary.types import AudioFormat, Identity, RecognitionSettings, RecognizeResult, Redaction
 
 log = logging.getLogger("service.doors.openai_http")
 T = TypeVar("T")

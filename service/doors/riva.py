@@ -30,9 +30,13 @@ from riva.client.proto import riva_asr_pb2_grpc as rasr_grpc
 from riva.client.proto import riva_audio_pb2 as raudio
 from riva.client.proto import riva_common_pb2
 
-from service.core.errors import Code, RecognitionError
-from service.core.recognizer import Recognizer, Stream
-from service.core.types import (
+from service.doors.shared.auth import bearer_token, identity
+from service.doors.shared.grpc_calls import StreamCall, first_request
+from service.doors.shared.grpc_status import core_code, grpc_code
+from service.recognizer.recognizer import Recognizer, Stream, validate_stream_format
+from service.vocabulary.endpointing import EndpointingError
+from service.vocabulary.errors import Code, RecognitionError
+from service.vocabulary.types import (
     MAX_PHRASE_BYTES,
     MAX_PHRASES_READ,
     AudioFormat,
@@ -45,11 +49,6 @@ from service.core.types import (
     StreamSettings,
     Word,
 )
-from service.doors.grpc_calls import StreamCall, first_request
-from service.doors.grpc_status import core_code, grpc_code
-from service.pipeline.audio import validate_stream_format
-from service.pipeline.endpointing import EndpointingError
-from service.runtime.auth import bearer_token, identity
 
 log = logging.getLogger("service.doors.riva")
 

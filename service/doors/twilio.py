@@ -32,14 +32,14 @@ from aiohttp import WSMsgType, web
 from twilio.request_validator import RequestValidator
 
 from service.config import ServerConfig
-from service.core.errors import Code, RecognitionError
-from service.core.rate_limit import TokenBucket
-from service.core.recognizer import Recognizer, Stream
-from service.core.types import AudioFormat, CallInfo, Identity, RecognitionSettings, StreamSettings
-from service.doors.telephony_socket import TelephonySockets, refusal
-from service.doors.ws_deadline import write_within
-from service.pipeline.redaction import Kind
-from service.runtime.auth import TokenStore, bearer_token, identity, read_secret
+from service.doors.shared.auth import TokenStore, bearer_token, identity, read_secret
+from service.doors.shared.telephony_socket import TelephonySockets, refusal
+from service.doors.shared.ws_deadline import write_within
+from service.recognizer.rate_limit import TokenBucket
+from service.recognizer.recognizer import Recognizer, Stream
+from service.vocabulary.errors import Code, RecognitionError
+from service.vocabulary.redaction import Kind
+from service.vocabulary.types import AudioFormat, CallInfo, Identity, RecognitionSettings, StreamSettings
 
 log = logging.getLogger("service.doors.twilio")
 

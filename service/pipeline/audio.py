@@ -15,7 +15,7 @@ import numpy as np
 import soundfile as sf
 import soxr
 
-from engine import SAMPLE_RATE
+from engine.api import SAMPLE_RATE
 
 TARGET_RATE = SAMPLE_RATE  # everything downstream hears the engine's rate (engine/constants.py)
 G711_RATE = 8000  # G.711 (mu-law, A-law) is 8 kHz by definition: telephone audio, the API's floor
@@ -33,7 +33,7 @@ DECODE_BLOCK_S = 10.0
 
 
 class AudioFormatError(ValueError):
-    """Bad audio or audio settings; `field` is the setting to blame (service/core/errors.py)."""
+    """Bad audio or audio settings; `field` is the setting to blame (service/vocabulary/errors.py)."""
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine import UtteranceHandle
+from engine.api import UtteranceHandle
 
 MIN_INTERIM_AUDIO_S = 0.5  # shorter partials rarely hold a whole word: not worth an engine call
 

@@ -12,16 +12,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from engine import DecodeOptions
-from engine.api import ModelInfo
-from engine.prompt import check_prompt_chars
-from engine.request import Priority, check_keyterm_tokens
-from service.core.engine import RecognitionEngine
-from service.core.types import CallInfo, Formatting, RecognitionSettings, StreamSettings
+from engine.api import DecodeOptions, ModelInfo, Priority, check_keyterm_tokens, check_prompt_chars
 from service.pipeline.audio import validate_stream_format
-from service.pipeline.call_metrics import CallMetricsSettings, validate_interval
-from service.pipeline.endpointing import EndpointSettings
 from service.pipeline.results import ResultOptions
+from service.vocabulary.call_metrics import CallMetricsSettings, validate_interval
+from service.vocabulary.endpointing import EndpointSettings
+from service.vocabulary.engine import RecognitionEngine
+from service.vocabulary.types import CallInfo, Formatting, RecognitionSettings, StreamSettings
 
 # BCP-47 tags: RFC 5646 asks for at least 35 characters; only the primary subtag is read.
 MAX_LANGUAGE_CODE_CHARS = 64

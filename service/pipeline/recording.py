@@ -1,7 +1,7 @@
 """A whole recording: decoded, resampled and endpointed a block at a time, its utterances fed to the engine
 through a bounded window, its finals built and redacted per channel.
 
-The core (service/core/recognizer.py Recognizer.recognize) checks the call's limits first; everything here
+The core (service/recognizer/recognizer.py Recognizer.recognize) checks the call's limits first; everything here
 raises RecognitionError (or AudioFormatError, naming the field) for what goes wrong.
 """
 
@@ -14,12 +14,8 @@ import time
 
 import numpy as np
 
-from engine import DecodeOptions, EngineOverloaded, Transcript, UtteranceHandle
-from engine.api import EngineStopped
+from engine.api import DecodeOptions, EngineOverloaded, EngineStopped, Transcript, UtteranceHandle
 from service import metrics
-from service.core.engine import RecognitionEngine
-from service.core.errors import Code, RecognitionError
-from service.core.types import RecognizeResult, Result
 from service.pipeline.audio import (
     TARGET_RATE,
     AudioFormatError,
@@ -29,11 +25,16 @@ from service.pipeline.audio import (
     decode_blocks,
     mixdown,
 )
-from service.pipeline.call_metrics import CallMetrics, CallMetricsSettings, CallMetricsTracker
-from service.pipeline.endpointing import Endpointer, EndpointSettings, Utterance
+from service.pipeline.call_metrics import CallMetricsTracker
+from service.pipeline.endpointing import Endpointer, Utterance
 from service.pipeline.noise_gate import MARGIN_DB
 from service.pipeline.results import ResultOptions, recognize_results
 from service.pipeline.session import await_transcript, engine_refusal
+from service.vocabulary.call_metrics import CallMetrics, CallMetricsSettings
+from service.vocabulary.endpointing import EndpointSettings
+from service.vocabulary.engine import RecognitionEngine
+from service.vocabulary.errors import Code, RecognitionError
+from service.vocabulary.types import RecognizeResult, Result
 
 log = logging.getLogger("service.pipeline.recording")
 

@@ -54,7 +54,6 @@ with word times, here. Names and addresses are out of scope (issue 14 makes them
 
 from __future__ import annotations
 
-import enum
 import re
 import unicodedata
 from collections.abc import Sequence
@@ -62,6 +61,8 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from stdnum.us import ssn as us_ssn
+
+from service.vocabulary.redaction import Kind
 
 LONG_RUN_DIGITS = 12  # a cluster of this many digits is PCI in any context (a card has 13-19)
 CLUSTER_GAP_WORDS = 3  # runs at most this many other words apart count their digits together
@@ -75,18 +76,6 @@ MIN_HOLD_DIGITS = 3  # a final ending in this many digits or more may be the fir
 INTERIM_TAIL_DIGITS = 2  # an interim ending in this many digits masks them (its utterance goes on)
 MAX_HELD_FINALS = 4  # finals held at once while their digits keep forming one cluster (a card in 4 groups)
 HOLD_AUDIO_S = 6.0  # a held final goes out once this much audio passed with no next utterance
-
-
-class Kind(enum.Enum):
-    """What to redact; the names are the proto's Redaction values."""
-
-    PCI = "[PCI]"
-    SSN = "[SSN]"
-    NUMBERS = "[NUMBER]"
-
-    @property
-    def placeholder(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)

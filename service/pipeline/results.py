@@ -11,12 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
-from engine import Transcript
-from service.core.types import EndReason, Result, Segment
-from service.core.types import Word as ResultWord
+from engine.api import Transcript
 from service.pipeline.endpointing import Utterance
 from service.pipeline.formatting import format_text, format_words
-from service.pipeline.redaction import Kind, StreamRedactor, Word, join, redact_utterances, words_of_text
+from service.pipeline.redaction import StreamRedactor, Word, join, redact_utterances, words_of_text
+from service.vocabulary.redaction import Kind
+from service.vocabulary.types import EndReason, Result, Segment
+from service.vocabulary.types import Word as ResultWord
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """One live stream: audio in, endpointing per channel, utterances to the engine, the core's events out.
 
-Whoever feeds it (a door, through service/core/recognizer.py's Stream) and three kinds of asyncio tasks,
+Whoever feeds it (a door, through service/recognizer/recognizer.py's Stream) and three kinds of asyncio tasks,
 so that no one of them can stall the others:
 - `audio()` decodes each chunk and pushes it to each channel's endpointer; the process's VAD pass scores
   every stream's new audio in one batched call per event-loop tick (service/pipeline/vad_batch.py) and
@@ -12,7 +12,7 @@ so that no one of them can stall the others:
 Interim hypotheses are extra engine requests whose results are queued unless the final overtook them
 (when to ask: service/pipeline/interim.py). Results are built by service/pipeline/results.py, shared with
 recordings; the stream's life is one StreamState (service/pipeline/stream_state.py). Every way it ends is
-a RecognitionError (service/core/errors.py) or a normal end of `events()`.
+a RecognitionError (service/vocabulary/errors.py) or a normal end of `events()`.
 """
 
 from __future__ import annotations
@@ -31,28 +31,13 @@ from typing import Any
 import numpy as np
 from prometheus_client import Histogram
 
-from engine import DecodeOptions, EngineOverloaded, Transcript, UtteranceHandle
-from engine.api import EngineStopped
+from engine.api import DecodeOptions, EngineOverloaded, EngineStopped, Transcript, UtteranceHandle
 from service import metrics
 from service.config import ServerConfig
-from service.core.engine import RecognitionEngine
-from service.core.errors import Code, RecognitionError
-from service.core.types import (
-    CallEvent,
-    CallMetricsReport,
-    EndOfSingleUtterance,
-    EndReason,
-    Reconnect,
-    Result,
-    SpeechTimeout,
-)
-from service.core.types import SpeechEnded as SpeechEndedEvent
-from service.core.types import SpeechStarted as SpeechStartedEvent
 from service.pipeline.audio import TARGET_RATE, AudioFormatError, StreamDecoder, mixdown
 from service.pipeline.call_metrics import CallMetrics, CallMetricsTracker
 from service.pipeline.endpointing import (
     Endpointer,
-    EndpointingError,
     Event,
     ManualTurns,
     SpeculationCancelled,
@@ -67,6 +52,20 @@ from service.pipeline.results import ChannelResults, ResultOptions, end_reason
 from service.pipeline.speculation import Speculations
 from service.pipeline.stream_state import StreamState
 from service.pipeline.vad_batch import vad_batcher
+from service.vocabulary.endpointing import EndpointingError
+from service.vocabulary.engine import RecognitionEngine
+from service.vocabulary.errors import Code, RecognitionError
+from service.vocabulary.types import (
+    CallEvent,
+    CallMetricsReport,
+    EndOfSingleUtterance,
+    EndReason,
+    Reconnect,
+    Result,
+    SpeechTimeout,
+)
+from service.vocabulary.types import SpeechEnded as SpeechEndedEvent
+from service.vocabulary.types import SpeechStarted as SpeechStartedEvent
 
 log = logging.getLogger("service.pipeline.session")
 

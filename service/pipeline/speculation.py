@@ -21,13 +21,11 @@ import concurrent.futures
 import dataclasses
 from dataclasses import dataclass
 
-from engine import DecodeOptions, EngineOverloaded, UtteranceHandle
-from engine.api import EngineStopped
-from engine.request import Priority
+from engine.api import DecodeOptions, EngineOverloaded, EngineStopped, Priority, UtteranceHandle
 from service import metrics
-from service.core.engine import RecognitionEngine
 from service.pipeline.audio import TARGET_RATE
 from service.pipeline.endpointing import Utterance
+from service.vocabulary.engine import RecognitionEngine
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Every telephony call's messages (call_started, transcript, call_ended: service/core/call_hub.py) POSTed
+"""Every telephony call's messages (call_started, transcript, call_ended: service/recognizer/call_hub.py) POSTed
 to one URL (`--call-webhook-url`), signed, retried, never holding up a call.
 
 Each frontend process posts the messages of the calls it carries, one JSON message per request, in the

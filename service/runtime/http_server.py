@@ -20,11 +20,9 @@ from aiohttp.web_protocol import RequestHandler
 
 from service import metrics
 from service.config import ServerConfig
+from service.doors.shared.http_body import BODY_OVERHEAD_BYTES
 
 log = logging.getLogger("service.runtime.http_server")
-
-# On top of the largest recording a door takes (--max-recognize-bytes): multipart boundaries and text fields.
-BODY_OVERHEAD_BYTES = 1 << 20
 
 
 def _over_cap_response(cap: int) -> bytes:

@@ -21,7 +21,7 @@ import grpc
 from grpc import aio
 
 from service import metrics
-from service.runtime.auth import Refusal
+from service.doors.shared.auth import Refusal
 
 # Messages a call counts before it adds them to grpc_server_msg_{received,sent}_total: about a second of
 # 20 ms audio chunks, so a long stream's counters still move while it runs.

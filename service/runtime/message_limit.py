@@ -19,7 +19,7 @@ import grpc
 from grpc import aio
 
 from service import metrics
-from service.core.errors import Code, RecognitionError
+from service.vocabulary.errors import Code, RecognitionError
 
 # Beside the audio, what one streaming request may carry: the first request's config (phrase hints
 # included: at most MAX_PHRASES_READ of them) or a keyterm update.

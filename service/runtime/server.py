@@ -1,6 +1,6 @@
 """One frontend's servers: the gRPC port (grpc.aio: the asr.v1 and Google Speech doors, health, reflection, interceptors)
 and the HTTP port (service/runtime/http_server.py: the HTTP doors), both on one recognition core
-(service/core/recognizer.py), with the engine's lifecycle and a graceful drain: `AsrServer`.
+(service/recognizer/recognizer.py), with the engine's lifecycle and a graceful drain: `AsrServer`.
 
 `asr-server` runs one engine process and N of these servers in frontend processes, their engine an
 `EngineClient` (service/runtime/supervisor.py). In-process (tests, embedding) its engine is an `Engine`:
@@ -26,14 +26,10 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from riva.client.proto import riva_asr_pb2_grpc
 
-from engine import Engine
+from engine.api import Engine
 from engine.client import EngineClient
 from service import metrics
 from service.config import CALL_WEBHOOK_SECRET_ENV, ServerConfig
-from service.core.call_hub import CallHub
-from service.core.engine import RecognitionEngine
-from service.core.recognizer import Recognizer
-from service.core.stream_limit import StreamLimit
 from service.doors import google_speech
 from service.doors.asr_v1 import RecognizerServicer
 from service.doors.asterisk.audiosocket import AudioSocketDoor
@@ -45,14 +41,18 @@ from service.doors.openai_http import OpenAIHttpDoor
 from service.doors.openai_realtime.door import OpenAIRealtimeDoor
 from service.doors.riva import SERVICE_NAME as RIVA_SERVICE_NAME
 from service.doors.riva import RivaServicer
+from service.doors.shared.auth import ENV_VAR, AuthInterceptor, TokenStore, read_secret
 from service.doors.twilio import TwilioDoor
-from service.runtime.auth import ENV_VAR, AuthInterceptor, TokenStore, read_secret
+from service.recognizer.call_hub import CallHub
+from service.recognizer.recognizer import Recognizer
+from service.recognizer.stream_limit import StreamLimit
 from service.runtime.call_webhook import CallWebhook
 from service.runtime.exits import EXIT_ENGINE_FAILED, EXIT_LOAD_FAILED, EXIT_OK
 from service.runtime.http_server import HttpServer
 from service.runtime.interceptors import MetricsInterceptor
 from service.runtime.message_limit import StreamMessageLimit
 from service.runtime.tls import server_credentials
+from service.vocabulary.engine import RecognitionEngine
 
 log = logging.getLogger("service.runtime.server")
 
@@ -90,7 +90,7 @@ class AsrServer:
         self.port = 0
         self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]
         # the engine is attached once loaded (load()); `stream_limit`: a count shared with other frontends
-        # `call_hub`: the frontends' forwarder (service/core/call_hub.py), else this process's own
+        # `call_hub`: the frontends' forwarder (service/recognizer/call_hub.py), else this process's own
         self.recognizer = Recognizer(config, stream_limit=stream_limit, call_hub=call_hub)
         self._server: aio.Server | None = None
         self._shutdown = asyncio.Event()

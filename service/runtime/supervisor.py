@@ -24,7 +24,7 @@ the ceiling (issue 12); frontends scale across cores and the scheduler keeps its
   frontend holds no model: it is back in about a second), unless frontends keep dying (more than
   MAX_RESTARTS within RESTART_WINDOW_S), which is a bug a restart will not fix: then it exits 1.
 - --max-streams is the server's: the frontends count their streams in shared memory the supervisor
-  creates, which gives a dead frontend's places back (service/core/stream_limit.py).
+  creates, which gives a dead frontend's places back (service/recognizer/stream_limit.py).
 - SIGTERM/SIGINT: every frontend drains (health NOT_SERVING, open streams get their finals) while the
   engine keeps serving them; then the engine stops; exit 0 within --drain-seconds. The supervisor alone
   orders this, whoever got the signal: children ignore SIGTERM and SIGINT (systemd's KillMode=
@@ -64,12 +64,12 @@ import prometheus_client
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from engine.config import EngineConfig
+from engine.api import EngineConfig
 from engine.core_process import HEARTBEAT_PENDING, HEARTBEAT_PROGRESS, HEARTBEAT_PUBLISHED, HEARTBEAT_SLOTS
 from engine.cpus import usable_cpus
 from service.config import ServerConfig
-from service.core.call_hub import CallHubForwarder, HubAddresses, ZmqCallHub
-from service.core.stream_limit import SharedStreamCounts, SharedStreamLimit, caller_buckets
+from service.recognizer.call_hub import CallHubForwarder, HubAddresses, ZmqCallHub
+from service.recognizer.stream_limit import SharedStreamCounts, SharedStreamLimit, caller_buckets
 from service.runtime.exits import EXIT_ENGINE_FAILED, EXIT_LOAD_FAILED, EXIT_OK
 from service.runtime.logging import setup_logging
 
@@ -302,7 +302,7 @@ class Supervisor:
         self.frontend_count = config.frontends or default_frontends()
         self.metrics_dir = workdir / "metrics"
         self.address = f"ipc://{workdir / 'engine.sock'}"
-        # telephony calls' transcripts to subscribers on any frontend (service/core/call_hub.py)
+        # telephony calls' transcripts to subscribers on any frontend (service/recognizer/call_hub.py)
         self.hub = HubAddresses(f"ipc://{workdir / 'calls-in.sock'}", f"ipc://{workdir / 'calls-out.sock'}")
         self.ctx = multiprocessing.get_context("spawn")
         self.engine: BaseProcess | None = None
@@ -311,7 +311,7 @@ class Supervisor:
         self.stop_signal: int | None = None
         # written by the engine process only (lock-free: a torn read costs one check, 0.1 s later)
         self.heartbeat = self.ctx.Array("d", HEARTBEAT_SLOTS, lock=False)
-        # --max-streams for the whole server: each frontend's open streams (service/core/stream_limit.py)
+        # --max-streams for the whole server: each frontend's open streams (service/recognizer/stream_limit.py)
         lock_path = workdir / "streams.lock"
         lock_path.touch(mode=0o600)
         buckets = caller_buckets(config.max_streams)  # --max-streams-per-token's table

@@ -20,8 +20,8 @@ import soundfile as sf
 from clients.scoring import corpus_wer, normalize
 from engine import Engine
 from service.config import ServerConfig
-from service.core.types import AudioFormat
 from service.doors.asterisk.websocket import audio_format, parse_media_start
+from service.vocabulary.types import AudioFormat
 from tests.doors.test_twilio import follow
 from tests.support.asterisk import Asterisk
 from tests.support.audio import JFK_FLAC, JFK_TEXT

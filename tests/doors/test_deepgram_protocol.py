@@ -19,7 +19,6 @@ from deepgram.listen.v1.types import (
 )
 from deepgram.types import ListenV1Response
 
-from service.core.framing import Reframer, container_of
 from service.doors.deepgram import messages
 from service.doors.deepgram.options import (
     MAX_ENDPOINTING_MS,
@@ -29,7 +28,8 @@ from service.doors.deepgram.options import (
     parse_listen_options,
 )
 from service.doors.deepgram.utterance_end import UtteranceEndTracker
-from service.pipeline.redaction import Kind
+from service.recognizer.framing import Reframer, container_of
+from service.vocabulary.redaction import Kind
 
 
 def parse(live: bool = True, **query: Any) -> ListenOptions:

@@ -1,4 +1,4 @@
-"""What the gRPC doors share (service/doors/grpc_calls.py), through each door on one real server: a stream
+"""What the gRPC doors share (service/doors/shared/grpc_calls.py), through each door on one real server: a stream
 that sends no first request is refused in time, in the door's own terms, and counted under that door."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from grpc import aio
 from prometheus_client import REGISTRY
 
-from service.doors import grpc_calls
+from service.doors.shared import grpc_calls
 from tests.support.server import ServerThread
 from tests.support.wait import wait_until
 

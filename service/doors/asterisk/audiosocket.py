@@ -24,9 +24,9 @@ import socket
 import uuid
 
 from service.config import ServerConfig, allowed_peers
-from service.core.errors import Code, RecognitionError
-from service.core.recognizer import Recognizer, Stream
-from service.core.types import AudioFormat, CallInfo, Identity, RecognitionSettings, StreamSettings
+from service.recognizer.recognizer import Recognizer, Stream
+from service.vocabulary.errors import Code, RecognitionError
+from service.vocabulary.types import AudioFormat, CallInfo, Identity, RecognitionSettings, StreamSettings
 
 log = logging.getLogger("service.doors.asterisk.audiosocket")
 

@@ -28,14 +28,14 @@ import re
 from aiohttp import WSMsgType, web
 
 from service.config import ServerConfig
-from service.core.call_hub import CALL_ID_SYNTAX
-from service.core.errors import Code, RecognitionError
-from service.core.framing import Reframer
-from service.core.recognizer import Recognizer, Stream
-from service.core.types import AudioFormat, CallInfo, Identity, RecognitionSettings, StreamSettings
-from service.doors.telephony_socket import TelephonySockets, refusal
-from service.doors.ws_deadline import write_within
-from service.runtime.auth import TOKEN_SYNTAX, TokenStore, bearer_token, identity
+from service.doors.shared.auth import TOKEN_SYNTAX, TokenStore, bearer_token, identity
+from service.doors.shared.telephony_socket import TelephonySockets, refusal
+from service.doors.shared.ws_deadline import write_within
+from service.recognizer.call_hub import CALL_ID_SYNTAX
+from service.recognizer.framing import Reframer
+from service.recognizer.recognizer import Recognizer, Stream
+from service.vocabulary.errors import Code, RecognitionError
+from service.vocabulary.types import AudioFormat, CallInfo, Identity, RecognitionSettings, StreamSettings
 
 log = logging.getLogger("service.doors.asterisk.websocket")
 

@@ -32,11 +32,16 @@ from pydantic import BaseModel
 
 from service import metrics
 from service.config import ServerConfig
-from service.core.errors import Code, RecognitionError
-from service.core.framing import Reframer, container_of
-from service.core.rate_limit import TokenBucket
-from service.core.recognizer import Recognizer, Stream
-from service.core.types import (
+from service.doors.deepgram import messages
+from service.doors.deepgram.options import ListenOptions, OptionError, parse_listen_options
+from service.doors.deepgram.utterance_end import UtteranceEndTracker
+from service.doors.shared.auth import TOKEN_SYNTAX, TokenStore, identity
+from service.doors.shared.ws_deadline import Outbox
+from service.recognizer.framing import Reframer, container_of
+from service.recognizer.rate_limit import TokenBucket
+from service.recognizer.recognizer import Recognizer, Stream, probe_recording
+from service.vocabulary.errors import Code, RecognitionError
+from service.vocabulary.types import (
     AudioFormat,
     EndpointSettings,
     EndReason,
@@ -48,12 +53,6 @@ from service.core.types import (
     SpeechStarted,
     StreamSettings,
 )
-from service.doors.deepgram import messages
-from service.doors.deepgram.options import ListenOptions, OptionError, parse_listen_options
-from service.doors.deepgram.utterance_end import UtteranceEndTracker
-from service.doors.ws_deadline import Outbox
-from service.pipeline.audio import probe_recording
-from service.runtime.auth import TOKEN_SYNTAX, TokenStore, identity
 
 log = logging.getLogger("service.doors.deepgram")
 

@@ -37,7 +37,7 @@ from deepgram.types import ListenV1Response
 from pydantic import BaseModel, ValidationError
 
 from service.doors.deepgram.options import OptionWarning
-from service.pipeline.redaction import Kind
+from service.vocabulary.redaction import Kind
 
 MAX_ECHOED_CHARS = 256  # of a client message that could not be read, echoed back in Error.message
 _PLACEHOLDERS = frozenset(k.placeholder for k in Kind)

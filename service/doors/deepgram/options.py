@@ -25,7 +25,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from service.pipeline.redaction import Kind
+from service.vocabulary.redaction import Kind
 
 # Bounds on what a query may make the server hold or work through (the core bounds keyterms themselves).
 MAX_QUERY_VALUES = 512  # parameters in one query, repeats counted (keyterms: the engine takes 100)

@@ -1,6 +1,6 @@
 """The OpenAI Realtime transcription door: `GET /v1/realtime?intent=transcription`, a WebSocket on the HTTP
 port (service/runtime/http_server.py), translated onto one core stream per session
-(service/core/recognizer.py). The protocol's shapes and checks: protocol.py beside it.
+(service/recognizer/recognizer.py). The protocol's shapes and checks: protocol.py beside it.
 
 A session, as OpenAI's server runs it:
 - `session.created` as soon as the socket opens (a client may wait for it before its `session.update`);
@@ -45,10 +45,14 @@ from prometheus_client import Counter
 
 from service import metrics
 from service.config import ServerConfig
-from service.core.errors import Code, RecognitionError
-from service.core.rate_limit import TokenBucket
-from service.core.recognizer import Recognizer, Stream
-from service.core.types import (
+from service.doors.openai_realtime import protocol as rt
+from service.doors.openai_realtime.protocol import ProtocolError, Session, TurnText
+from service.doors.shared.auth import TokenStore, bearer_token, identity
+from service.doors.shared.ws_deadline import Outbox
+from service.recognizer.rate_limit import TokenBucket
+from service.recognizer.recognizer import Recognizer, Stream
+from service.vocabulary.errors import Code, RecognitionError
+from service.vocabulary.types import (
     AudioFormat,
     EndpointSettings,
     EndReason,
@@ -60,10 +64,6 @@ from service.core.types import (
     SpeechStarted,
     StreamSettings,
 )
-from service.doors.openai_realtime import protocol as rt
-from service.doors.openai_realtime.protocol import ProtocolError, Session, TurnText
-from service.doors.ws_deadline import Outbox
-from service.runtime.auth import TokenStore, bearer_token, identity
 
 DOOR = "openai-realtime"
 PATH = "/v1/realtime"

@@ -1,6 +1,7 @@
 """Timed text as SRT and WebVTT: the HTTP door's `response_format=srt|vtt` and asr-client's bulk `.srt` files.
 
-Pure functions over (start_s, end_s, text) cues, so both sides render captions the same way.
+Pure functions over (start_s, end_s, text) cues, so both sides render captions the same way: here, in the
+API's package, because clients import no server code and the server no client code.
 """
 
 from __future__ import annotations

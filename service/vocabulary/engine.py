@@ -12,11 +12,10 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from engine import DecodeOptions, UtteranceHandle
-from engine.api import ModelInfo
+from engine.api import DecodeOptions, ModelInfo, UtteranceHandle
 
 if TYPE_CHECKING:
-    from engine import Engine
+    from engine.api import Engine
     from engine.client import EngineClient
 
 

@@ -1,7 +1,7 @@
 """Where a telephony call's transcripts go besides its own door: subscribers that follow it by call id.
 
 A stream that carries a call (StreamSettings.call: the telephony doors set it) publishes `call_started`,
-each result as `transcript`, and `call_ended` here (service/core/recognizer.py); subscribers
+each result as `transcript`, and `call_ended` here (service/recognizer/recognizer.py); subscribers
 (service/doors/call_transcripts.py) follow one call id, or every call with EVERY_CALL, and may subscribe
 before the call starts. Publishing never waits: a subscriber whose backlog is full is ended
 (SubscriberLagged) and the call goes on as if it were not there.

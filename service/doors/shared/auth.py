@@ -31,7 +31,7 @@ from typing import Any
 import grpc
 from grpc import aio
 
-from service.core.types import Identity
+from service.vocabulary.types import Identity
 
 log = logging.getLogger("service.runtime.auth")
 

@@ -10,8 +10,8 @@ from typing import Any, TypeVar
 
 from grpc import aio
 
-from service.core.errors import Code, RecognitionError
-from service.core.recognizer import Recognizer, Stream
+from service.recognizer.recognizer import Recognizer, Stream
+from service.vocabulary.errors import Code, RecognitionError
 
 FIRST_REQUEST_TIMEOUT_S = 10.0  # a stream that sends no config is not kept waiting for it
 

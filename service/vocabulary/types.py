@@ -10,9 +10,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from service.pipeline.call_metrics import CallMetrics, CallMetricsSettings, ChannelMetrics
-from service.pipeline.endpointing import EndpointSettings
-from service.pipeline.redaction import Kind as Redaction
+from service.vocabulary.call_metrics import CallMetrics, CallMetricsSettings, ChannelMetrics
+from service.vocabulary.endpointing import EndpointSettings
+from service.vocabulary.redaction import Kind as Redaction
 
 __all__ = [
     "AudioFormat",
@@ -139,7 +139,7 @@ class StreamSettings:
 
 @dataclass(frozen=True)
 class Identity:
-    """Who a call is for, as the door authenticated it (runtime/auth.py `identity`), and where it came
+    """Who a call is for, as the door authenticated it (doors/shared/auth.py `identity`), and where it came
     from. Both are safe to log: `principal` is never a token."""
 
     principal: str = "anonymous"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import grpc
 
-from service.core.errors import Code
+from service.vocabulary.errors import Code
 
 
 def grpc_code(code: Code) -> grpc.StatusCode:

@@ -25,16 +25,25 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 
-from engine.api import ModelInfo
-from engine.request import Priority
+from engine.api import ModelInfo, Priority
 from service import metrics
 from service.config import ServerConfig
-from service.core.call_hub import CallHub
-from service.core.engine import RecognitionEngine
-from service.core.errors import Code, RecognitionError
-from service.core.rate_limit import TokenBucket
-from service.core.stream_limit import MAX_STREAMS, MAX_STREAMS_PER_TOKEN, StreamLimit
-from service.core.types import (
+from service.pipeline.audio import EncodedAudio, probe_recording
+
+# `x as x`: what doors take from the pipeline (probe_recording too), exported here for them, so that no
+# door imports the pipeline itself (the `pipeline-behind-recognizer` contract)
+from service.pipeline.audio import validate_stream_format as validate_stream_format
+from service.pipeline.options import decode_options, plan_stream, result_options, with_keyterms
+from service.pipeline.options import whisper_language as whisper_language
+from service.pipeline.recording import RecordingCutter, recognize_recording, too_long
+from service.pipeline.session import StreamSession
+from service.recognizer.call_hub import CallHub
+from service.recognizer.rate_limit import TokenBucket
+from service.recognizer.stream_limit import MAX_STREAMS, MAX_STREAMS_PER_TOKEN, StreamLimit
+from service.vocabulary.endpointing import EndpointSettings
+from service.vocabulary.engine import RecognitionEngine
+from service.vocabulary.errors import Code, RecognitionError
+from service.vocabulary.types import (
     CallEvent,
     CallInfo,
     Identity,
@@ -43,11 +52,6 @@ from service.core.types import (
     Result,
     StreamSettings,
 )
-from service.pipeline.audio import EncodedAudio, probe_recording
-from service.pipeline.endpointing import EndpointSettings
-from service.pipeline.options import decode_options, plan_stream, result_options, with_keyterms
-from service.pipeline.recording import RecordingCutter, recognize_recording, too_long
-from service.pipeline.session import StreamSession
 
 log = logging.getLogger("service.core.recognizer")
 
@@ -85,7 +89,7 @@ class Stream:
             )
 
     def _publish(self, kind: str, **fields: object) -> None:
-        """A message about the call this stream carries, to its subscribers (service/core/call_hub.py)."""
+        """A message about the call this stream carries, to its subscribers (service/recognizer/call_hub.py)."""
         assert self.call is not None
         self._recognizer.call_hub.publish(
             self.call.call_id, {"type": kind, "call_id": self.call.call_id, **fields}
@@ -257,7 +261,7 @@ class Recognizer:
         # where the transcripts of telephony calls go besides their doors: subscribers by call id
         self.call_hub = call_hub or CallHub()
         self.engine = engine  # None while the model loads: calls are refused UNAVAILABLE
-        # --max-streams, shared by every frontend process of asr-server (service/core/stream_limit.py)
+        # --max-streams, shared by every frontend process of asr-server (service/recognizer/stream_limit.py)
         self.stream_limit = stream_limit or StreamLimit(config.max_streams, config.max_streams_per_token)
         self.draining = False
         self.sessions: set[StreamSession] = set()

@@ -1,1 +1,0 @@
-"""The recognition core: protocol-free domain types, errors and the Recognizer every door calls."""
