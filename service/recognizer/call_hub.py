@@ -28,7 +28,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-log = logging.getLogger("service.core.call_hub")
+log = logging.getLogger("service.recognizer.call_hub")
 
 EVERY_CALL = ""  # subscribe to every call
 # a platform's call id as a door takes it from its client: Twilio's CA + 32 hex, a UUID, a SIP Call-ID

@@ -53,7 +53,7 @@ from service.vocabulary.types import (
     StreamSettings,
 )
 
-log = logging.getLogger("service.core.recognizer")
+log = logging.getLogger("service.recognizer.recognizer")
 
 STREAM, RECOGNIZE = "stream", "recognize"  # the `kind` label of the per-door metrics
 

@@ -27,7 +27,7 @@ import aiohttp
 
 from service import metrics
 
-log = logging.getLogger("service.core.call_webhook")
+log = logging.getLogger("service.runtime.call_webhook")
 
 TIMEOUT_S = 10.0
 FIRST_BACKOFF_S, MAX_BACKOFF_S = 0.5, 30.0

@@ -33,7 +33,7 @@ from grpc import aio
 
 from service.vocabulary.types import Identity
 
-log = logging.getLogger("service.runtime.auth")
+log = logging.getLogger("service.doors.shared.auth")
 
 ENV_VAR = "ASR_AUTH_TOKENS"
 # What a token may be: visible ASCII, no spaces (what gRPC metadata and an HTTP header can carry as-is;

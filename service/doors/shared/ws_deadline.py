@@ -15,7 +15,7 @@ from aiohttp import web
 
 from service import metrics
 
-log = logging.getLogger("service.doors.ws_deadline")
+log = logging.getLogger("service.doors.shared.ws_deadline")
 
 
 async def write_within(write: Awaitable[object], request: web.BaseRequest, timeout_s: float) -> bool:
