@@ -24,10 +24,29 @@ from tests.support.server import (
 _rehearsal: gpu_rehearsal.Rehearsal | None = None
 
 
+TESTS = Path(__file__).resolve().parent
+
+
+def tier(item: pytest.Item) -> str:
+    """The tier a test belongs to (pyproject.toml's markers): `engine` (tests/engine: the model and the
+    scheduler), `doors` (tests/doors: each protocol through a real server), `server` (the other tests
+    marked slow: real servers, processes, Prometheus), else `quick` (a few minutes: `pytest -m quick`)."""
+    where = item.path.relative_to(TESTS).parts[0]
+    if where in ("engine", "doors"):
+        return where
+    return "server" if item.get_closest_marker("slow") else "quick"
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by these markers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(tier(item))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
     """The GPU rehearsal runs in the background from here, if its test is selected (see its module)."""
     global _rehearsal
-    if _rehearsal is None and any(item.nodeid == gpu_rehearsal.NODE_ID for item in items):
+    if _rehearsal is None and any(item.nodeid == gpu_rehearsal.NODE_ID for item in session.items):
         _rehearsal = gpu_rehearsal.start()
 
 
