@@ -1,0 +1,202 @@
+"""The SIPREC recording-server door end to end: SIPp (Debian's sip-tester) is the SRC, as an SBC records a
+call, with scenarios in tests/doors/siprec/ in the shapes SBCs send; the two legs' RTP comes from a pcap
+this test writes from real speech (jfk on the caller's leg, an espeak line on the agent's), replayed by
+SIPp's play_pcap_audio (root). Transcripts are read as the other telephony doors' tests read them: a
+subscriber of every call on `/v1/calls/transcripts`."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import secrets
+import shutil
+import struct
+from pathlib import Path
+
+import pytest
+
+from clients.scoring import corpus_wer, normalize
+from tests.doors.test_twilio import AGENT, follow, jfk_mulaw
+from tests.support.audio import JFK_TEXT, speak, to_mulaw_8k_bytes
+from tests.support.server import HOST, ServerThread, free_port
+
+pytestmark = pytest.mark.slow
+SCENARIOS = Path(__file__).parent / "siprec"
+CALL_DEADLINE_S = 120.0
+CALLER_AOR = "sip:+15551230001@customer.example.net"
+AGENT_AOR = "sip:agent42@callcenter.example.com"
+# the call's timeline, as recorded_call.xml's pauses have it: the hold's re-INVITE comes where the pcap
+# has no packets, the BYE right after the caller's last word
+HOLD_AT_S, RESUME_AT_S, BYE_AT_S = 5.0, 7.0, 18.8
+AGENT_AT_S, CALLER_AT_S = 0.5, 7.3
+FRAME = 160  # 20 ms of 8 kHz G.711
+PCMU_SILENCE = b"\xff" * FRAME
+
+
+@pytest.fixture(scope="module")
+def server(door_server: ServerThread) -> ServerThread:
+    return door_server
+
+
+def siprec_port(server: ServerThread) -> int:
+    assert server.server.siprec is not None
+    return server.server.siprec.port
+
+
+def write_pcap(path: Path, legs: list[tuple[int, list[tuple[float, bytes]]]]) -> None:
+    """A pcap (Ethernet, IPv4, UDP, RTP PT 0) of each leg's (time, payload) packets towards its port, in time
+    order: SIPp replays it at those times, each packet's port shifted by the answer's first port."""
+    packets = []
+    for index, (port, frames) in enumerate(legs):
+        ssrc = 0x5150_0000 + index
+        for seq, (at, payload) in enumerate(frames):
+            rtp = struct.pack("!BBHII", 0x80, 0, seq & 0xFFFF, round(at * 8000) & 0xFFFFFFFF, ssrc) + payload
+            udp = struct.pack("!HHHH", 30000 + 2 * index, port, 8 + len(rtp), 0) + rtp
+            ip = struct.pack(
+                "!BBHHHBBH4s4s",
+                0x45,
+                0,
+                20 + len(udp),
+                0,
+                0x4000,
+                64,
+                17,
+                0,
+                bytes([127, 0, 0, 1]),
+                bytes([127, 0, 0, 1]),
+            )
+            checksum = sum(struct.unpack("!10H", ip))
+            checksum = (checksum & 0xFFFF) + (checksum >> 16)
+            ip = ip[:10] + struct.pack("!H", ~checksum & 0xFFFF) + ip[12:]
+            frame = b"\x00" * 12 + b"\x08\x00" + ip + udp
+            packets.append((at, frame))
+    packets.sort(key=lambda p: p[0])
+    out = [struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, 1)]
+    for at, frame in packets:
+        seconds, micros = int(at), round((at - int(at)) * 1e6)
+        out.append(struct.pack("<IIII", seconds, micros, len(frame), len(frame)) + frame)
+    path.write_bytes(b"".join(out))
+
+
+def leg_frames(audio: bytes, start_s: float, end_s: float) -> list[tuple[float, bytes]]:
+    """20 ms packets from 0 to end_s with `audio` from start_s (silence around it), none during the hold
+    (the SRC sends nothing while the call is held; its RTP clock goes on)."""
+    frames = []
+    for i in range(round(end_s * 50)):
+        at = i / 50
+        if HOLD_AT_S <= at < RESUME_AT_S:
+            continue
+        offset = round((at - start_s) * 8000)
+        chunk = audio[offset : offset + FRAME] if offset >= 0 else b""
+        frames.append((at, chunk + PCMU_SILENCE[len(chunk) :]))
+    return frames
+
+
+async def run_sipp(
+    scenario: str, port: int, folder: Path, call_id: str, *keys: tuple[str, str], timeout_s: float = 90.0
+) -> tuple[int, str]:
+    """SIPp as the SRC running one call of `scenario` in `folder` (its pcaps there); its exit code and the
+    messages it sent and received."""
+    messages = folder / f"{call_id}-messages.log"
+    args = [
+        shutil.which("sipp") or "sipp",
+        f"{HOST}:{port}",
+        *("-sf", str(SCENARIOS / scenario), "-m", "1", "-i", HOST, "-p", str(free_port())),
+        *("-mi", HOST, "-mp", str(free_port() & ~1), "-cid_str", f"{call_id}-%u"),
+        *("-timeout", f"{timeout_s:g}s", "-timeout_error", "-nostdin"),
+        *(
+            "-trace_msg",
+            "-message_file",
+            str(messages),
+            "-trace_err",
+            "-error_file",
+            str(folder / "errors.log"),
+        ),
+    ]
+    for name, value in keys:
+        args += ["-key", name, value]
+    process = await asyncio.create_subprocess_exec(
+        *args,
+        cwd=folder,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    output, _ = await process.communicate()
+    errors = folder / "errors.log"
+    log = messages.read_text(errors="replace") if messages.exists() else ""
+    if process.returncode != 0:
+        log += output.decode(errors="replace")[-3000:] + (errors.read_text() if errors.exists() else "")
+    assert process.returncode is not None
+    return process.returncode, log
+
+
+def responses(log: str, status: int) -> list[str]:
+    """The responses of `status` SIPp received, as text."""
+    return [m for m in re.split(r"\n-{5,}[^\n]*\n", log) if re.search(rf"^\s*SIP/2\.0 {status} ", m, re.M)]
+
+
+def answered_ports(message: str) -> list[int]:
+    return [int(p) for p in re.findall(r"^\s*m=audio (\d+) ", message, re.M)]
+
+
+async def test_a_recorded_call_is_transcribed_per_participant_through_hold_and_bye(
+    server: ServerThread, tmp_path: Path
+) -> None:
+    """An SBC records a call: the multipart INVITE is answered 200 with two recvonly ports (PCMU, as offered
+    first), the caller's leg (jfk) and the agent's (an espeak line) are transcribed, each labelled by its
+    participant's role from the rs-metadata, its AOR in the call's attributes; the hold's re-INVITE gets a=inactive on the same ports, the
+    resume's a=recvonly; the caller's last words, right before BYE, are in a final; then call_ended."""
+    call_id = "siprec-" + secrets.token_hex(6)
+    agent = to_mulaw_8k_bytes(speak(AGENT))
+    caller = jfk_mulaw()
+    end_s = BYE_AT_S - 0.2
+    assert CALLER_AT_S + len(caller) / 8000 < end_s and AGENT_AT_S + len(agent) / 8000 < HOLD_AT_S
+    write_pcap(
+        tmp_path / "call.pcap",
+        [(6000, leg_frames(caller, CALLER_AT_S, end_s)), (6002, leg_frames(agent, AGENT_AT_S, end_s))],
+    )
+    call = f"{call_id}-1"  # SIPp's Call-ID (-cid_str), which the door makes the call id
+    async with asyncio.timeout(CALL_DEADLINE_S), follow(server, call) as (one, reader):
+        code, log = await run_sipp(
+            "recorded_call.xml",
+            siprec_port(server),
+            tmp_path,
+            call_id,
+            ("caller_aor", CALLER_AOR),
+            ("agent_aor", AGENT_AOR),
+        )
+        assert code == 0, log
+        await reader  # the subscriber's socket closes after call_ended
+    mine = one.messages
+    started = mine[0]
+    assert started["type"] == "call_started" and started["platform"] == "siprec", mine
+    # the metadata names each participant (<name>Caller</name>, <name>Agent</name>): the legs are labelled
+    # by those roles, and each participant's AOR comes with the call
+    assert started["channels"] == ["caller", "agent"]
+    assert started["attributes"] == {
+        "session_id": "c2lwcmVjLXRlc3Qtc2Vzc2lvbg==",
+        "aor.caller": CALLER_AOR,
+        "aor.agent": AGENT_AOR,
+    }
+    assert mine[-1]["type"] == "call_ended" and mine[-1]["status"] == "OK", mine[-1]
+
+    def finals(channel: str) -> str:
+        return " ".join(
+            m["text"] for m in mine if m["type"] == "transcript" and m["is_final"] and m["channel"] == channel
+        )
+
+    assert corpus_wer([normalize(JFK_TEXT)], [normalize(finals("caller"))]) < 0.25, finals("caller")
+    assert normalize(finals("caller")).split()[-1] == "country", finals("caller")  # the last words
+    assert "thank you for calling" in normalize(finals("agent")), finals("agent")
+    assert "country" not in normalize(finals("agent"))
+    first_caller = next(m for m in mine if m["type"] == "transcript" and m["channel"] == "caller")
+    assert first_caller["start_s"] >= CALLER_AT_S - 0.5  # the call's own time, the hold counted
+
+    first, hold, resume = responses(log, 200)[:3]
+    assert "a=recvonly" in first and "a=label:1" in first and "a=label:2" in first, first
+    assert re.search(r"^\s*m=audio \d+ RTP/AVP 0\s*$", first, re.M), first
+    ports = answered_ports(first)
+    assert len(ports) == 2 and ports[1] == ports[0] + 2, first
+    assert answered_ports(hold) == ports and hold.count("a=inactive") == 2, hold
+    assert answered_ports(resume) == ports and resume.count("a=recvonly") == 2, resume
