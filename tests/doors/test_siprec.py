@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from clients.scoring import corpus_wer, normalize
+from engine import Engine
+from service.config import ServerConfig
 from tests.doors.test_twilio import AGENT, follow, jfk_mulaw
 from tests.support.audio import JFK_TEXT, speak, to_mulaw_8k_bytes
 from tests.support.server import HOST, ServerThread, free_port
@@ -93,7 +95,13 @@ def leg_frames(audio: bytes, start_s: float, end_s: float) -> list[tuple[float, 
 
 
 async def run_sipp(
-    scenario: str, port: int, folder: Path, call_id: str, *keys: tuple[str, str], timeout_s: float = 90.0
+    scenario: str,
+    port: int,
+    folder: Path,
+    call_id: str,
+    *keys: tuple[str, str],
+    timeout_s: float = 90.0,
+    transport: str = "u1",
 ) -> tuple[int, str]:
     """SIPp as the SRC running one call of `scenario` in `folder` (its pcaps there); its exit code and the
     messages it sent and received."""
@@ -101,7 +109,7 @@ async def run_sipp(
     args = [
         shutil.which("sipp") or "sipp",
         f"{HOST}:{port}",
-        *("-sf", str(SCENARIOS / scenario), "-m", "1", "-i", HOST, "-p", str(free_port())),
+        *("-sf", str(SCENARIOS / scenario), "-t", transport, "-m", "1", "-i", HOST, "-p", str(free_port())),
         *("-mi", HOST, "-mp", str(free_port() & ~1), "-cid_str", f"{call_id}-%u"),
         *("-timeout", f"{timeout_s:g}s", "-timeout_error", "-nostdin"),
         *(
@@ -200,3 +208,142 @@ async def test_a_recorded_call_is_transcribed_per_participant_through_hold_and_b
     assert len(ports) == 2 and ports[1] == ports[0] + 2, first
     assert answered_ports(hold) == ports and hold.count("a=inactive") == 2, hold
     assert answered_ports(resume) == ports and resume.count("a=recvonly") == 2, resume
+
+
+SDP_OFFER = (
+    "v=0\r\no=SBC 1 1 IN IP4 127.0.0.1\r\ns=SIPREC\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n"
+    "m=audio 7000 RTP/AVP {formats}\r\na=label:1\r\na=sendonly\r\n"
+)
+METADATA = (
+    '<?xml version="1.0" encoding="UTF-8"?>\r\n<recording xmlns="urn:ietf:params:xml:ns:recording:1">'
+    '<datamode>complete</datamode><session session_id="s1"/>'
+    '<participant participant_id="p1"><nameID aor="sip:alice@example.net"/></participant>'
+    '<stream stream_id="st1" session_id="s1"><label>1</label></stream>'
+    '<participantstreamassoc participant_id="p1"><send>st1</send></participantstreamassoc></recording>'
+)
+MULTIPART = "multipart/mixed;boundary=b1"
+
+
+def multipart(sdp_text: str, metadata: str = METADATA) -> str:
+    return (
+        f"--b1\r\nContent-Type: application/sdp\r\n\r\n{sdp_text}\r\n"
+        "--b1\r\nContent-Type: application/rs-metadata+xml\r\nContent-Disposition: recording-session\r\n\r\n"
+        f"{metadata}\r\n--b1--"
+    )
+
+
+async def request(
+    server: ServerThread,
+    tmp_path: Path,
+    method: str,
+    content_type: str = "",
+    body: str = "",
+    transport: str = "u1",
+) -> str:
+    """One request by SIPp (request.xml); its final response, as text."""
+    call_id = f"{method.lower()}-" + secrets.token_hex(6)
+    scenario = tmp_path / f"{call_id}.xml"  # SIPp takes no keyword for the method: it is written in
+    scenario.write_text((SCENARIOS / "request.xml").read_text().replace("[method]", method))
+    code, log = await run_sipp(
+        str(scenario),
+        siprec_port(server),
+        tmp_path,
+        call_id,
+        ("content_type", content_type or "application/sdp"),
+        ("body", body),
+        timeout_s=30,
+        transport=transport,
+    )
+    assert code == 0, log
+    finals = [m for m in re.split(r"\n-{5,}[^\n]*\n", log) if re.search(r"^\s*SIP/2\.0 [2-6]\d\d ", m, re.M)]
+    assert len(finals) == 1, log
+    return finals[0]
+
+
+def status_of(response: str) -> int:
+    match = re.search(r"^\s*SIP/2\.0 (\d{3}) ", response, re.M)
+    assert match, response
+    return int(match.group(1))
+
+
+@pytest.mark.parametrize("transport", ["u1", "t1"])
+async def test_options_is_answered_200_with_what_the_door_takes(
+    server: ServerThread, tmp_path: Path, transport: str
+) -> None:
+    """An SBC's OPTIONS ping, over UDP and TCP: 200 with Allow, Accept and Supported (siprec)."""
+    response = await request(server, tmp_path, "OPTIONS", transport=transport)
+    assert status_of(response) == 200, response
+    assert re.search(r"^\s*Allow: .*INVITE.*BYE", response, re.M), response
+    assert "application/rs-metadata+xml" in response and re.search(r"Supported: .*siprec", response), response
+
+
+@pytest.mark.parametrize(
+    ("content_type", "body", "status", "named"),
+    [
+        (
+            "application/sdp",
+            SDP_OFFER.format(formats="0"),
+            415,
+            "Content-Type: application/sdp is not SIPREC",
+        ),
+        (MULTIPART, multipart(SDP_OFFER.format(formats="18")), 488, "no audio m-line offers PCMU or PCMA"),
+        (MULTIPART, multipart(SDP_OFFER.format(formats="0").replace("m=audio", "m=video")), 488, "SDP:"),
+        (MULTIPART, multipart(SDP_OFFER.format(formats="0"), metadata="<recording"), 400, "rs-metadata: "),
+        ("text/plain", "record me", 415, "Content-Type: text/plain"),
+    ],
+)
+async def test_an_invite_that_is_no_usable_siprec_offer_gets_4xx_naming_it(
+    server: ServerThread, tmp_path: Path, content_type: str, body: str, status: int, named: str
+) -> None:
+    """A body that is not SIPREC's (415, with Accept), an offer without PCMU/PCMA audio (488), metadata that
+    is not XML (400): the status, and a Warning naming what is wrong."""
+    response = await request(server, tmp_path, "INVITE", content_type, body)
+    assert status_of(response) == status, response
+    assert named in response, response
+    if status == 415:
+        assert re.search(r"^\s*Accept: .*multipart/mixed", response, re.M), response
+
+
+async def test_other_methods_get_405_and_a_bye_outside_a_dialog_481(
+    server: ServerThread, tmp_path: Path
+) -> None:
+    """MESSAGE is no method of a recording server: 405 with Allow; a BYE for no recording: 481."""
+    response = await request(server, tmp_path, "MESSAGE", "text/plain", "hello")
+    assert status_of(response) == 405 and re.search(r"^\s*Allow: INVITE", response, re.M), response
+    assert status_of(await request(server, tmp_path, "BYE")) == 481
+
+
+async def test_a_peer_outside_the_allowed_peers_gets_403(service_engine: Engine, tmp_path: Path) -> None:
+    """SIP carries no credentials: a server whose --siprec-allowed-peers leaves out loopback answers an
+    INVITE and an OPTIONS from 127.0.0.1 with 403, naming the flag."""
+    server = ServerThread(
+        ServerConfig(siprec_port=free_port(), siprec_allowed_peers="10.0.0.0/8"), service_engine
+    )
+    server.start()
+    try:
+        for method, content_type, body in (
+            ("OPTIONS", "", ""),
+            ("INVITE", MULTIPART, multipart(SDP_OFFER.format(formats="0"))),
+        ):
+            response = await request(server, tmp_path, method, content_type, body)
+            assert status_of(response) == 403 and "--siprec-allowed-peers" in response, response
+    finally:
+        await asyncio.to_thread(server.stop)
+
+
+async def test_an_invite_past_max_streams_gets_503_with_retry_after(
+    service_engine: Engine, tmp_path: Path
+) -> None:
+    """The door's streams count against --max-streams as every door's: with one stream allowed, a first
+    recording is answered 200 and a second 503 with Retry-After, its Warning naming max_streams."""
+    server = ServerThread(ServerConfig(siprec_port=free_port(), max_streams=1), service_engine)
+    server.start()
+    try:
+        offer = multipart(SDP_OFFER.format(formats="8 0"))
+        first = await request(server, tmp_path, "INVITE", MULTIPART, offer)
+        assert status_of(first) == 200 and re.search(r"^\s*m=audio \d+ RTP/AVP 8\s*$", first, re.M), first
+        second = await request(server, tmp_path, "INVITE", MULTIPART, offer)
+        assert status_of(second) == 503 and "max_streams" in second, second
+        assert re.search(r"^\s*Retry-After: \d+", second, re.M), second
+    finally:
+        await asyncio.to_thread(server.stop)

@@ -390,6 +390,14 @@ class SiprecDoor:
                 503, "the server is draining; retry on another replica", [("Retry-After", str(RETRY_AFTER_S))]
             )
         reply(sip.response(message, 100).serialize())
+        kind = message.get("Content-Type").split(";")[0].strip().lower()
+        if kind != "multipart/mixed":  # an INVITE of SDP alone is a call, not a recording session
+            raise Refusal(
+                415,
+                f"Content-Type: {kind or 'none'} is not SIPREC's (multipart/mixed: application/sdp and "
+                "application/rs-metadata+xml)",
+                [("Accept", ACCEPT)],
+            )
         body = split_body(message)
         if not body.metadata:
             raise Refusal(
