@@ -347,3 +347,47 @@ async def test_an_invite_past_max_streams_gets_503_with_retry_after(
         assert re.search(r"^\s*Retry-After: \d+", second, re.M), second
     finally:
         await asyncio.to_thread(server.stop)
+
+
+async def test_a_drain_answers_new_sessions_503_and_ends_recordings_in_flight_with_bye(
+    service_engine: Engine, tmp_path: Path
+) -> None:
+    """A recording in flight when the server drains: OPTIONS (an SBC's ping) and a new INVITE get 503 with
+    Retry-After; the recording's stream finishes what it heard (its finals, then call_ended) and the SRC
+    gets a BYE, which SIPp answers 200."""
+    server = ServerThread(ServerConfig(siprec_port=free_port()), service_engine, http=True).start()
+    try:
+        call_id = "drained-" + secrets.token_hex(6)
+        caller = jfk_mulaw()
+        write_pcap(
+            tmp_path / "call.pcap", [(6000, leg_frames(caller, 0.3, 12.0)), (6002, leg_frames(b"", 0, 12.0))]
+        )
+        async with asyncio.timeout(CALL_DEADLINE_S), follow(server, f"{call_id}-1") as (one, reader):
+            sipp = asyncio.create_task(
+                run_sipp(
+                    "ended_by_server.xml",
+                    siprec_port(server),
+                    tmp_path,
+                    call_id,
+                    ("caller_aor", CALLER_AOR),
+                    ("agent_aor", AGENT_AOR),
+                    timeout_s=60,
+                )
+            )
+            await asyncio.sleep(4.5)  # past "and so my fellow Americans" (before the hold in the pcap)
+            server.loop.call_soon_threadsafe(server.server.recognizer.drain)
+            options = await request(server, tmp_path, "OPTIONS")
+            invite = await request(
+                server, tmp_path, "INVITE", MULTIPART, multipart(SDP_OFFER.format(formats="0"))
+            )
+            code, log = await sipp
+            await reader
+        assert code == 0, log  # the server's BYE came and was answered
+        for response in (options, invite):
+            assert status_of(response) == 503 and "draining" in response, response
+            assert re.search(r"^\s*Retry-After: \d+", response, re.M), response
+        finals = " ".join(m["text"] for m in one.messages if m["type"] == "transcript" and m["is_final"])
+        assert "my fellow america" in normalize(finals), one.messages
+        assert one.messages[-1]["type"] == "call_ended", one.messages
+    finally:
+        await asyncio.to_thread(server.stop)
