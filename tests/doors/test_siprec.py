@@ -315,17 +315,18 @@ async def test_other_methods_get_405_and_a_bye_outside_a_dialog_481(
 
 async def test_a_peer_outside_the_allowed_peers_gets_403(service_engine: Engine, tmp_path: Path) -> None:
     """SIP carries no credentials: a server whose --siprec-allowed-peers leaves out loopback answers an
-    INVITE and an OPTIONS from 127.0.0.1 with 403, naming the flag."""
+    INVITE and an OPTIONS from 127.0.0.1 with 403, naming the flag, over UDP and TCP."""
     server = ServerThread(
         ServerConfig(siprec_port=free_port(), siprec_allowed_peers="10.0.0.0/8"), service_engine
     )
     server.start()
     try:
-        for method, content_type, body in (
-            ("OPTIONS", "", ""),
-            ("INVITE", MULTIPART, multipart(SDP_OFFER.format(formats="0"))),
+        for method, content_type, body, transport in (
+            ("OPTIONS", "", "", "u1"),
+            ("INVITE", MULTIPART, multipart(SDP_OFFER.format(formats="0")), "u1"),
+            ("OPTIONS", "", "", "t1"),
         ):
-            response = await request(server, tmp_path, method, content_type, body)
+            response = await request(server, tmp_path, method, content_type, body, transport)
             assert status_of(response) == 403 and "--siprec-allowed-peers" in response, response
     finally:
         await asyncio.to_thread(server.stop)
@@ -389,5 +390,20 @@ async def test_a_drain_answers_new_sessions_503_and_ends_recordings_in_flight_wi
         finals = " ".join(m["text"] for m in one.messages if m["type"] == "transcript" and m["is_final"])
         assert "my fellow america" in normalize(finals), one.messages
         assert one.messages[-1]["type"] == "call_ended", one.messages
+    finally:
+        await asyncio.to_thread(server.stop)
+
+
+async def test_a_message_past_max_message_bytes_gets_513(service_engine: Engine, tmp_path: Path) -> None:
+    """--siprec-max-message-bytes bounds what one SIP message may make the door read: past it, 513 with a
+    Warning naming the flag; a message within it is answered as ever."""
+    server = ServerThread(
+        ServerConfig(siprec_port=free_port(), siprec_max_message_bytes=2048), service_engine
+    )
+    server.start()
+    try:
+        response = await request(server, tmp_path, "OPTIONS", "text/plain", "x" * 3000)
+        assert status_of(response) == 513 and "--siprec-max-message-bytes" in response, response
+        assert status_of(await request(server, tmp_path, "OPTIONS", "text/plain", "x" * 1000)) == 200
     finally:
         await asyncio.to_thread(server.stop)

@@ -236,6 +236,8 @@ class SiprecDoor:
                     break
                 for message in messages:
                     self.received(message, (str(peer[0]), int(peer[1])), reply)
+                if messages and not self._allowed(str(peer[0])):
+                    break  # answered 403: a stranger keeps no connection open here
         except ConnectionError:
             pass
         finally:
@@ -264,16 +266,14 @@ class SiprecDoor:
                 "siprec: a peer outside --siprec-allowed-peers was refused",
                 extra={"fields": {"peer": peer[0], "method": method}},
             )
-            self._respond(
+            # answered, not kept for retransmissions: a stranger's requests hold no memory here
+            forbidden = sip.response(
                 message,
-                reply,
-                sip.response(
-                    message,
-                    403,
-                    to_tag=sip.new_tag(),
-                    headers=[("Warning", '399 asr-server "this peer is not in --siprec-allowed-peers"')],
-                ),
+                403,
+                to_tag=sip.new_tag(),
+                headers=[("Warning", '399 asr-server "this peer is not in --siprec-allowed-peers"')],
             )
+            reply(forbidden.serialize())
             return
         if len(data) > self.config.siprec_max_message_bytes:
             self._respond(
