@@ -20,7 +20,7 @@ from engine import Engine
 from service.config import ServerConfig
 from tests.doors.test_twilio import AGENT, follow, jfk_mulaw
 from tests.support.audio import JFK_TEXT, speak, to_mulaw_8k_bytes
-from tests.support.server import HOST, ServerThread, free_port
+from tests.support.server import HOST, ServerProcess, ServerThread, free_port
 
 pytestmark = pytest.mark.slow
 SCENARIOS = Path(__file__).parent / "siprec"
@@ -40,8 +40,8 @@ def server(door_server: ServerThread) -> ServerThread:
     return door_server
 
 
-def siprec_port(server: ServerThread) -> int:
-    assert server.server.siprec is not None
+def siprec_port(server: ServerThread | ServerProcess) -> int:
+    assert isinstance(server, ServerThread) and server.server.siprec is not None
     return server.server.siprec.port
 
 
@@ -233,20 +233,21 @@ def multipart(sdp_text: str, metadata: str = METADATA) -> str:
 
 
 async def request(
-    server: ServerThread,
+    server: ServerThread | ServerProcess,
     tmp_path: Path,
     method: str,
     content_type: str = "",
     body: str = "",
     transport: str = "u1",
+    port: int = 0,
 ) -> str:
-    """One request by SIPp (request.xml); its final response, as text."""
+    """One request by SIPp (request.xml) to the server's SIPREC port (or `port`); its final response."""
     call_id = f"{method.lower()}-" + secrets.token_hex(6)
     scenario = tmp_path / f"{call_id}.xml"  # SIPp takes no keyword for the method: it is written in
     scenario.write_text((SCENARIOS / "request.xml").read_text().replace("[method]", method))
     code, log = await run_sipp(
         str(scenario),
-        siprec_port(server),
+        port or siprec_port(server),
         tmp_path,
         call_id,
         ("content_type", content_type or "application/sdp"),
@@ -307,10 +308,12 @@ async def test_an_invite_that_is_no_usable_siprec_offer_gets_4xx_naming_it(
 async def test_other_methods_get_405_and_a_bye_outside_a_dialog_481(
     server: ServerThread, tmp_path: Path
 ) -> None:
-    """MESSAGE is no method of a recording server: 405 with Allow; a BYE for no recording: 481."""
+    """MESSAGE is no method of a recording server: 405 with Allow; a BYE for no recording, and a CANCEL of
+    no INVITE: 481."""
     response = await request(server, tmp_path, "MESSAGE", "text/plain", "hello")
     assert status_of(response) == 405 and re.search(r"^\s*Allow: INVITE", response, re.M), response
     assert status_of(await request(server, tmp_path, "BYE")) == 481
+    assert status_of(await request(server, tmp_path, "CANCEL")) == 481
 
 
 async def test_a_peer_outside_the_allowed_peers_gets_403(service_engine: Engine, tmp_path: Path) -> None:
@@ -407,3 +410,22 @@ async def test_a_message_past_max_message_bytes_gets_513(service_engine: Engine,
         assert status_of(await request(server, tmp_path, "OPTIONS", "text/plain", "x" * 1000)) == 200
     finally:
         await asyncio.to_thread(server.stop)
+
+
+async def test_every_frontend_serves_the_sip_port(tmp_path: Path) -> None:
+    """asr-server with two frontend processes: the supervisor reserves --siprec-port and each frontend binds
+    it (UDP and TCP, SO_REUSEPORT); OPTIONS from many source ports over both transports are all answered
+    200, and a recording is answered 200 with its RTP ports."""
+    port = free_port()
+    process = ServerProcess("--frontends", "2", "--siprec-port", str(port))
+    server = await asyncio.to_thread(process.wait_serving)
+    try:
+        for transport in ("u1", "t1", "u1", "t1"):
+            assert (
+                status_of(await request(server, tmp_path, "OPTIONS", transport=transport, port=port)) == 200
+            )
+        offer = multipart(SDP_OFFER.format(formats="0"))
+        answer = await request(server, tmp_path, "INVITE", MULTIPART, offer, port=port)
+        assert status_of(answer) == 200 and len(answered_ports(answer)) == 1, answer
+    finally:
+        server.stop()
