@@ -60,6 +60,13 @@ class ServerConfig:
             "help": "address the SIPREC door's SIP and RTP sockets bind to (the SBC's side of the network)"
         },
     )
+    siprec_media_address: str = field(
+        default="",
+        metadata={
+            "help": "the address the SIPREC door's SDP answers and Contact give the SBC, where it sends RTP "
+            "and in-dialog requests (empty: --siprec-host, or this host's address when that is 0.0.0.0 or ::)"
+        },
+    )
     siprec_allowed_peers: str = field(
         default="127.0.0.0/8,::1/128",
         metadata={

@@ -429,3 +429,24 @@ async def test_every_frontend_serves_the_sip_port(tmp_path: Path) -> None:
         assert status_of(answer) == 200 and len(answered_ports(answer)) == 1, answer
     finally:
         server.stop()
+
+
+async def test_a_door_bound_to_every_address_answers_with_the_media_address(
+    service_engine: Engine, tmp_path: Path
+) -> None:
+    """Bound to 0.0.0.0 (a pod's every interface), the answer cannot say c=IN IP4 0.0.0.0 (RFC 2543's
+    hold): it gives --siprec-media-address, where the SBC sends RTP, in c= and o= and the Contact."""
+    server = ServerThread(
+        ServerConfig(siprec_port=free_port(), siprec_host="0.0.0.0", siprec_media_address="127.0.0.1"),
+        service_engine,
+    )
+    server.start()
+    try:
+        answer = await request(
+            server, tmp_path, "INVITE", MULTIPART, multipart(SDP_OFFER.format(formats="0"))
+        )
+        assert status_of(answer) == 200, answer
+        assert re.search(r"^\s*c=IN IP4 127\.0\.0\.1\s*$", answer, re.M), answer
+        assert "0.0.0.0" not in answer, answer
+    finally:
+        await asyncio.to_thread(server.stop)

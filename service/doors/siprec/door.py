@@ -29,6 +29,7 @@ import functools
 import ipaddress
 import logging
 import secrets
+import socket
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -130,6 +131,20 @@ def leg_labels(offer_labels: list[str], meta: md.Metadata) -> list[str]:
     return labels
 
 
+def media_address(config: ServerConfig) -> str:
+    """What the answers say to send RTP to: a wildcard bind address is no address to send to (0.0.0.0 in
+    c= is RFC 2543's hold)."""
+    if config.siprec_media_address:
+        return config.siprec_media_address
+    host = config.siprec_host.strip("[]")
+    if host not in ("0.0.0.0", "::", ""):
+        return host
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
 @dataclass
 class Recording:
     """One SIPREC dialog and its stream."""
@@ -159,6 +174,7 @@ class SiprecDoor:
         self.reuse_port = reuse_port
         self.allowed = allowed_peers(config.siprec_allowed_peers)
         self.port = 0
+        self.media_address = media_address(config)
         self._udp: asyncio.DatagramTransport | None = None
         self._tcp: asyncio.Server | None = None
         self._receiver: rtp.Receiver | None = None
@@ -479,11 +495,9 @@ class SiprecDoor:
         ports: list[int | None] = [None] * len(offer.lines)
         for index, port in zip(recording.lines, recording.socks_ports, strict=True):
             ports[index] = port
-        answer = sdp.answer(
-            offer, ports, self.config.siprec_host, recording.sdp_session_id, recording.sdp_version
-        )
+        answer = sdp.answer(offer, ports, self.media_address, recording.sdp_session_id, recording.sdp_version)
         recording.sdp_version += 1
-        host = self.config.siprec_host
+        host = self.media_address
         contact_host = f"[{host}]" if ":" in host else host
         return sip.response(
             request,
@@ -603,7 +617,7 @@ class SiprecDoor:
             contact[contact.find("<") + 1 : contact.find(">")] if "<" in contact else contact.split(";")[0]
         )
         transport = "TCP" if isinstance(recording.reply, _TcpReply) else "UDP"
-        host = self.config.siprec_host
+        host = self.media_address
         bye = sip.Message(
             f"BYE {target or invite.start.split()[1]} SIP/2.0",
             [
