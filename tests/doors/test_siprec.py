@@ -148,13 +148,15 @@ def answered_ports(message: str) -> list[int]:
     return [int(p) for p in re.findall(r"^\s*m=audio (\d+) ", message, re.M)]
 
 
+@pytest.mark.parametrize("transport", ["u1", "t1"])
 async def test_a_recorded_call_is_transcribed_per_participant_through_hold_and_bye(
-    server: ServerThread, tmp_path: Path
+    server: ServerThread, tmp_path: Path, transport: str
 ) -> None:
     """An SBC records a call: the multipart INVITE is answered 200 with two recvonly ports (PCMU, as offered
     first), the caller's leg (jfk) and the agent's (an espeak line) are transcribed, each labelled by its
     participant's role from the rs-metadata, its AOR in the call's attributes; the hold's re-INVITE gets a=inactive on the same ports, the
-    resume's a=recvonly; the caller's last words, right before BYE, are in a final; then call_ended."""
+    resume's a=recvonly; the caller's last words, right before BYE, are in a final; then call_ended. SIP
+    over UDP (the 2xx sent again until the ACK) and TCP."""
     call_id = "siprec-" + secrets.token_hex(6)
     agent = to_mulaw_8k_bytes(speak(AGENT))
     caller = jfk_mulaw()
@@ -173,6 +175,7 @@ async def test_a_recorded_call_is_transcribed_per_participant_through_hold_and_b
             call_id,
             ("caller_aor", CALLER_AOR),
             ("agent_aor", AGENT_AOR),
+            transport=transport,
         )
         assert code == 0, log
         await reader  # the subscriber's socket closes after call_ended
