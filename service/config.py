@@ -82,6 +82,14 @@ class ServerConfig:
             "answered 503 with Retry-After"
         },
     )
+    siprec_rtp_timeout: float = field(
+        default=300.0,
+        metadata={
+            "help": "seconds a SIPREC recording may go without an RTP packet on any leg (an SRC that died "
+            "without a BYE, or a hold that long) before the door ends it, its last words transcribed, and "
+            "sends the SRC a BYE; its place under --max-streams is freed (0: off)"
+        },
+    )
     siprec_max_message_bytes: int = field(
         default=65536,
         metadata={
@@ -530,6 +538,8 @@ def validate(config: ServerConfig) -> None:
         rtp_port_range(config.siprec_rtp_ports)
     except ValueError as e:
         problems.append(f"--siprec-rtp-ports: {e}")
+    if config.siprec_rtp_timeout < 0:
+        problems.append("--siprec-rtp-timeout must be 0 (off) or more")
     if config.siprec_max_message_bytes < 1024:
         problems.append("--siprec-max-message-bytes must be at least 1024")
     if not 0 <= config.http_port <= 65535:

@@ -243,9 +243,11 @@ async def request(
     body: str = "",
     transport: str = "u1",
     port: int = 0,
+    call_id: str = "",
 ) -> str:
-    """One request by SIPp (request.xml) to the server's SIPREC port (or `port`); its final response."""
-    call_id = f"{method.lower()}-" + secrets.token_hex(6)
+    """One request by SIPp (request.xml) to the server's SIPREC port (or `port`), its Call-ID `call_id`-1;
+    its final response."""
+    call_id = call_id or f"{method.lower()}-" + secrets.token_hex(6)
     scenario = tmp_path / f"{call_id}.xml"  # SIPp takes no keyword for the method: it is written in
     scenario.write_text((SCENARIOS / "request.xml").read_text().replace("[method]", method))
     code, log = await run_sipp(
@@ -451,5 +453,30 @@ async def test_a_door_bound_to_every_address_answers_with_the_media_address(
         assert status_of(answer) == 200, answer
         assert re.search(r"^\s*c=IN IP4 127\.0\.0\.1\s*$", answer, re.M), answer
         assert "0.0.0.0" not in answer, answer
+    finally:
+        await asyncio.to_thread(server.stop)
+
+
+async def test_a_recording_without_rtp_past_the_rtp_timeout_ends(
+    service_engine: Engine, tmp_path: Path
+) -> None:
+    """An SRC that answers the 200 and then sends nothing (it died without a BYE): past --siprec-rtp-timeout
+    the recording ends (call_ended) and its place under --max-streams is free for the next INVITE."""
+    server = ServerThread(
+        ServerConfig(siprec_port=free_port(), siprec_rtp_timeout=2.0, max_streams=1),
+        service_engine,
+        http=True,
+    ).start()
+    try:
+        call_id = "silent-" + secrets.token_hex(6)
+        offer = multipart(SDP_OFFER.format(formats="0"))
+        async with asyncio.timeout(20), follow(server, f"{call_id}-1") as (one, reader):
+            answer = await request(server, tmp_path, "INVITE", MULTIPART, offer, call_id=call_id)
+            assert status_of(answer) == 200, answer
+            await reader  # the subscriber's socket closes after call_ended
+        assert one.messages[0]["type"] == "call_started" and one.messages[-1]["type"] == "call_ended", (
+            one.messages
+        )
+        assert status_of(await request(server, tmp_path, "INVITE", MULTIPART, offer)) == 200
     finally:
         await asyncio.to_thread(server.stop)

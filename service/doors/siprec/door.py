@@ -47,7 +47,7 @@ DOOR = "siprec"
 MAX_LEGS = 2  # the two legs of a recorded call; further m-lines are refused with port 0
 ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS, UPDATE, INFO"
 ACCEPT = "application/sdp, application/rs-metadata+xml, multipart/mixed"
-SUPPORTED = "siprec, timer"
+SUPPORTED = "siprec"  # no session timers (RFC 4028): a dead SRC is found by --siprec-rtp-timeout
 RETRY_AFTER_S = 5
 T1, T2 = 0.5, 4.0  # RFC 3261's timers: the 2xx to an INVITE is sent again over UDP until the ACK
 TRANSACTION_S = 32.0  # how long a response is kept for a retransmitted request (64*T1)
@@ -390,7 +390,7 @@ class SiprecDoor:
             raise Refusal(405, f"{method}: a SIPREC recording server takes {ALLOW}", [("Allow", ALLOW)])
 
     def _check_require(self, message: sip.Message) -> None:
-        unsupported = message.tokens("Require") - {"siprec", "timer"}
+        unsupported = message.tokens("Require") - {"siprec"}
         if unsupported:
             names = ", ".join(sorted(unsupported))
             raise Refusal(420, f"Require: {names} is not supported", [("Unsupported", names)])
@@ -460,7 +460,11 @@ class SiprecDoor:
         def deliver(frames: bytes) -> None:  # on the RTP thread
             loop.call_soon_threadsafe(self._audio, recording, frames)
 
+        def timed_out() -> None:  # on the RTP thread
+            loop.call_soon_threadsafe(self._rtp_timed_out, recording)
+
         session = rtp.Session(socks, payload_types, deliver)
+        session.timeout_s, session.on_timeout = self.config.siprec_rtp_timeout, timed_out
         recording = Recording(
             call_id=message.call_id,
             to_tag=to_tag,
@@ -577,6 +581,16 @@ class SiprecDoor:
         step = self.config.max_chunk_bytes - self.config.max_chunk_bytes % 4
         for i in range(0, len(frames), step):
             recording.stream.audio(frames[i : i + step])
+
+    def _rtp_timed_out(self, recording: Recording) -> None:
+        if recording.ended:
+            return
+        log.warning(
+            "siprec: no RTP for --siprec-rtp-timeout %g s; ending the recording",
+            self.config.siprec_rtp_timeout,
+            extra={"fields": {"call_id": recording.call_id, "stream_id": recording.stream.id}},
+        )
+        self._spawn(self._end(recording, send_bye=True))
 
     async def _take_events(self, recording: Recording) -> None:
         try:

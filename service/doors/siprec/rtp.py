@@ -73,6 +73,10 @@ class Session:
         self.t0 = time.monotonic() if t0 is None else t0  # the call's time 0: the 200 OK
         self.last_batch = self.t0
         self.packets = 0
+        self.last_packet = self.t0
+        # `on_timeout` (on this thread) once no packet came on any leg for `timeout_s` (0: never)
+        self.timeout_s = 0.0
+        self.on_timeout: Callable[[], None] | None = None
 
     def set_payload_types(self, payload_types: list[int]) -> None:
         for leg, pt in zip(self.legs, payload_types, strict=True):
@@ -120,7 +124,7 @@ class Session:
         if (seq - leg.next_seq) & 0xFFFF >= 0x8000:
             return  # older than what was already played out: too late
         leg.jitter[seq] = (arrival, ts, bytes(data[start:end]))
-        leg.last_arrival = arrival
+        leg.last_arrival = self.last_packet = arrival
         self.packets += 1
 
     def _release(self, leg: Leg, now: float, *, flush: bool = False) -> None:
@@ -137,6 +141,9 @@ class Session:
             leg.next_seq = (leg.next_seq + 1) & 0xFFFF
 
     def tick(self, now: float, *, flush: bool = False) -> None:
+        if self.timeout_s and self.on_timeout is not None and now - self.last_packet > self.timeout_s:
+            timed_out, self.on_timeout = self.on_timeout, None  # once
+            timed_out()
         for leg in self.legs:
             self._release(leg, now, flush=flush)
             if not leg.jitter and now - leg.last_arrival > SILENT_LEG_S:
