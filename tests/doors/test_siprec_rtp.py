@@ -3,6 +3,7 @@ them (out of order, lost, other payload types, a silent leg), the interleaved LI
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import struct
 
@@ -66,3 +67,30 @@ def test_two_legs_are_interleaved_and_a_silent_leg_is_filled_with_silence() -> N
     assert (leg1[:4000] == 0).all()  # nothing before its first packet, at 0.5 s of the call
     assert (leg1[4000 : 4000 + FRAME] == ALAW_TABLE[0x10]).all()
     assert (leg1[4000 + FRAME :] == 0).all()
+
+
+async def test_rtp_from_outside_the_allowed_peers_is_dropped() -> None:
+    """The RTP ports take packets from anyone who reaches them: only those from an allowed peer (the SBCs,
+    --siprec-allowed-peers) reach a recording, so a stranger cannot speak into someone's call."""
+    loop = asyncio.get_running_loop()
+    for allowed in (False, True):
+        receiver = rtp.Receiver("127.0.0.1", (41000, 41999), loop, allowed=lambda host, ok=allowed: ok)
+        got: list[bytes] = []
+        try:
+            socks = receiver.allocate(1)
+            assert socks is not None
+            session = rtp.Session(
+                socks, [0], lambda frames, got=got: loop.call_soon_threadsafe(got.append, frames)
+            )
+            receiver.add(session)
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
+                for seq in range(5):
+                    sender.sendto(packet(seq, seq * FRAME, b"\x20" * FRAME).tobytes(), socks[0].getsockname())
+                    await asyncio.sleep(0.02)
+            await asyncio.sleep(0.2)
+            await receiver.close(session)
+        finally:
+            await asyncio.to_thread(receiver.stop)
+        samples = np.frombuffer(b"".join(got), dtype="<i2")
+        heard = int((samples == MULAW_TABLE[0x20]).sum())
+        assert heard == (5 * FRAME if allowed else 0), (allowed, heard)

@@ -193,7 +193,10 @@ class SiprecDoor:
         self._tcp = await asyncio.start_server(
             self._connected, c.siprec_host, self.port, reuse_port=self.reuse_port
         )
-        self._receiver = rtp.Receiver(c.siprec_host, rtp_port_range(c.siprec_rtp_ports), loop)
+        # RTP from anyone but the allowed peers would be words spoken into someone's recording
+        self._receiver = rtp.Receiver(
+            c.siprec_host, rtp_port_range(c.siprec_rtp_ports), loop, allowed=self._allowed
+        )
         return self.port
 
     async def stop(self, grace: float) -> None:

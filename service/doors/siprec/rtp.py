@@ -37,6 +37,8 @@ REANCHOR_SAMPLES = RATE  # a timestamp more than 1 s off the wall clock is ancho
 MAX_PACKET = 2048
 MAX_READS_PER_WAKE = 64  # packets read from one socket per select, so one busy leg cannot starve others
 TABLES = {0: MULAW_TABLE, 8: ALAW_TABLE}
+MAX_SOURCES = 4096  # source addresses whose verdict is remembered
+MAX_JITTER_PACKETS = 50  # 1 s of 20 ms packets waiting per leg; more (a flood, a bogus sequence) are dropped
 
 
 def decode(payload_type: int, payload: bytes) -> np.ndarray:
@@ -123,6 +125,8 @@ class Session:
         assert leg.next_seq is not None
         if (seq - leg.next_seq) & 0xFFFF >= 0x8000:
             return  # older than what was already played out: too late
+        if len(leg.jitter) >= MAX_JITTER_PACKETS:
+            return
         leg.jitter[seq] = (arrival, ts, bytes(data[start:end]))
         leg.last_arrival = self.last_packet = arrival
         self.packets += 1
@@ -175,8 +179,16 @@ class Session:
 class Receiver:
     """The door's RTP thread and its port range; sessions are added and closed from the loop."""
 
-    def __init__(self, host: str, ports: tuple[int, int], loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        host: str,
+        ports: tuple[int, int],
+        loop: asyncio.AbstractEventLoop,
+        allowed: Callable[[str], bool] | None = None,
+    ) -> None:
         self.host = host
+        self.allowed = allowed  # None: any source; the door passes --siprec-allowed-peers
+        self._sources: dict[str, bool] = {}
         self.first, self.last = ports
         self.first += self.first % 2  # RTP on even ports (RFC 3550 section 11), RTCP's odd one beside
         self.loop = loop
@@ -260,16 +272,27 @@ class Receiver:
                     session, leg = key.data
                     for _ in range(MAX_READS_PER_WAKE):
                         try:
-                            n = leg.sock.recv_into(buffer)
-                        except (BlockingIOError, InterruptedError):
+                            n, source = leg.sock.recvfrom_into(buffer)
+                        except OSError:  # BlockingIOError: read them all
                             break
-                        except OSError:
-                            break
-                        session.packet(leg, now, view[:n])
+                        if self._from_allowed(source[0]):
+                            session.packet(leg, now, view[:n])
                 for session in self._sessions:
                     session.tick(now)
             except Exception:  # one session's bad packet must not end every session's reception
                 log.exception("siprec: the RTP receiver failed on a packet; going on")
+
+    def _from_allowed(self, host: str) -> bool:
+        """Whether a packet's source may speak into a recording (the SBCs only); remembered per address,
+        so that the check is not made per packet."""
+        if self.allowed is None:
+            return True
+        known = self._sources.get(host)
+        if known is None:
+            if len(self._sources) >= MAX_SOURCES:  # a scan from many addresses: start over
+                self._sources.clear()
+            known = self._sources[host] = self.allowed(host)
+        return known
 
     def _take_commands(self, now: float) -> None:
         while True:
