@@ -480,3 +480,25 @@ async def test_a_recording_without_rtp_past_the_rtp_timeout_ends(
         assert status_of(await request(server, tmp_path, "INVITE", MULTIPART, offer)) == 200
     finally:
         await asyncio.to_thread(server.stop)
+
+
+async def test_an_invite_when_the_rtp_ports_are_taken_gets_503_naming_the_flag(
+    service_engine: Engine, tmp_path: Path
+) -> None:
+    """--siprec-rtp-ports 41100-41103 holds one two-leg recording (41100 and 41102): the next INVITE gets 503
+    with Retry-After, its Warning naming the flag."""
+    server = ServerThread(
+        ServerConfig(siprec_port=free_port(), siprec_rtp_ports="41100-41103"), service_engine
+    )
+    server.start()
+    two_legs = multipart(
+        SDP_OFFER.format(formats="0") + "m=audio 7002 RTP/AVP 0\r\na=label:2\r\na=sendonly\r\n"
+    )
+    try:
+        first = await request(server, tmp_path, "INVITE", MULTIPART, two_legs)
+        assert status_of(first) == 200 and answered_ports(first) == [41100, 41102], first
+        second = await request(server, tmp_path, "INVITE", MULTIPART, two_legs)
+        assert status_of(second) == 503 and "--siprec-rtp-ports" in second, second
+        assert re.search(r"^\s*Retry-After: \d+", second, re.M), second
+    finally:
+        await asyncio.to_thread(server.stop)
