@@ -363,7 +363,7 @@ async def test_a_drain_answers_new_sessions_503_and_ends_recordings_in_flight_wi
 ) -> None:
     """A recording in flight when the server drains: OPTIONS (an SBC's ping) and a new INVITE get 503 with
     Retry-After; the recording's stream finishes what it heard (its finals, then call_ended) and the SRC
-    gets a BYE, which SIPp answers 200."""
+    gets a BYE, sent again over UDP until it is answered (SIPp answers it 1.2 s late)."""
     server = ServerThread(ServerConfig(siprec_port=free_port()), service_engine, http=True).start()
     try:
         call_id = "drained-" + secrets.token_hex(6)
@@ -392,6 +392,8 @@ async def test_a_drain_answers_new_sessions_503_and_ends_recordings_in_flight_wi
             code, log = await sipp
             await reader
         assert code == 0, log  # the server's BYE came and was answered
+        byes = re.findall(r"^\s*BYE sip:.*?^\s*Via: [^\n]*branch=(\S+)", log, re.M | re.S)
+        assert len(byes) >= 2 and len(set(byes)) == 1, log  # unanswered for 1.2 s over UDP: sent again
         for response in (options, invite):
             assert status_of(response) == 503 and "draining" in response, response
             assert re.search(r"^\s*Retry-After: \d+", response, re.M), response

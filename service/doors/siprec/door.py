@@ -182,6 +182,7 @@ class SiprecDoor:
         self._answered: dict[tuple[str, str, str], tuple[float, bytes]] = {}  # a retransmission's answer
         self._tasks: set[asyncio.Task[None]] = set()
         self._idle = asyncio.Event()  # set when the last recording ends
+        self._byes: dict[str, asyncio.Event] = {}  # our BYEs' branches, until answered
 
     async def start(self) -> int:
         loop = asyncio.get_running_loop()
@@ -271,8 +272,11 @@ class SiprecDoor:
         except sip.SipError as e:
             log.info("siprec: not a SIP message: %s", e, extra={"fields": {"peer": peer[0]}})
             return  # RFC 3261 section 16.3: a malformed message is dropped (no Via to answer to)
-        if not message.is_request:
-            return  # responses to our BYE: nothing to do with them
+        if not message.is_request:  # a response to our BYE: it need not be sent again
+            answered = self._byes.pop(message.branch, None)
+            if answered is not None:
+                answered.set()
+            return
         method = message.method
         if method != "ACK":
             key = (message.call_id, message.branch, method)
@@ -646,8 +650,30 @@ class SiprecDoor:
                 ("CSeq", f"{recording.local_cseq} BYE"),
             ],
         )
+        data = bye.serialize()
         with contextlib.suppress(ConnectionError, RuntimeError):
-            recording.reply(bye.serialize())
+            recording.reply(data)
+        if not isinstance(recording.reply, _TcpReply):
+            answered = self._byes[bye.branch] = asyncio.Event()
+            self._spawn(self._bye_again(recording.reply, data, bye.branch, answered))
+
+    async def _bye_again(self, reply: Reply, data: bytes, branch: str, answered: asyncio.Event) -> None:
+        """A BYE over UDP again until a response comes (RFC 3261 section 17.1.2.2: Timer E up to T2,
+        given up at 64*T1)."""
+        interval = T1
+        try:
+            async with asyncio.timeout(64 * T1):
+                while not answered.is_set():
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(interval):
+                            await answered.wait()
+                    if not answered.is_set():
+                        reply(data)
+                    interval = min(2 * interval, T2)
+        except TimeoutError:
+            log.info("siprec: the SRC never answered the BYE", extra={"fields": {"branch": branch}})
+        finally:
+            self._byes.pop(branch, None)
 
 
 class _TcpReply:
