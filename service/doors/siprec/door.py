@@ -49,6 +49,7 @@ ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS, UPDATE, INFO"
 ACCEPT = "application/sdp, application/rs-metadata+xml, multipart/mixed"
 SUPPORTED = "siprec"  # no session timers (RFC 4028): a dead SRC is found by --siprec-rtp-timeout
 RETRY_AFTER_S = 5
+ENDING = "siprec-ending"  # the name of a task that ends a recording (stop waits for those)
 T1, T2 = 0.5, 4.0  # RFC 3261's timers: the 2xx to an INVITE is sent again over UDP until the ACK
 TRANSACTION_S = 32.0  # how long a response is kept for a retransmitted request (64*T1)
 Reply = Callable[[bytes], None]
@@ -212,6 +213,9 @@ class SiprecDoor:
                     await self._idle.wait()
         for recording in list(self._dialogs.values()):
             await self._end(recording, send_bye=True)
+        endings = {t for t in self._tasks if t.get_name() == ENDING}
+        if endings:  # recordings a BYE ended just before: their last words are being transcribed
+            await asyncio.wait(endings, timeout=max(grace, 1.0))
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -229,8 +233,8 @@ class SiprecDoor:
             address = address.ipv4_mapped
         return any(address in network for network in self.allowed)
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(coro)
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str = "siprec") -> None:
+        task = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -381,7 +385,7 @@ class SiprecDoor:
             if recording is None:
                 raise Refusal(481, "BYE: no SIPREC dialog with this Call-ID and tags")
             self._respond(message, reply, sip.response(message, 200))
-            self._spawn(self._end(recording, send_bye=False))
+            self._spawn(self._end(recording, send_bye=False), ENDING)
         elif method == "CANCEL":
             # the door answers an INVITE at once, so a CANCEL finds its transaction complete (RFC 3261
             # section 9.2: 200 to the CANCEL, no effect) or no transaction at all
@@ -597,7 +601,7 @@ class SiprecDoor:
             self.config.siprec_rtp_timeout,
             extra={"fields": {"call_id": recording.call_id, "stream_id": recording.stream.id}},
         )
-        self._spawn(self._end(recording, send_bye=True))
+        self._spawn(self._end(recording, send_bye=True), ENDING)
 
     async def _take_events(self, recording: Recording) -> None:
         try:
@@ -608,7 +612,7 @@ class SiprecDoor:
                 "siprec: the stream ended: %s", e.message, extra={"fields": {"call_id": recording.call_id}}
             )
         if not recording.ended:  # the stream ended on its own (a limit, a drain): the SRC stops sending
-            self._spawn(self._end(recording, send_bye=True))
+            self._spawn(self._end(recording, send_bye=True), ENDING)
 
     async def _end(self, recording: Recording, *, send_bye: bool) -> None:
         """The recording is over: the RTP receiver hands over what it held, the stream finishes (its last
