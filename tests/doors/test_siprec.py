@@ -244,6 +244,7 @@ async def request(
     transport: str = "u1",
     port: int = 0,
     call_id: str = "",
+    require: str = "siprec",
 ) -> str:
     """One request by SIPp (request.xml) to the server's SIPREC port (or `port`), its Call-ID `call_id`-1;
     its final response."""
@@ -257,6 +258,7 @@ async def request(
         call_id,
         ("content_type", content_type or "application/sdp"),
         ("body", body),
+        ("require", require),
         timeout_s=30,
         transport=transport,
     )
@@ -504,3 +506,13 @@ async def test_an_invite_when_the_rtp_ports_are_taken_gets_503_naming_the_flag(
         assert re.search(r"^\s*Retry-After: \d+", second, re.M), second
     finally:
         await asyncio.to_thread(server.stop)
+
+
+async def test_an_invite_requiring_an_extension_the_door_lacks_gets_420(
+    server: ServerThread, tmp_path: Path
+) -> None:
+    """Require: 100rel (reliable provisional responses, which the door does not send): 420 Bad Extension,
+    Unsupported naming the tag (every other test's request carries Require: siprec, which is taken)."""
+    offer = multipart(SDP_OFFER.format(formats="0"))
+    response = await request(server, tmp_path, "INVITE", MULTIPART, offer, require="siprec, 100rel")
+    assert status_of(response) == 420 and re.search(r"^\s*Unsupported: 100rel", response, re.M), response
