@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-apt_packages=(espeak-ng sox libsox-fmt-all prometheus nodejs npm curl pocketsphinx-testdata)
+apt_packages=(espeak-ng sox libsox-fmt-all prometheus nodejs npm curl pocketsphinx-testdata sip-tester)
 if [[ "${ASR_SKIP_APT:-0}" != 1 ]] && command -v apt-get >/dev/null; then
     missing=()
     for pkg in "${apt_packages[@]}"; do

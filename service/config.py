@@ -46,6 +46,57 @@ class ServerConfig:
             "(the PBXs); any other is closed before a byte is read"
         },
     )
+    siprec_port: int = field(
+        default=0,
+        metadata={
+            "help": "UDP and TCP port of the SIPREC (RFC 7866) recording-server door, where an SBC or PBX "
+            "sends its recording sessions (5060 by convention); SIP carries no credentials, so only the "
+            "allowed peers are answered, others get 403 (0: off)"
+        },
+    )
+    siprec_host: str = field(
+        default="127.0.0.1",
+        metadata={
+            "help": "address the SIPREC door's SIP and RTP sockets bind to (the SBC's side of the network)"
+        },
+    )
+    siprec_media_address: str = field(
+        default="",
+        metadata={
+            "help": "the address the SIPREC door's SDP answers and Contact give the SBC, where it sends RTP "
+            "and in-dialog requests (empty: --siprec-host, or this host's address when that is 0.0.0.0 or ::)"
+        },
+    )
+    siprec_allowed_peers: str = field(
+        default="127.0.0.0/8,::1/128",
+        metadata={
+            "help": "comma-separated addresses or CIDR blocks allowed to send SIP to the SIPREC door (the "
+            "SBCs); any other request is answered 403 Forbidden"
+        },
+    )
+    siprec_rtp_ports: str = field(
+        default="20000-20999",
+        metadata={
+            "help": "the UDP port range (FIRST-LAST) the SIPREC door receives RTP on, one even port per "
+            "recorded stream (expose it as a range in Kubernetes); an INVITE when no ports are free is "
+            "answered 503 with Retry-After"
+        },
+    )
+    siprec_rtp_timeout: float = field(
+        default=300.0,
+        metadata={
+            "help": "seconds a SIPREC recording may go without an RTP packet on any leg (an SRC that died "
+            "without a BYE, or a hold that long) before the door ends it, its last words transcribed, and "
+            "sends the SRC a BYE; its place under --max-streams is freed (0: off)"
+        },
+    )
+    siprec_max_message_bytes: int = field(
+        default=65536,
+        metadata={
+            "help": "largest SIP message (headers and multipart body) the SIPREC door reads; a larger one "
+            "is answered 513 Message Too Large (over TCP the connection is then closed)"
+        },
+    )
     metrics_port: int = field(default=9464, metadata={"help": "Prometheus /metrics HTTP port (0: off)"})
     metrics_host: str = field(
         default="",
@@ -453,6 +504,18 @@ def allowed_peers(text: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Netw
     return tuple(networks)
 
 
+def rtp_port_range(text: str) -> tuple[int, int]:
+    """--siprec-rtp-ports as (first, last) with room for one even port; ValueError naming what is wrong."""
+    first, sep, last = text.partition("-")
+    try:
+        low, high = int(first), int(last if sep else first)
+    except ValueError as e:
+        raise ValueError(f"{text!r} is not a range FIRST-LAST such as 20000-20999") from e
+    if not 1024 <= low <= high <= 65535 or high - low < 1:
+        raise ValueError(f"{text!r}: FIRST < LAST, both within 1024-65535")
+    return low, high
+
+
 def validate(config: ServerConfig) -> None:
     """Refuse settings that cannot work, naming the flag (argparse-style exit via SystemExit)."""
     problems = []
@@ -466,6 +529,20 @@ def validate(config: ServerConfig) -> None:
         allowed_peers(config.audiosocket_allowed_peers)
     except ValueError as e:
         problems.append(f"--audiosocket-allowed-peers: {e}")
+    if not 0 <= config.siprec_port <= 65535:
+        problems.append("--siprec-port must be 0-65535")
+    try:
+        allowed_peers(config.siprec_allowed_peers)
+    except ValueError as e:
+        problems.append(f"--siprec-allowed-peers: {e}")
+    try:
+        rtp_port_range(config.siprec_rtp_ports)
+    except ValueError as e:
+        problems.append(f"--siprec-rtp-ports: {e}")
+    if config.siprec_rtp_timeout < 0:
+        problems.append("--siprec-rtp-timeout must be 0 (off) or more")
+    if config.siprec_max_message_bytes < 1024:
+        problems.append("--siprec-max-message-bytes must be at least 1024")
     if not 0 <= config.http_port <= 65535:
         problems.append("--http-port must be 0-65535")
     for name in (

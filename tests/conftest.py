@@ -132,14 +132,15 @@ def door_server(
     twilio_auth_token_file: Path,
     audiohook_secret_files: tuple[Path, Path],
 ) -> Iterator[ServerThread]:
-    """One server for the protocol doors' tests (Riva, Google, Deepgram, OpenAI Realtime): auth on, the
-    HTTP port on (Deepgram, Realtime), an interim at most every 0.5 s so that a sentence of real speech
+    """One server for the protocol doors' tests (Riva, Google, Deepgram, OpenAI Realtime, the telephony
+    doors, SIPREC's SIP port among them): auth on, the HTTP port on (Deepgram, Realtime), an interim at most every 0.5 s so that a sentence of real speech
     has one. Tests that need limits of their own, or drain a server, start their own."""
     server = ServerThread(
         ServerConfig(
             auth_tokens_file=str(door_tokens_file),
             twilio_auth_token_file=str(twilio_auth_token_file),
             audiosocket_port=free_port(),
+            siprec_port=free_port(),
             audiohook_api_key_file=str(audiohook_secret_files[0]),
             audiohook_client_secret_file=str(audiohook_secret_files[1]),
             interim_interval_s=0.5,

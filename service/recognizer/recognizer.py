@@ -28,10 +28,12 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from engine.api import ModelInfo, Priority
 from service import metrics
 from service.config import ServerConfig
-from service.pipeline.audio import EncodedAudio, probe_recording
 
 # `x as x`: what doors take from the pipeline (probe_recording too), exported here for them, so that no
 # door imports the pipeline itself (the `pipeline-behind-recognizer` contract)
+from service.pipeline.audio import ALAW_TABLE as ALAW_TABLE
+from service.pipeline.audio import MULAW_TABLE as MULAW_TABLE
+from service.pipeline.audio import EncodedAudio, probe_recording
 from service.pipeline.audio import validate_stream_format as validate_stream_format
 from service.pipeline.options import decode_options, plan_stream, result_options, with_keyterms
 from service.pipeline.options import whisper_language as whisper_language

@@ -42,6 +42,7 @@ from service.doors.openai_realtime.door import OpenAIRealtimeDoor
 from service.doors.riva import SERVICE_NAME as RIVA_SERVICE_NAME
 from service.doors.riva import RivaServicer
 from service.doors.shared.auth import ENV_VAR, AuthInterceptor, TokenStore, read_secret
+from service.doors.siprec.door import SiprecDoor
 from service.doors.twilio import TwilioDoor
 from service.recognizer.call_hub import CallHub
 from service.recognizer.recognizer import Recognizer
@@ -98,6 +99,7 @@ class AsrServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.http: HttpServer | None = None  # the HTTP doors' port (--http-port), same loop
         self.audiosocket: AudioSocketDoor | None = None  # Asterisk's AudioSocket (--audiosocket-port)
+        self.siprec: SiprecDoor | None = None  # the SIPREC recording server (--siprec-port)
         self.call_webhook: CallWebhook | None = None  # --call-webhook-url
         self.http_port = 0
 
@@ -173,6 +175,9 @@ class AsrServer:
         if c.audiosocket_port:
             self.audiosocket = AudioSocketDoor(c, self.recognizer, reuse_port=self.reuse_port)
             await self.audiosocket.start()
+        if c.siprec_port:
+            self.siprec = SiprecDoor(c, self.recognizer, reuse_port=self.reuse_port)
+            await self.siprec.start()
         log.info(
             "listening",
             extra={
@@ -248,6 +253,8 @@ class AsrServer:
         await self.recognizer.call_hub.close()  # subscribers have every message of this process's calls
         if self.audiosocket is not None:
             await self.audiosocket.stop(0)
+        if self.siprec is not None:
+            await self.siprec.stop(0)
         if self.http is not None:  # HTTP requests in flight get what is left of the grace, as gRPC calls do
             await asyncio.gather(
                 self.http.stop(max(0.0, deadline - time.monotonic())), self._stop_grpc(deadline)
@@ -300,6 +307,8 @@ class AsrServer:
             await self.call_webhook.close()
         if self.audiosocket is not None:
             await self.audiosocket.stop(grace)
+        if self.siprec is not None:
+            await self.siprec.stop(grace)
         if self.http is not None:
             await self.http.stop(grace)
         if self._server is not None:

@@ -379,6 +379,15 @@ class Supervisor:
                     return EXIT_LOAD_FAILED
                 held.enter_context(audiosocket_holder)
                 c.audiosocket_port = audiosocket_holder.getsockname()[1]
+            if c.siprec_port:  # SIPREC, served by every frontend too: SO_REUSEPORT keeps a peer's
+                # datagrams on one frontend (the kernel hashes the addresses), so a dialog stays on one
+                try:
+                    siprec_holder = reserve_port(c.siprec_host, c.siprec_port)
+                except OSError as e:
+                    log.error(f"could not start the SIPREC door: port {c.siprec_port} is not free: {e}")
+                    return EXIT_LOAD_FAILED
+                held.enter_context(siprec_holder)
+                c.siprec_port = siprec_holder.getsockname()[1]
             held.callback(CallHubForwarder(self.hub).close)
             try:
                 return self._run()
