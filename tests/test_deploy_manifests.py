@@ -243,6 +243,8 @@ def test_ports_and_health_service_match_the_server(overlay: str) -> None:
     served = {"grpc": config.port, "metrics": config.metrics_port, "http": config.http_port}
     if config.audiosocket_port:
         served["audiosocket"] = config.audiosocket_port
+    if config.siprec_port:
+        served["sip-udp"] = served["sip-tcp"] = config.siprec_port
     assert ports == served
     assert config.host == "[::]"
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
@@ -282,6 +284,28 @@ def test_audiosocket_is_exposed_to_the_pbx_network_only() -> None:
     assert not [
         d for d in rendered("cpu-dev") if d["kind"] == "Service" and d["spec"].get("type") == "LoadBalancer"
     ]
+
+
+def test_siprec_signalling_on_load_balancers_and_media_to_the_pods_own_address() -> None:
+    """gke-gb300 takes SIPREC: SIP on UDP and TCP through two internal passthrough load balancers (one
+    protocol each) from the SBC network the server also allows; the SDP answer and Contact name the pod's
+    own address (the downward API's status.podIP, expanded in the args), so ACK, BYE and RTP reach the pod
+    that took the INVITE."""
+    docs = rendered("gke-gb300")
+    config = server_config(docs)
+    assert config.siprec_port == 5060 and config.siprec_host == "0.0.0.0"
+    assert config.siprec_media_address == "$(POD_IP)"
+    (pod_ip,) = [e for e in container(docs)["env"] if e["name"] == "POD_IP"]
+    assert pod_ip["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    peers = {p.strip() for p in config.siprec_allowed_peers.split(",")}
+    for protocol in ("UDP", "TCP"):
+        service = one(docs, "Service", f"asr-siprec-{protocol.lower()}")
+        assert service["metadata"]["annotations"]["networking.gke.io/load-balancer-type"] == "Internal"
+        assert service["spec"]["externalTrafficPolicy"] == "Local"
+        (port,) = service["spec"]["ports"]
+        assert (port["port"], port["protocol"]) == (config.siprec_port, protocol)
+        assert port["targetPort"] == f"sip-{protocol.lower()}"
+        assert set(service["spec"]["loadBalancerSourceRanges"]) == peers
 
 
 def cpu_cores(quantity: str) -> float:
