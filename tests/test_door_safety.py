@@ -129,6 +129,28 @@ def one_place_server(small_engine: Engine) -> Iterator[ServerThread]:
     server.stop()
 
 
+async def next_call_transcript(url: str, speech_chunks: list[bytes], deadline: float) -> str:
+    """The finals of a good Deepgram call, made as soon as the server has a stream place for it again
+    (429 until the silent client's place is given back); fails past `deadline` (monotonic)."""
+    while True:
+        assert time.monotonic() < deadline, "the silent client still holds the only stream place"
+        transcript = ""
+        try:
+            async with websockets.connect(url) as ws:
+                for chunk in speech_chunks:
+                    await ws.send(chunk)
+                await ws.send(json.dumps({"type": "CloseStream"}))
+                async for message in ws:
+                    body = json.loads(message)
+                    if body.get("type") == "Results" and body["is_final"]:
+                        transcript += body["channel"]["alternatives"][0]["transcript"]
+            if transcript:
+                return transcript
+        except websockets.InvalidStatus as e:
+            assert e.response.status_code == 429, e  # the place is still held: try again
+            await asyncio.sleep(0.5)
+
+
 async def test_a_client_that_never_reads_is_cut_off_and_its_place_given_back(
     one_place_server: ServerThread, speech_chunks: list[bytes]
 ) -> None:
@@ -145,23 +167,7 @@ async def test_a_client_that_never_reads_is_cut_off_and_its_place_given_back(
     with contextlib.suppress(OSError):  # TimeoutError too: the server stopped reading this client
         for _ in range(40_000):  # ~16 MB of answers: more than the socket buffers hold
             await asyncio.wait_for(loop.sock_sendall(silent, finalize), 3)
-    url = f"ws://{host}:{port}{path}"
-    deadline = time.monotonic() + 60
-    transcript = ""
-    while not transcript:
-        assert time.monotonic() < deadline, "the silent client still holds the only stream place"
-        try:
-            async with websockets.connect(url) as ws:
-                for chunk in speech_chunks:
-                    await ws.send(chunk)
-                await ws.send(json.dumps({"type": "CloseStream"}))
-                async for message in ws:
-                    body = json.loads(message)
-                    if body.get("type") == "Results" and body["is_final"]:
-                        transcript += body["channel"]["alternatives"][0]["transcript"]
-        except websockets.InvalidStatus as e:
-            assert e.response.status_code == 429, e  # the place is still held: try again
-            await asyncio.sleep(0.5)
+    transcript = await next_call_transcript(f"ws://{host}:{port}{path}", speech_chunks, time.monotonic() + 60)
     assert "read me" in transcript.lower(), transcript
     assert refusals("ws_send_timeout") == cut_before + 1
     silent.close()
@@ -202,22 +208,7 @@ async def test_replies_wait_in_the_writers_queue_and_past_the_backlog_the_client
     with contextlib.suppress(OSError):  # TimeoutError too: the server stopped reading this client
         for _ in range(40_000):  # ~16 MB of answers: more than the socket buffers and the backlog hold
             await asyncio.wait_for(loop.sock_sendall(silent, finalize), 3)
-    url = f"ws://{host}:{port}{path}"
-    transcript = ""
-    while not transcript:
-        assert time.monotonic() - started < 30, "the silent client still holds the only stream place"
-        try:
-            async with websockets.connect(url) as ws:
-                for chunk in speech_chunks:
-                    await ws.send(chunk)
-                await ws.send(json.dumps({"type": "CloseStream"}))
-                async for message in ws:
-                    body = json.loads(message)
-                    if body.get("type") == "Results" and body["is_final"]:
-                        transcript += body["channel"]["alternatives"][0]["transcript"]
-        except websockets.InvalidStatus as e:
-            assert e.response.status_code == 429, e  # the place is still held: try again
-            await asyncio.sleep(0.5)
+    transcript = await next_call_transcript(f"ws://{host}:{port}{path}", speech_chunks, started + 30)
     assert "read me" in transcript.lower(), transcript
     assert refusals("max_response_backlog_bytes") == cut_before + 1
     silent.close()

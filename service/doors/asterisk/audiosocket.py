@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import socket
 import uuid
 
 from service.config import ServerConfig, allowed_peers
+from service.doors.shared.peers import peer_allowed
 from service.recognizer.recognizer import Recognizer, Stream
 from service.vocabulary.errors import Code, RecognitionError
 from service.vocabulary.types import AudioFormat, CallInfo, Identity, RecognitionSettings, StreamSettings
@@ -80,13 +80,7 @@ class AudioSocketDoor:
             await asyncio.gather(*pending, return_exceptions=True)
 
     def _allowed(self, peer: str) -> bool:
-        try:
-            address = ipaddress.ip_address(peer.split("%", 1)[0])
-        except ValueError:
-            return False
-        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-            address = address.ipv4_mapped
-        return any(address in network for network in self.allowed)
+        return peer_allowed(peer, self.allowed)
 
     async def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = str((writer.get_extra_info("peername") or ("",))[0])

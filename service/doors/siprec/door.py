@@ -26,7 +26,6 @@ import email.message
 import email.parser
 import email.policy
 import functools
-import ipaddress
 import logging
 import secrets
 import socket
@@ -35,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from service.config import ServerConfig, allowed_peers, rtp_port_range
+from service.doors.shared.peers import peer_allowed
 from service.doors.siprec import metadata as md
 from service.doors.siprec import rtp, sdp, sip
 from service.recognizer.recognizer import Recognizer, Stream
@@ -225,13 +225,7 @@ class SiprecDoor:
             await asyncio.to_thread(self._receiver.stop)
 
     def _allowed(self, peer: str) -> bool:
-        try:
-            address = ipaddress.ip_address(peer.split("%", 1)[0])
-        except ValueError:
-            return False
-        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-            address = address.ipv4_mapped
-        return any(address in network for network in self.allowed)
+        return peer_allowed(peer, self.allowed)
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str = "siprec") -> None:
         task = asyncio.create_task(coro, name=name)
