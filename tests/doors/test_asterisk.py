@@ -29,6 +29,7 @@ from tests.support.server import DOOR_TOKEN, HOST, ServerThread, free_port
 
 pytestmark = pytest.mark.slow
 CALL_DEADLINE_S = 120.0
+ARI_APP = "asr-test"
 
 
 @pytest.fixture(scope="module")
@@ -47,10 +48,12 @@ exten => to-audiosocket,1,Answer()
 exten => to-websocket,1,Answer()
  same => n,Dial(WebSocket/asr/c(ulaw)v(call_id=${{CALL_UUID}}))
  same => n,Hangup()
+
+exten => to-ari,1,Answer()
+ same => n,Stasis({ARI_APP})
+ same => n,Hangup()
 """
-    clients = f"""
-[asr]
-type = websocket_client
+    connection = f"""type = websocket_client
 uri = ws://{HOST}:{server.server.http_port}/v1/telephony/asterisk
 protocols = media
 username = asterisk
@@ -61,7 +64,9 @@ reconnect_interval = 500
 reconnect_attempts = 3
 tls_enabled = no
 """
-    pbx = Asterisk(dialplan, clients, sip_port=free_port()).start()
+    # the dialplan's connection, and one for ARI's External Media channels (which pass no v() options)
+    clients = f"[asr]\n{connection}\n[asr-ari]\n{connection}"
+    pbx = Asterisk(dialplan, clients, sip_port=free_port(), ari_port=free_port()).start()
     yield pbx
     pbx.stop()
 
@@ -109,6 +114,79 @@ async def test_a_sip_call_through_asterisk_is_transcribed_for_its_subscribers(
     text = followed.finals("caller")
     assert corpus_wer([normalize(JFK_TEXT)], [normalize(text)]) < 0.2, text
     assert "country" in normalize(text)  # the last word, before the caller hung up
+
+
+class Ari:
+    """The few ARI requests a Stasis application needs here, written from Asterisk's ARI REST reference
+    (no ARI client for Python is kept up; Asterisk, the real component, answers them)."""
+
+    def __init__(self, session: aiohttp.ClientSession, port: int) -> None:
+        self.session, self.base = session, f"http://127.0.0.1:{port}/ari"
+
+    async def __call__(self, method: str, path: str, **params: str) -> dict[str, object]:
+        async with self.session.request(method, self.base + path, params=params) as response:
+            assert response.status < 300, f"{method} {path}: {response.status} {await response.text()}"
+            return await response.json() if response.content_type == "application/json" else {}
+
+
+async def external_media_application(ari: Ari, events: aiohttp.ClientWebSocketResponse, call_id: str) -> None:
+    """An integrator's Stasis application: the caller's channel into a mixing bridge with an External Media
+    channel over chan_websocket (`transport=websocket`, websocket_client.conf's `asr-ari`), whose channel id
+    is the call id subscribers follow; when the caller hangs up, the External Media channel is hung up."""
+    caller = bridge = ""
+    async for message in events:
+        event = json.loads(message.data)
+        channel = str(event.get("channel", {}).get("id", ""))
+        if event["type"] == "StasisStart" and channel != call_id:
+            caller = channel
+            bridge = str((await ari("POST", "/bridges", type="mixing"))["id"])
+            await ari("POST", f"/bridges/{bridge}/addChannel", channel=caller)
+            await ari(
+                "POST",
+                "/channels/externalMedia",
+                app=ARI_APP,
+                channelId=call_id,
+                external_host="asr-ari",
+                transport="websocket",
+                encapsulation="none",
+                format="ulaw",
+            )
+        elif event["type"] == "StasisStart":  # the External Media channel, once its socket is up
+            await ari("POST", f"/bridges/{bridge}/addChannel", channel=call_id)
+        elif event["type"] == "StasisEnd" and channel == caller:
+            await ari("DELETE", f"/channels/{call_id}")
+            await ari("DELETE", f"/bridges/{bridge}")
+            return
+
+
+async def test_ari_external_media_over_chan_websocket_is_transcribed_for_its_subscribers(
+    server: ServerThread, asterisk: Asterisk, jfk_8k_wav: Path
+) -> None:
+    """ARI `externalMedia` (Asterisk 22.6+), the way an ARI application takes a call's audio out: the SIP
+    call enters a Stasis application that bridges it with an External Media channel over chan_websocket;
+    the server takes it on /v1/telephony/asterisk as it takes a Dial(WebSocket/...), the call id being the
+    channel id the application chose. The caller's BYE ends it; its last word is transcribed."""
+    call_id = str(uuid.uuid4())
+    user, password = asterisk.ari_auth
+    events_url = f"ws://127.0.0.1:{asterisk.ari_port}/ari/events?app={ARI_APP}&api_key={user}:{password}"
+    async with (
+        asyncio.timeout(CALL_DEADLINE_S),
+        aiohttp.ClientSession(auth=aiohttp.BasicAuth(user, password)) as session,
+        session.ws_connect(events_url) as events,
+        follow(server, call_id) as (followed, reader),
+    ):
+        application = asyncio.create_task(
+            external_media_application(Ari(session, asterisk.ari_port), events, call_id)
+        )
+        await sip_call(asterisk, "to-ari", jfk_8k_wav)
+        await application
+        await reader
+    started, ended = followed.messages[0], followed.messages[-1]
+    assert started["type"] == "call_started" and started["platform"] == "asterisk", followed.messages
+    assert (ended["type"], ended["status"]) == ("call_ended", "OK"), asterisk.log()[-3000:]
+    text = followed.finals("caller")
+    assert corpus_wer([normalize(JFK_TEXT)], [normalize(text)]) < 0.2, text
+    assert "country" in normalize(text)
 
 
 # --- bad input, answered in each protocol's own terms (a client written from the protocol) ---------------

@@ -30,7 +30,9 @@ def ensure_chroot() -> Path:
 
 
 class Asterisk:
-    def __init__(self, dialplan: str, websocket_clients: str = "", sip_port: int = 0) -> None:
+    def __init__(
+        self, dialplan: str, websocket_clients: str = "", sip_port: int = 0, ari_port: int = 0
+    ) -> None:
         self.chroot = ensure_chroot()
         self.name = f"asr-test-{uuid.uuid4().hex[:8]}"
         self.inside = Path("/var/tmp") / self.name  # the run's directory as Asterisk sees it
@@ -46,6 +48,18 @@ class Asterisk:
         self._write("chan_websocket.conf", "[global]\ncontrol_message_format = plain-text\n")
         self.sip_port = sip_port
         self._write("pjsip.conf", self._pjsip_conf(sip_port) if sip_port else "")
+        # ARI (the REST interface a Stasis application drives calls with) on loopback, one user
+        self.ari_port = ari_port
+        self.ari_auth = ("asr-test", uuid.uuid4().hex)
+        if ari_port:
+            self._write(
+                "http.conf", f"[general]\nenabled = yes\nbindaddr = 127.0.0.1\nbindport = {ari_port}\n"
+            )
+            self._write(
+                "ari.conf",
+                f"[general]\nenabled = yes\n\n[{self.ari_auth[0]}]\ntype = user\nread_only = no\n"
+                f"password = {self.ari_auth[1]}\n",
+            )
         self.proc: subprocess.Popen[bytes] | None = None
 
     def _write(self, name: str, text: str) -> None:
