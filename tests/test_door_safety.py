@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import time
 from collections.abc import Iterator
 
@@ -116,17 +117,30 @@ def one_place_server(small_engine: Engine) -> Iterator[ServerThread]:
     frame now and then answers pings and still stalls every send) and a long idle-audio timeout: this
     test is about the send bound alone (the reply backlog's bound is set past what the flood queues, and
     no text message rate ends the flood first)."""
+    yield from one_place_server_with(small_engine, ws_send_timeout=1.0, max_response_backlog_bytes=1 << 30)
+
+
+def one_place_server_with(engine: Engine, **bounds: float) -> Iterator[ServerThread]:
+    """A server of one stream place for a Finalize flood from a client that reads nothing: no WebSocket
+    heartbeat, no text message rate, a long idle-audio timeout, and the write `bounds` under test."""
     config = ServerConfig(
-        max_streams=1,
-        ws_send_timeout=1.0,
-        max_response_backlog_bytes=1 << 30,
-        max_text_messages_per_s=0,
-        keepalive_time=0,
-        idle_audio_timeout=600,
+        max_streams=1, max_text_messages_per_s=0, keepalive_time=0, idle_audio_timeout=600, **bounds
     )
-    server = ServerThread(config, small_engine, http=True).start()
+    server = ServerThread(config, engine, http=True).start()
     yield server
     server.stop()
+
+
+async def finalize_flood(host: str, port: int, path: str) -> socket.socket:
+    """A Deepgram socket that sends Finalize after Finalize (an empty final each) and reads none of the
+    answers: ~16 MB of them, more than the socket buffers hold; until the server stops reading it."""
+    silent = await silent_websocket(host, port, path)
+    finalize = masked_text_frame(json.dumps({"type": "Finalize"}))
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(OSError):  # TimeoutError too: the server stopped reading this client
+        for _ in range(40_000):
+            await asyncio.wait_for(loop.sock_sendall(silent, finalize), 3)
+    return silent
 
 
 async def next_call_transcript(url: str, speech_chunks: list[bytes], deadline: float) -> str:
@@ -161,12 +175,7 @@ async def test_a_client_that_never_reads_is_cut_off_and_its_place_given_back(
     host, port = "127.0.0.1", one_place_server.server.http_port
     path = "/v1/listen?encoding=mulaw&sample_rate=8000&endpointing=false"
     cut_before = refusals("ws_send_timeout")
-    silent = await silent_websocket(host, port, path)
-    finalize = masked_text_frame(json.dumps({"type": "Finalize"}))
-    loop = asyncio.get_running_loop()
-    with contextlib.suppress(OSError):  # TimeoutError too: the server stopped reading this client
-        for _ in range(40_000):  # ~16 MB of answers: more than the socket buffers hold
-            await asyncio.wait_for(loop.sock_sendall(silent, finalize), 3)
+    silent = await finalize_flood(host, port, path)
     transcript = await next_call_transcript(f"ws://{host}:{port}{path}", speech_chunks, time.monotonic() + 60)
     assert "read me" in transcript.lower(), transcript
     assert refusals("ws_send_timeout") == cut_before + 1
@@ -177,17 +186,7 @@ async def test_a_client_that_never_reads_is_cut_off_and_its_place_given_back(
 def backlog_server(small_engine: Engine) -> Iterator[ServerThread]:
     """One stream place, a send bound far longer than the test waits, and a small reply backlog; no text
     message rate (the flood below is of answers, not of requests)."""
-    config = ServerConfig(
-        max_streams=1,
-        ws_send_timeout=120.0,
-        max_response_backlog_bytes=64 << 10,
-        max_text_messages_per_s=0,
-        keepalive_time=0,
-        idle_audio_timeout=600,
-    )
-    server = ServerThread(config, small_engine, http=True).start()
-    yield server
-    server.stop()
+    yield from one_place_server_with(small_engine, ws_send_timeout=120.0, max_response_backlog_bytes=64 << 10)
 
 
 async def test_replies_wait_in_the_writers_queue_and_past_the_backlog_the_client_is_cut_off_at_once(
@@ -200,14 +199,9 @@ async def test_replies_wait_in_the_writers_queue_and_past_the_backlog_the_client
     back at once."""
     host, port = "127.0.0.1", backlog_server.server.http_port
     path = "/v1/listen?encoding=mulaw&sample_rate=8000&endpointing=false"
-    silent = await silent_websocket(host, port, path)
-    finalize = masked_text_frame(json.dumps({"type": "Finalize"}))
-    loop = asyncio.get_running_loop()
     cut_before = refusals("max_response_backlog_bytes")
     started = time.monotonic()
-    with contextlib.suppress(OSError):  # TimeoutError too: the server stopped reading this client
-        for _ in range(40_000):  # ~16 MB of answers: more than the socket buffers and the backlog hold
-            await asyncio.wait_for(loop.sock_sendall(silent, finalize), 3)
+    silent = await finalize_flood(host, port, path)
     transcript = await next_call_transcript(f"ws://{host}:{port}{path}", speech_chunks, started + 30)
     assert "read me" in transcript.lower(), transcript
     assert refusals("max_response_backlog_bytes") == cut_before + 1

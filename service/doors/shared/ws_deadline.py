@@ -84,8 +84,7 @@ class Outbox:
             self._closing = True
             self._queue.append((code, message))
             self._wake.set()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.shield(self._task)
+        await asyncio.wait({self._task})  # its end, whatever it was; a cancel of the caller still propagates
 
     async def aclose(self) -> None:
         """The call is over: stop writing whatever is left."""
@@ -120,7 +119,5 @@ class Outbox:
                     return
             if not written:
                 if not self.aborted:
-                    self.aborted = True
-                    self._queue.clear()
-                    self._on_abort()
+                    self._abort()
                 return
