@@ -361,33 +361,24 @@ class Supervisor:
         with contextlib.ExitStack() as held:
             held.enter_context(holder)
             c.port = holder.getsockname()[1]
-            if c.http_port:  # the OpenAI-compatible door is served by every frontend too
+            # the doors every frontend serves on one port too (SO_REUSEPORT): the HTTP port, Asterisk's
+            # AudioSocket, SIPREC (the kernel hashes a peer's datagrams to one frontend, so a dialog stays
+            # on one); each reserved here, so that port 0 picks one port for every frontend
+            for door, host_field, port_field in (
+                ("the HTTP server", "host", "http_port"),
+                ("the AudioSocket door", "audiosocket_host", "audiosocket_port"),
+                ("the SIPREC door", "siprec_host", "siprec_port"),
+            ):
+                host, port = getattr(c, host_field), getattr(c, port_field)
+                if not port:
+                    continue
                 try:
-                    http_holder = reserve_port(c.host, c.http_port)
+                    door_holder = reserve_port(host, port)
                 except OSError as e:
-                    log.error(f"could not start the HTTP server: {c.host}:{c.http_port} is not free: {e}")
+                    log.error(f"could not start {door}: {host}:{port} is not free: {e}")
                     return EXIT_LOAD_FAILED
-                held.enter_context(http_holder)
-                c.http_port = http_holder.getsockname()[1]
-            if c.audiosocket_port:  # Asterisk's AudioSocket, served by every frontend too
-                try:
-                    audiosocket_holder = reserve_port(c.audiosocket_host, c.audiosocket_port)
-                except OSError as e:
-                    log.error(
-                        f"could not start the AudioSocket door: port {c.audiosocket_port} is not free: {e}"
-                    )
-                    return EXIT_LOAD_FAILED
-                held.enter_context(audiosocket_holder)
-                c.audiosocket_port = audiosocket_holder.getsockname()[1]
-            if c.siprec_port:  # SIPREC, served by every frontend too: SO_REUSEPORT keeps a peer's
-                # datagrams on one frontend (the kernel hashes the addresses), so a dialog stays on one
-                try:
-                    siprec_holder = reserve_port(c.siprec_host, c.siprec_port)
-                except OSError as e:
-                    log.error(f"could not start the SIPREC door: port {c.siprec_port} is not free: {e}")
-                    return EXIT_LOAD_FAILED
-                held.enter_context(siprec_holder)
-                c.siprec_port = siprec_holder.getsockname()[1]
+                held.enter_context(door_holder)
+                setattr(c, port_field, door_holder.getsockname()[1])
             held.callback(CallHubForwarder(self.hub).close)
             try:
                 return self._run()
