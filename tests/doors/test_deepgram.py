@@ -624,7 +624,10 @@ async def test_sigterm_drains_the_call_finals_then_goes_away(tokens_file: Path) 
             deadline = time.monotonic() + 60
             while call.close_code is None:
                 assert time.monotonic() < deadline, "the drain did not close the stream"
-                await sock.send_media(to_linear16_bytes(silence(0.1)))  # the live call keeps sending
+                try:
+                    await sock.send_media(to_linear16_bytes(silence(0.1)))  # the live call keeps sending
+                except websockets.exceptions.ConnectionClosed:
+                    break  # the close reached the sender before the receiver task recorded it
                 await asyncio.sleep(0.1)
         assert await asyncio.get_running_loop().run_in_executor(None, process.wait, 60) == 0
     assert call.close_code == 1001, call
