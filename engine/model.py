@@ -10,7 +10,7 @@ which is what makes "batched == alone" hold.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -75,7 +75,7 @@ class SelfAttention(Heads):
 
     def __init__(self, n_state: int, n_head: int) -> None:
         super().__init__(n_state, n_head)
-        # Whisper's k_proj has no bias: the K third of this bias is zero (from_transformers).
+        # Whisper's k_proj has no bias: the K third of this bias is zero (from_hf).
         self.qkv = nn.Linear(n_state, 3 * n_state)
 
     def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -325,23 +325,26 @@ class Whisper(nn.Module):
 
 def from_transformers(hf_model: Any) -> Whisper:
     """Build our Whisper from a transformers WhisperForConditionalGeneration's weights."""
-    cfg = hf_model.config
+    return from_hf(hf_model.config.to_dict(), hf_model.state_dict())
+
+
+def from_hf(cfg: Mapping[str, Any], src: Mapping[str, Tensor]) -> Whisper:
+    """Build our Whisper from a Hugging Face Whisper checkpoint: its config.json and its state dict."""
     dims = Dims(
-        n_mels=cfg.num_mel_bins,
-        n_audio_ctx=cfg.max_source_positions,
-        n_audio_state=cfg.d_model,
-        n_audio_head=cfg.encoder_attention_heads,
-        n_audio_layer=cfg.encoder_layers,
-        n_audio_ffn=cfg.encoder_ffn_dim,
-        n_vocab=cfg.vocab_size,
-        n_text_ctx=cfg.max_target_positions,
-        n_text_state=cfg.d_model,
-        n_text_head=cfg.decoder_attention_heads,
-        n_text_layer=cfg.decoder_layers,
-        n_text_ffn=cfg.decoder_ffn_dim,
+        n_mels=cfg["num_mel_bins"],
+        n_audio_ctx=cfg["max_source_positions"],
+        n_audio_state=cfg["d_model"],
+        n_audio_head=cfg["encoder_attention_heads"],
+        n_audio_layer=cfg["encoder_layers"],
+        n_audio_ffn=cfg["encoder_ffn_dim"],
+        n_vocab=cfg["vocab_size"],
+        n_text_ctx=cfg["max_target_positions"],
+        n_text_state=cfg["d_model"],
+        n_text_head=cfg["decoder_attention_heads"],
+        n_text_layer=cfg["decoder_layers"],
+        n_text_ffn=cfg["decoder_ffn_dim"],
     )
     model = Whisper(dims)
-    src = hf_model.state_dict()
     out: dict[str, Tensor] = {}
 
     def fused(names: list[str], srcp: str) -> tuple[Tensor, Tensor]:
@@ -379,14 +382,14 @@ def from_transformers(hf_model: Any) -> Whisper:
         ln(f"encoder.conv{i}", f"{e}.conv{i}")
     out["encoder.positional_embedding"] = src[f"{e}.embed_positions.weight"]
     ln("encoder.ln_post", f"{e}.layer_norm")
-    for n in range(cfg.encoder_layers):
+    for n in range(dims.n_audio_layer):
         attn(f"encoder.blocks.{n}.attn", f"{e}.layers.{n}.self_attn")
         ln(f"encoder.blocks.{n}.attn_ln", f"{e}.layers.{n}.self_attn_layer_norm")
         mlp(f"encoder.blocks.{n}.mlp", f"{e}.layers.{n}")
     out["decoder.token_embedding.weight"] = src[f"{d}.embed_tokens.weight"]
     out["decoder.positional_embedding"] = src[f"{d}.embed_positions.weight"]
     ln("decoder.ln", f"{d}.layer_norm")
-    for n in range(cfg.decoder_layers):
+    for n in range(dims.n_text_layer):
         attn(f"decoder.blocks.{n}.attn", f"{d}.layers.{n}.self_attn")
         ln(f"decoder.blocks.{n}.attn_ln", f"{d}.layers.{n}.self_attn_layer_norm")
         cross_attn(f"decoder.blocks.{n}.cross_attn", f"{d}.layers.{n}.encoder_attn")

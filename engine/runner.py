@@ -22,7 +22,7 @@ from engine.decoding import Choice, DecodingRules
 from engine.features import LogMel
 from engine.keyterms import KeytermSettings
 from engine.kv_cache import KVCache
-from engine.model import Whisper, from_transformers
+from engine.model import Whisper, from_hf
 from engine.policy import encoder_positions
 from engine.prompt import PromptEncoder, max_prompt_tokens
 from engine.quantize import quantize_for
@@ -84,7 +84,7 @@ class ModelRunner:
         self.name = weights.name
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
-        model = from_transformers(weights.model).to(self.device, self.dtype)
+        model = from_hf(weights.config, weights.state).to(self.device, self.dtype)
         model = quantize_for(model, config, self.device, self.dtype)
         self.model: Whisper = model
         dims = self.model.dims

@@ -57,11 +57,27 @@ class ModelLoadError(RuntimeError):
 
 @dataclass
 class LoadedWeights:
-    model: Any  # transformers.WhisperForConditionalGeneration
+    """A checkpoint as the engine builds its model from it (engine/model.py `from_hf`): read straight
+    from the files, so an engine start never imports transformers' model code (seconds of every pod
+    start); `hf_model()` builds transformers' model for what needs it (reference decodes)."""
+
+    config: dict[str, Any]  # the Hugging Face config.json
+    state: dict[str, torch.Tensor]  # the Hugging Face state dict (model.encoder.*, model.decoder.*), float32
     tokenizer: Any  # transformers.WhisperTokenizerFast (timestamp tokens included)
     generation_config: Any  # transformers.GenerationConfig
     name: str
     hf_folder: Path
+    built: Any = None  # transformers' model, where it was built first (random weights)
+
+    def hf_model(self) -> Any:
+        """transformers.WhisperForConditionalGeneration with these weights (built on first use)."""
+        if self.built is None:
+            from transformers import WhisperForConditionalGeneration  # type: ignore[attr-defined]
+
+            self.built = WhisperForConditionalGeneration.from_pretrained(
+                self.hf_folder, dtype=torch.float32
+            ).eval()
+        return self.built
 
 
 def default_cache_dir() -> Path:
@@ -128,11 +144,7 @@ def is_ct2_whisper(folder: Path) -> bool:
 
 
 def load(spec: str, cache_dir: str | Path | None = None) -> LoadedWeights:
-    from transformers import (  # type: ignore[attr-defined]
-        GenerationConfig,
-        WhisperForConditionalGeneration,
-        WhisperTokenizerFast,
-    )
+    from transformers import GenerationConfig, WhisperTokenizerFast  # type: ignore[attr-defined]
 
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
     if spec.startswith(RANDOM_PREFIX):
@@ -148,13 +160,32 @@ def load(spec: str, cache_dir: str | Path | None = None) -> LoadedWeights:
             f"model_type 'whisper') nor a CTranslate2 Whisper folder (model.bin + tokenizer.json)"
         )
     try:
-        model = WhisperForConditionalGeneration.from_pretrained(hf_folder, dtype=torch.float32)
+        config = json.loads((hf_folder / "config.json").read_text())
+        state = read_hf_state(hf_folder)
         tokenizer = WhisperTokenizerFast.from_pretrained(hf_folder)
         generation_config = GenerationConfig.from_pretrained(hf_folder)
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"--model {spec!r}: could not load {hf_folder}: {exc}") from exc
-    model.eval()
-    return LoadedWeights(model, tokenizer, generation_config, name, hf_folder)
+    return LoadedWeights(config, state, tokenizer, generation_config, name, hf_folder)
+
+
+def read_hf_state(folder: Path) -> dict[str, torch.Tensor]:
+    """The checkpoint's tensors in float32: model.safetensors, its shards (an index), or the older
+    pytorch_model.bin."""
+    from safetensors.torch import load_file
+
+    if (folder / "model.safetensors").exists():
+        state = load_file(folder / "model.safetensors")
+    elif (folder / "model.safetensors.index.json").exists():
+        index = json.loads((folder / "model.safetensors.index.json").read_text())
+        state = {}
+        for shard in sorted(set(index["weight_map"].values())):
+            state.update(load_file(folder / shard))
+    elif (folder / "pytorch_model.bin").exists():
+        state = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    else:
+        raise OSError(f"no weights in {folder} (model.safetensors, its index, or pytorch_model.bin)")
+    return {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
 
 
 # --- CTranslate2 -> Hugging Face ------------------------------------------------------------
@@ -428,7 +459,8 @@ def load_random(spec: str, cache_dir: Path, seed: int = 0) -> LoadedWeights:
     """
     config, tokenizer, generation, folder = random_config(spec, cache_dir)
     model = _random_model(config, seed)
-    return LoadedWeights(model, tokenizer, generation, f"random-{spec.removeprefix(RANDOM_PREFIX)}", folder)
+    name = f"random-{spec.removeprefix(RANDOM_PREFIX)}"
+    return LoadedWeights(config.to_dict(), model.state_dict(), tokenizer, generation, name, folder, model)
 
 
 def random_config(spec: str, cache_dir: Path) -> tuple[Any, Any, Any, Path]:
@@ -472,7 +504,7 @@ _random_models: dict[tuple[str, int], Any] = {}
 def _random_model(config: Any, seed: int) -> Any:
     """One model per size and seed per process: initialising large-v3's 1.55 B parameters takes
     a while, and a benchmark starts several engines (batching off, then on). Engines copy the
-    weights (engine/model.py from_transformers), so sharing this one is safe."""
+    weights (engine/model.py from_hf), so sharing this one is safe."""
     from transformers import WhisperForConditionalGeneration  # type: ignore[attr-defined]
 
     key = (config.to_json_string(), seed)

@@ -257,7 +257,7 @@ def decode_step_bench(args: argparse.Namespace) -> None:
     runner.prefill([[v.sot, v.no_timestamps]] * slots, [0] * slots, slice(0, slots))
     tmp = Path(tempfile.mkdtemp(prefix="bench-step-"))
     old_model_mod, old_decoding_mod = old_modules(args.before, tmp)
-    old_model = old_model_mod.from_transformers(weights.model).to(runner.device, runner.dtype)
+    old_model = old_model_mod.from_transformers(weights.hf_model()).to(runner.device, runner.dtype)
     old_rules = old_decoding_mod.DecodingRules(
         weights.tokenizer,
         weights.generation_config,

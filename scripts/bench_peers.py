@@ -233,7 +233,7 @@ def _transformers(system: str, threads: int, batch_size: int) -> Transcriber:
         out: list[str] = []
         for i in range(0, len(audios), size):
             feats = fe(audios[i : i + size], sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
-            ids = w.model.generate(
+            ids = w.hf_model().generate(
                 feats, generation_config=gen, num_beams=1, do_sample=False, return_timestamps=False
             )
             out.extend(t.strip() for t in w.tokenizer.batch_decode(ids, skip_special_tokens=True))

@@ -35,7 +35,7 @@ def hf_generate_tokens(clip: np.ndarray) -> list[int]:
     loaded = weights.load("tiny.en")
     features = WhisperFeatureExtractor(feature_size=80)(clip, sampling_rate=16000, return_tensors="pt")
     with torch.inference_mode():
-        out = loaded.model.generate(features.input_features, generation_config=loaded.generation_config)
+        out = loaded.hf_model().generate(features.input_features, generation_config=loaded.generation_config)
     eot = loaded.generation_config.eos_token_id
     return [t for t in out[0].tolist() if t < eot]
 

@@ -43,7 +43,7 @@ def hf_generate_tokens(audio: np.ndarray) -> list[int]:
     loaded = weights.load("base")
     features = WhisperFeatureExtractor(feature_size=80)(audio, sampling_rate=16000, return_tensors="pt")
     with torch.inference_mode():
-        out = loaded.model.generate(
+        out = loaded.hf_model().generate(
             features.input_features, generation_config=loaded.generation_config, task="transcribe"
         )
     eot = loaded.generation_config.eos_token_id

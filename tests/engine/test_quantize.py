@@ -21,7 +21,7 @@ from engine import Engine, EngineConfig
 from engine import quantize as quantize_module
 from engine.config import QUANTIZE_PARTS
 from engine.features import LogMel
-from engine.model import Whisper, from_transformers
+from engine.model import Whisper, from_hf
 from engine.quantize import (
     Int8Linear,
     QuantizeMode,
@@ -32,7 +32,7 @@ from engine.quantize import (
     resolve_mode,
     resolve_plan,
 )
-from engine.weights import load
+from engine.weights import LoadedWeights, load
 from service.config import parse_args
 from tests.support.engine import jfk_16k
 
@@ -41,8 +41,8 @@ POCKETSPHINX = Path("/usr/share/pocketsphinx/test/data")  # pocketsphinx-testdat
 
 
 @cache
-def _tiny_hf() -> object:
-    return load("tiny.en").model
+def _tiny_checkpoint() -> LoadedWeights:
+    return load("tiny.en")
 
 
 def cpu_has_avx512() -> bool:
@@ -51,7 +51,7 @@ def cpu_has_avx512() -> bool:
 
 def tiny_model() -> Whisper:
     """A fresh float32 tiny.en (quantize_dynamic swaps the modules of the model it is given)."""
-    return from_transformers(_tiny_hf())
+    return from_hf(_tiny_checkpoint().config, _tiny_checkpoint().state)
 
 
 def test_int8_gives_each_output_channel_its_own_scale_on_the_chosen_parts_only() -> None:

@@ -15,10 +15,11 @@ from engine.weights import ModelLoadError
 
 def test_ct2_conversion_matches_ctranslate2_shapes_and_loads_strictly() -> None:
     loaded = weights.load("tiny.en")
-    cfg = loaded.model.config
+    hf = loaded.hf_model()
+    cfg = hf.config
     assert (cfg.d_model, cfg.encoder_layers, cfg.decoder_layers, cfg.vocab_size) == (384, 4, 4, 51864)
     # Tied output projection, as in the checkpoint.
-    assert torch.equal(loaded.model.proj_out.weight, loaded.model.model.decoder.embed_tokens.weight)
+    assert torch.equal(hf.proj_out.weight, hf.model.decoder.embed_tokens.weight)
     # Timestamp tokens were added after <|notimestamps|>.
     ids = loaded.tokenizer.convert_tokens_to_ids
     assert ids("<|0.00|>") == ids("<|notimestamps|>") + 1
@@ -61,3 +62,33 @@ def test_bad_model_path_fails_with_a_message_naming_it(tmp_path: Path, make: str
         weights.load(str(path))
     assert str(path) in str(err.value)
     assert "Hugging Face Whisper" in str(err.value) and "CTranslate2" in str(err.value)
+
+
+def test_the_engine_loads_real_weights_without_transformers_model_code() -> None:
+    """Pod start time: importing transformers' Whisper model code costs seconds of every engine start,
+    and the engine runs its own model (engine/model.py). The weights are read from the checkpoint."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from engine.model import from_hf\n"
+        "from engine.weights import load\n"
+        "w = load('tiny.en')\n"
+        "from_hf(w.config, w.state)\n"
+        "print(sorted(m for m in sys.modules if m.startswith('transformers.models.whisper.modeling')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
+
+
+def test_the_engine_model_from_the_checkpoint_equals_the_one_from_transformers() -> None:
+    from engine.model import from_hf, from_transformers
+
+    loaded = weights.load("tiny.en")
+    ours, theirs = (
+        from_hf(loaded.config, loaded.state).state_dict(),
+        from_transformers(loaded.hf_model()).state_dict(),
+    )
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)

@@ -35,7 +35,7 @@ def random_whisper_folder(root: Path) -> Path:
     real = weights.load("tiny.en")
     torch.manual_seed(0)
     config = WhisperConfig(
-        vocab_size=real.model.config.vocab_size,
+        vocab_size=real.config["vocab_size"],
         num_mel_bins=80,
         d_model=64,
         encoder_layers=1,
@@ -46,7 +46,7 @@ def random_whisper_folder(root: Path) -> Path:
         decoder_ffn_dim=128,
         max_source_positions=1500,
         max_target_positions=448,
-        decoder_start_token_id=real.model.config.decoder_start_token_id,
+        decoder_start_token_id=real.config["decoder_start_token_id"],
     )
     WhisperForConditionalGeneration(config).save_pretrained(out)
     for name in (
