@@ -12,7 +12,8 @@ the ceiling (issue 12); frontends scale across cores and the scheduler keeps its
 
 - Children are started with 'spawn' (torch + threads + fork is unsafe) and die with the supervisor
   (PR_SET_PDEATHSIG), however it ends: no orphan survives a SIGKILL of the supervisor.
-- The engine process is started first; frontends only once the model is loaded and warm.
+- The engine process and the frontends start together (a frontend's imports take seconds, like the
+  model's load); frontends open their ports only once the model is loaded and warm.
 - The engine process dies: each frontend sees its socket close, reports NOT_SERVING, ends its open
   streams UNAVAILABLE and exits; the supervisor exits 1 (the pod restarts; no model, no service).
 - The engine process hangs without dying (a stuck device call, a deadlocked scheduler thread): it
@@ -58,6 +59,7 @@ from collections.abc import Callable, Iterator, MutableSequence, Sequence
 from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
+from multiprocessing.synchronize import Event as EventType
 from pathlib import Path
 
 import prometheus_client
@@ -183,11 +185,16 @@ def frontend_main(
     parent_pid: int,
     streams: SharedStreamCounts,
     hub: HubAddresses,
+    engine_ready: EventType,
 ) -> None:
     """A frontend process: gRPC server on the shared port, its engine an EngineClient; drains on
-    CONTROL_SIGNAL."""
+    CONTROL_SIGNAL. Started beside the engine process: it imports its doors while the model loads
+    (seconds of every start), then waits for the engine to be ready."""
     _die_with_parent(parent_pid)
     setup_logging(config.log_level, config.log_format)
+    import service.runtime.server  # noqa: F401  (the frontend's imports, while the engine loads)
+
+    engine_ready.wait()
     if config.debug_profile_dir:  # benchmarks: where a frontend's time goes (its event loop thread)
         import cProfile
 
@@ -311,6 +318,7 @@ class Supervisor:
         self.stop_signal: int | None = None
         # written by the engine process only (lock-free: a torn read costs one check, 0.1 s later)
         self.heartbeat = self.ctx.Array("d", HEARTBEAT_SLOTS, lock=False)
+        self.engine_ready = self.ctx.Event()  # frontends start beside the engine and wait for this
         # --max-streams for the whole server: each frontend's open streams (service/recognizer/stream_limit.py)
         lock_path = workdir / "streams.lock"
         lock_path.touch(mode=0o600)
@@ -343,7 +351,7 @@ class Supervisor:
     def _start_frontend(self, index: int) -> None:
         p = self.ctx.Process(
             target=frontend_main,
-            args=(index, self.config, self.address, os.getpid(), self.streams, self.hub),
+            args=(index, self.config, self.address, os.getpid(), self.streams, self.hub, self.engine_ready),
             name=f"asr-frontend-{index}",
         )
         start_child(p)
@@ -395,9 +403,12 @@ class Supervisor:
         )
         start_child(self.engine)
         child_end.close()
+        for i in range(self.frontend_count):
+            self._start_frontend(i)
         message = None
         while message is None:
             if self.stop_signal is not None:  # told to stop while loading: nothing is open yet
+                self._end_waiting_frontends()
                 return EXIT_OK
             waited = multiprocessing.connection.wait([ready, self.engine.sentinel], timeout=0.1)
             if ready in waited:
@@ -412,6 +423,7 @@ class Supervisor:
                 f"could not load model {c.engine.model!r}: {message[1]}",
                 extra={"fields": {"model": c.engine.model, "error": message[1]}},
             )
+            self._end_waiting_frontends()
             return EXIT_LOAD_FAILED
         info, load_s = message[1], message[2]
         log.info(
@@ -426,9 +438,16 @@ class Supervisor:
                 }
             },
         )
-        for i in range(self.frontend_count):
-            self._start_frontend(i)
+        self.engine_ready.set()
         return self._watch()
+
+    def _end_waiting_frontends(self) -> None:
+        """The engine never became ready: the frontends waiting for it have nothing open to drain."""
+        for p in self.frontends.values():
+            p.kill()
+            p.join(5)
+            self._reaped(p)
+        self.frontends.clear()
 
     def _watch(self) -> int:
         assert self.engine is not None
