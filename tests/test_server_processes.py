@@ -358,8 +358,8 @@ def test_sigkill_of_the_supervisor_leaves_no_process_behind() -> None:
 
 
 def test_failed_start_leaves_no_process_behind(tmp_path: Path) -> None:
-    """A model folder without weights: the engine process fails to load, the server exits 2 without
-    ever starting a frontend, and its engine process is gone too."""
+    """A model folder without weights: the engine process fails to load, the server exits 2 without a
+    frontend ever serving (they start beside the engine and wait for it), and every child is gone."""
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "whisper"}))
     server = ServerProcess("--model", str(tmp_path), "--frontends", "2")
     try:
@@ -371,6 +371,24 @@ def test_failed_start_leaves_no_process_behind(tmp_path: Path) -> None:
         assert server.proc.returncode == 2, server.log()
         assert f"could not load model '{tmp_path}'" in server.log()
         assert seen, "the engine process was never seen"
+        assert_gone(list(seen))
+    finally:
+        server.stop()
+
+
+def test_sigterm_while_the_model_loads_exits_zero_and_leaves_no_process_behind() -> None:
+    """The frontends wait for the engine beside it: a stop before the model is ready ends them too."""
+    server = ServerProcess("--frontends", "2")
+    try:
+        seen: set[int] = set()
+        while len(seen) < 3:  # the engine and both frontends, waiting
+            assert server.proc.poll() is None, server.log()
+            with contextlib.suppress(psutil.Error):
+                seen |= {p.pid for p in children(server) if "resource_tracker" not in " ".join(p.cmdline())}
+            time.sleep(0.05)
+        server.terminate()
+        assert server.wait(60) == 0, server.log()
+        assert "engine process ready" not in server.log()
         assert_gone(list(seen))
     finally:
         server.stop()
