@@ -433,7 +433,8 @@ def test_a_restart_on_the_same_ports_serves_at_once_while_old_connections_close(
     """A pod's container restarts in the same network namespace: the old server's connections are still
     closing (TIME_WAIT, FIN_WAIT2 towards a keep-alive client that never reads) when the new one starts
     on the same ports. It must serve, not exit 2 for up to a minute."""
-    first = ServerProcess("--frontends", "1", http=True).wait_serving()
+    # a short drain: the connections held below keep a drain waiting to its end (gRPC waits for its own)
+    first = ServerProcess("--frontends", "1", "--drain-seconds", "3", http=True).wait_serving()
     second: ServerProcess | None = None
     held: list[object] = []  # clients that keep their connections open through the stop, as real ones do
     try:
