@@ -1,17 +1,19 @@
 #!/usr/bin/env python
-"""Encoder batching off vs on, in one run: the same loadgen sweep against two fresh servers.
+"""Any two servers side by side, in one run: the same loadgen sweep against A, then B (`asr-bench ab`).
 
-    python scripts/bench_loadgen_ab.py [--manifest FILE | --count 40] [--concurrency 1,4,16,64]
-        [--utterances-per-level N] [--out DIR] [--with-peers] [-- extra asr-server flags]
+    asr-bench ab [--a FLAGS] [--b FLAGS] [--a-ref REF] [--b-ref REF] [--a-label L] [--b-label L]
+        [--manifest FILE | --count 40] [--concurrency 1,4,16,64] [--utterances-per-level N]
+        [--out DIR] [--with-peers] [-- flags for both servers]
 
-Starts `asr-server --encoder-batching off` on loopback (free ports), runs `asr-loadgen run`
-against it, stops it, then does the same with `--encoder-batching on`, and writes:
-  DIR/baseline.{json,md,png}, DIR/batched.{json,md,png}   each sweep
-  DIR/compare.md, DIR/compare.png                          the A/B table (concurrency, baseline
-                                                           utt/s, batched utt/s, change, WER both)
-  DIR/server-{off,on}.log                                  the servers' logs (KV-cache size at start)
+A and B are fresh `asr-server`s on loopback (free ports), each with its own flags (`--a`, `--b`,
+one shell-quoted string each) and its own source (`--a-ref`, `--b-ref`: a git ref of this
+repository, run on this interpreter's packages; default: this checkout). The defaults are the
+product's first claim: encoder batching off (A, "baseline") vs on (B, "batched"). Writes:
+  DIR/{A,B}.{json,md,png}   each sweep (named by the labels)
+  DIR/compare.md, .png      the A/B table (concurrency, A utt/s, B utt/s, change, WER both)
+  DIR/server-{A,B}.log      the servers' logs (KV-cache size at start)
 With --with-peers it then runs scripts/bench_peers.py on the same manifest (DIR/peers.*) and
-prints the issue's CPU targets against faster-whisper int8 sequential (DIR/targets.md).
+prints the CPU targets of B against faster-whisper int8 sequential (DIR/targets.md).
 
 Without --manifest it speaks the default 8 kHz mu-law call-center manifest into DIR/manifest.
 Anything after `--` goes to both servers unchanged (e.g. `-- --quantize int8 --kv-slots 64`).
@@ -20,8 +22,10 @@ Anything after `--` goes to both servers unchanged (e.g. `-- --quantize int8 --k
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -38,13 +42,23 @@ from clients.loadgen.plot import plot  # noqa: E402
 from clients.loadgen.report import compare_table  # noqa: E402
 from clients.loadgen.run import DEFAULT_CONCURRENCY  # noqa: E402
 from clients.manifest import build_manifest  # noqa: E402
-from harness.server import ServerProcess, split_server_args  # noqa: E402
+from harness.server import ServerProcess, checkout, split_server_args  # noqa: E402
 
 
-def run_mode(mode: str, label: str, args: argparse.Namespace, manifest: Path, server_args: list[str]) -> Path:
-    log_path = args.out / f"server-{mode}.log"
-    flags = ["--encoder-batching", mode, *server_args]
-    with ServerProcess(*flags, threads=args.threads, log_format="text", log_path=log_path) as server:
+def run_side(label: str, flags: list[str], ref: str | None, args: argparse.Namespace, manifest: Path) -> Path:
+    """One side's sweep: its server (flags, source) started, measured, stopped; the sweep's JSON."""
+    with contextlib.ExitStack() as stack:
+        source = stack.enter_context(checkout(ref)) if ref else None
+        return sweep(label, flags, source, args, manifest)
+
+
+def sweep(
+    label: str, flags: list[str], source: Path | None, args: argparse.Namespace, manifest: Path
+) -> Path:
+    log_path = args.out / f"server-{label}.log"
+    with ServerProcess(
+        *flags, threads=args.threads, log_format="text", log_path=log_path, source=source
+    ) as server:
         print(f"== {label}: {' '.join(server.argv[1:])}", file=sys.stderr, flush=True)
         server.wait_serving(args.wait_ready)
         lg = [
@@ -109,18 +123,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--with-peers", action="store_true", help="also run scripts/bench_peers.py on the manifest"
     )
     p.add_argument("--out", type=Path, default=Path("bench-out/ab"))
+    p.add_argument("--a", default="--encoder-batching off", help="server A's flags (one quoted string)")
+    p.add_argument("--b", default="--encoder-batching on", help="server B's flags (one quoted string)")
+    p.add_argument(
+        "--a-ref", default=None, help="git ref whose service and engine A runs (default: this tree)"
+    )
+    p.add_argument(
+        "--b-ref", default=None, help="git ref whose service and engine B runs (default: this tree)"
+    )
+    p.add_argument("--a-label", default="baseline")
+    p.add_argument("--b-label", default="batched")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.a_label == args.b_label:
+        p.error("--a-label and --b-label must differ (they name the output files)")
 
     manifest = args.manifest or build_manifest(args.out / "manifest", args.count, ("MULAW",))
     t0 = time.monotonic()
-    base = json.loads(run_mode("off", "baseline", args, manifest, server_args).read_text())
-    batched = json.loads(run_mode("on", "batched", args, manifest, server_args).read_text())
+    sides = [
+        (args.a_label, [*shlex.split(args.a), *server_args], args.a_ref),
+        (args.b_label, [*shlex.split(args.b), *server_args], args.b_ref),
+    ]
+    base, batched = (
+        json.loads(run_side(label, f, ref, args, manifest).read_text()) for label, f, ref in sides
+    )
     table = compare_table(base, batched)
+    described = "; ".join(
+        f"{label}: `{' '.join(f) or '(defaults)'}`" + (f" at {ref}" if ref else "") for label, f, ref in sides
+    )
     head = (
-        f"Encoder batching off vs on, {base['date']}, {base['machine']['platform']}, "
-        f"{base['manifest_utterances']} utterances from {manifest}, server flags: "
-        f"`{' '.join(server_args) or '(defaults)'}`\n\n"
+        f"A/B, {base['date']}, {base['machine']['platform']}, "
+        f"{base['manifest_utterances']} utterances from {manifest}; {described}\n\n"
     )
     (args.out / "compare.md").write_text(head + table)
     plot([base, batched], args.out / "compare.png")
