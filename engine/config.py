@@ -109,27 +109,23 @@ class EngineConfig:
         metadata={
             "help": "trim: encoder context trimmed to the utterance plus a margin (utterances asking for "
             "timestamps or with a prompt keep the full context), falling back to the full "
-            "context for a window whose trimmed decode loops (in docs/benchmarks.md's levers table: 2.81x "
-            "the speed of full on espeak telephone speech, 1.10x on longer real sentences at +1 word "
-            "of 113); full: every utterance pays Whisper's 30 s window, tokens identical to transformers' "
-            "generate"
+            "context for a window whose trimmed decode loops (faster: docs/benchmarks.md, Engine levers); "
+            "full: every utterance pays Whisper's 30 s window, tokens identical to transformers' generate"
         },
     )
     trim_margin_s: float = field(
         default=2.0,
         metadata={
             "help": "with --encoder-context trim: seconds of padding kept after the audio (2 s beat 1 s on "
-            "WER, 34.2 vs 39.3%, and speed, fewer fallbacks, in one run: docs/benchmarks.md); at least "
-            "0.0125 (the log-mel's reflect padding, n_fft/2 samples), at most 30"
+            "WER and speed: docs/benchmarks.md, Engine levers); at least 0.0125 (the log-mel's reflect padding, n_fft/2 samples), at most 30"
         },
     )
     trim_floor_s: float = field(
         default=10.0,
         metadata={
             "help": "with --encoder-context trim: the least context a trimmed pass keeps, in seconds, however "
-            "short the utterance (with 2 s after 1-2 s of real speech tiny.en looped on 3 of 5 "
-            "pocketsphinx cards clips and each went back for a 30 s pass; with 10 s none did as 8 kHz mu-law, one "
-            'at 16 kHz: 1.39x the throughput through the server, docs/benchmarks.md "Issue 22"); 0 up to 30'
+            "short the utterance (shorter, tiny.en loops on short real clips and each goes back for a 30 s "
+            'pass: docs/benchmarks.md, "Issue 22"); 0 up to 30'
         },
     )
     max_encoder_batch_while_decoding: int = field(
@@ -178,8 +174,8 @@ class EngineConfig:
         default=False,
         metadata={
             "help": "torch.compile the decode step (fullgraph, static shapes per batch bucket), compiling "
-            "each shape on first use; off by default: on this 2-core CPU 1.06x at batch 1, 0.93x at 16, "
-            "~40 s per shape (docs/benchmarks.md, Decode step); --quantize auto then means off (dynamic "
+            "each shape on first use; off by default: no faster on a 2-core CPU, "
+            "tens of seconds per shape (docs/benchmarks.md, Decode step); --quantize auto then means off (dynamic "
             "quantized layers do not trace)"
         },
     )
