@@ -381,8 +381,9 @@ def test_sigterm_while_the_model_loads_exits_zero_and_leaves_no_process_behind()
     server = ServerProcess("--frontends", "2")
     try:
         seen: set[int] = set()
+        deadline = time.monotonic() + 60
         while len(seen) < 3:  # the engine and both frontends, waiting
-            assert server.proc.poll() is None, server.log()
+            assert server.proc.poll() is None and time.monotonic() < deadline, server.log()
             with contextlib.suppress(psutil.Error):
                 seen |= {p.pid for p in children(server) if "resource_tracker" not in " ".join(p.cmdline())}
             time.sleep(0.05)
