@@ -22,6 +22,10 @@ Systems:
                                   processes as cores, one thread each (cpu_threads=1), each taking the
                                   next file as it finishes one
   hf-seq, hf-batched              transformers WhisperForConditionalGeneration.generate
+  ov-int8-seq, ov-int8-workers    OpenVINO GenAI WhisperPipeline on tiny.en exported with int8 weights
+                                  (scripts/openvino_peer.py: its own environment, made once), its CPU
+                                  defaults; one file after another, or one single-threaded pipeline per
+                                  core in its own process
   engine-seq, engine-all          our engine in-process: one utterance at a time, or every one
                                   submitted at once (its scheduler batches them)
   engine-16, engine-16-fp32       our engine in-process, 16 streams sent as fast as possible (each
@@ -78,6 +82,8 @@ SYSTEMS = (
     "server-16",
     "server-16-before",
     "server-16-fp32",
+    "ov-int8-seq",
+    "ov-int8-workers",
 )
 DESCRIPTIONS = {
     "fw-int8-seq": "faster-whisper 1.2.1 int8, sequential",
@@ -94,8 +100,11 @@ DESCRIPTIONS = {
     "server-16": f"asr-server (this checkout, default flags), {STREAMS} gRPC streams",
     "server-16-before": f"asr-server at {{before}} (default flags), {STREAMS} gRPC streams",
     "server-16-fp32": f"asr-server (this checkout, --quantize off), {STREAMS} gRPC streams",
+    "ov-int8-seq": "OpenVINO GenAI WhisperPipeline, int8 weights, sequential",
+    "ov-int8-workers": f"OpenVINO GenAI int8, {os.cpu_count()} worker processes x 1 thread",
 }
 SERVER_FLAGS = {"server-16-fp32": ("--quantize", "off")}
+OV_MODEL_ENV = "ASR_BENCH_OPENVINO_MODEL"  # the exported model's folder, for the ov-* children
 SAMPLE_RATE = 16000
 TARGET_SYSTEMS = ("fw-int8-seq", "fw-int8-workers", "server-16", "server-16-fp32", "server-16-before")
 
@@ -215,6 +224,45 @@ def _faster_whisper(system: str, threads: int, batch_size: int) -> Transcriber:
         return [" ".join(t) for t in texts]
 
     return batched
+
+
+def _ov_pipeline(threads: int) -> Any:
+    """OpenVINO GenAI's Whisper pipeline on the exported tiny.en (scripts/openvino_peer.py), its CPU
+    defaults otherwise (bf16 compute where the CPU has it), greedy: its default, as ours."""
+    import openvino_genai
+
+    model = os.environ[OV_MODEL_ENV]  # exported by the parent, which knows the checkpoint
+    return openvino_genai.WhisperPipeline(model, "CPU", INFERENCE_NUM_THREADS=threads)
+
+
+def _ov_text(pipeline: Any, audio: np.ndarray) -> str:
+    return str(pipeline.generate(audio, max_new_tokens=224).texts[0]).strip()
+
+
+def _ov_worker_init(warm: np.ndarray, ready: Any) -> None:
+    global _worker_model
+    _worker_model = _ov_pipeline(1)
+    _ov_text(_worker_model, warm)
+    ready.put(os.getpid())
+
+
+def _ov_worker_task(audio: np.ndarray) -> str:
+    return _ov_text(_worker_model, audio)
+
+
+def _openvino(system: str, threads: int, warm: np.ndarray) -> Transcriber:
+    if system.endswith("-seq"):
+        pipeline = _ov_pipeline(threads)
+        return lambda audios: [_ov_text(pipeline, a) for a in audios]
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    workers = os.cpu_count() or 1
+    ready = ctx.Queue()
+    pool = ctx.Pool(workers, initializer=_ov_worker_init, initargs=(warm, ready))
+    for _ in range(workers):
+        ready.get(timeout=600)
+    return lambda audios: list(pool.map(_ov_worker_task, audios, chunksize=1))
 
 
 def _transformers(system: str, threads: int, batch_size: int) -> Transcriber:
@@ -414,6 +462,8 @@ def run_one(
         transcribe = _faster_whisper(system, threads, batch_size)
     elif system.startswith("hf-"):
         transcribe = _transformers(system, threads, batch_size)
+    elif system.startswith("ov-"):
+        transcribe = _openvino(system, threads, audios[0])
     else:
         transcribe = _engine(system, threads, engine_options)
     load_s = loading.stop().wall_s
@@ -433,7 +483,13 @@ def run_one(
             cfg.quantize, parse_quantize_parts(cfg.quantize_parts), torch.device("cpu"), torch.float32
         )
         quantize = f"{cfg.quantize}: {describe(plan)}"
-    batch = {"engine-all": n, "engine-16": STREAMS, "engine-16-fp32": STREAMS, "fw-int8-workers": 1}
+    batch = {
+        "engine-all": n,
+        "engine-16": STREAMS,
+        "engine-16-fp32": STREAMS,
+        "fw-int8-workers": 1,
+        "ov-int8-workers": 1,
+    }
     return {
         "system": system,
         "description": DESCRIPTIONS[system].format(quantize=quantize)
@@ -537,7 +593,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
             flush=True,
         )
-        cmd = [sys.executable, __file__, "--manifest", str(args.manifest), "--one", s,
+        python = sys.executable
+        if s.startswith("ov-"):  # its own environment (scripts/openvino_peer.py), made and exported once
+            from scripts.openvino_peer import exported_model, venv_python
+
+            python = str(venv_python())
+            env[OV_MODEL_ENV] = str(exported_model("int8"))
+        cmd = [python, __file__, "--manifest", str(args.manifest), "--one", s,
                "--threads", str(args.threads), "--batch-size", str(args.batch_size),
                "--repeat", str(args.repeat), "--out", str(args.out), "--before", args.before]  # fmt: skip
         cmd += [f"--engine-option={o}" for o in args.engine_option]
