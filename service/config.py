@@ -274,7 +274,9 @@ class ServerConfig:
         },
     )
     turn_model: bool = field(
-        default=True,
+        # Off by default: on this CPU class (AVX2, no VNNI) a decision costs ~0.3 s of CPU, and the model
+        # calls some real ends incomplete (docs/benchmarks.md "End of turn"); a stream asks for it itself.
+        default=False,
         metadata={
             "help": "a semantic end of turn for live streams the server endpoints: when the silence reaches "
             "the stream's minimum (Deepgram's endpointing, asr.v1's min_silence_duration), smart-turn v3.2 "

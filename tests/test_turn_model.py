@@ -11,9 +11,11 @@ import soundfile as sf
 import torch
 
 from engine.features import LogMel
+from service.config import ServerConfig, validate
 from service.pipeline.endpointing import RATE, Endpointer, SpeechEnded, TurnJudging, Utterance
+from service.pipeline.session import turn_judging
 from service.pipeline.turn_model import N_SAMPLES, TurnBatcher, TurnModel, features, load_turn_model
-from service.vocabulary.endpointing import EndpointSettings
+from service.vocabulary.endpointing import EndpointingError, EndpointSettings
 
 LIBRIVOX = "/usr/share/pocketsphinx/test/data/librivox"
 # "and mister john dashwood had then leisure to consider how much there might be prudently in his power
@@ -116,3 +118,17 @@ def test_an_incomplete_end_waits_up_to_the_maximum_silence() -> None:
     # the pause (0.7 s < 1 s) did not end the turn; the end did, after the maximum silence, not at flush
     assert asked == 2 and len(turns) == 1
     assert turns[0].end_s < len(audio) / RATE - 1.5
+
+
+def test_the_streams_setting_else_the_servers_flags() -> None:
+    off, on = ServerConfig(), ServerConfig(turn_model=True, turn_threshold=0.6, turn_max_silence_s=1.5)
+    assert turn_judging(EndpointSettings(), off) is None  # off by default: silence alone ends turns
+    assert turn_judging(EndpointSettings(), on) == TurnJudging(0.6, 1.5)
+    assert turn_judging(EndpointSettings(turn_model=True), off) == TurnJudging(0.5, 2.0)
+    assert turn_judging(EndpointSettings(turn_model=False), on) is None
+    mine = EndpointSettings(min_silence_s=0.8, turn_model=True, turn_threshold=0.7, turn_max_silence_s=0.5)
+    assert turn_judging(mine, off) == TurnJudging(0.7, 0.8)  # never shorter than the stream's own silence
+    with pytest.raises(EndpointingError, match="turn_threshold"):
+        EndpointSettings(turn_threshold=1.5).validate()
+    with pytest.raises(SystemExit, match="--turn-max-silence-s"):
+        validate(ServerConfig(turn_max_silence_s=60))
