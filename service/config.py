@@ -274,8 +274,8 @@ class ServerConfig:
         },
     )
     turn_model: bool = field(
-        # Off by default: on this CPU class (AVX2, no VNNI) a decision costs ~0.3 s of CPU, and the model
-        # calls some real ends incomplete (docs/benchmarks.md "End of turn"); a stream asks for it itself.
+        # Off by default: on real read speech it cut more mid-sentence pauses than a 1 s silence timeout,
+        # and a decision costs ~0.3 s of CPU on this CPU class (docs/benchmarks.md "End of turn").
         default=False,
         metadata={
             "help": "a semantic end of turn for live streams the server endpoints: when the silence reaches "
