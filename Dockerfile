@@ -50,6 +50,9 @@ COPY harness/ harness/
 RUN pip install --no-deps "./" \
     && python -c "import engine, service.runtime.server, asr.v1.asr_pb2" \
     && asr-server --help > /dev/null
+# The end-of-turn model's weights (--turn-model): only the .onnx and its licence from the pipecat-ai wheel
+COPY scripts/fetch_turn_model.py scripts/
+RUN python scripts/fetch_turn_model.py --out /opt/asr/share/smart-turn/smart-turn-v3.2-cpu.onnx
 
 FROM ${PYTHON_IMAGE} AS runtime
 RUN groupadd --system --gid 10001 asr \
@@ -64,6 +67,7 @@ ENV PATH=/opt/asr/bin:/usr/local/nvidia/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     HOME=/tmp \
     HF_HUB_OFFLINE=1 \
+    ASR_TURN_MODEL=/opt/asr/share/smart-turn/smart-turn-v3.2-cpu.onnx \
     MALLOC_MMAP_THRESHOLD_=131072 \
     MALLOC_TRIM_THRESHOLD_=131072
 # glibc malloc thresholds: the soak test saw RSS swing 1.3-1.75 GiB with the defaults (freed

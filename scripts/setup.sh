@@ -26,6 +26,8 @@ command -v "$python" >/dev/null || python=python3
 # torch first and pinned: an unpinned requirement would pull a multi-GB CUDA build.
 .venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/pip install -q "torch==${ASR_TORCH_VERSION:-2.13.0}"
 .venv/bin/pip install -q -e ".[dev]"
+# The end-of-turn model's weights (pipecat-ai's smart-turn v3.2 .onnx, BSD-2) into the server's cache
+.venv/bin/python scripts/fetch_turn_model.py >/dev/null
 
 # npm tools for tests: buf (a gRPC client we did not write) and the CRD schema checkers.
 for dir in tests/tools deploy/tools; do

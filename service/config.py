@@ -273,6 +273,29 @@ class ServerConfig:
             "silence wait and the recognition time instead of their sum (finals are identical)"
         },
     )
+    turn_model: bool = field(
+        # Off by default: on real read speech it cut more mid-sentence pauses than a 1 s silence timeout,
+        # and a decision costs ~0.3 s of CPU on this CPU class (docs/benchmarks.md "End of turn").
+        default=False,
+        metadata={
+            "help": "a semantic end of turn for live streams the server endpoints: when the silence reaches "
+            "the stream's minimum (Deepgram's endpointing, asr.v1's min_silence_duration), smart-turn v3.2 "
+            "judges from the turn's last 8 s whether the speaker is done; a complete turn ends there, an "
+            "incomplete one waits for speech to resume, up to --turn-max-silence-s. Off: silence alone ends "
+            'turns. Recordings never use it (docs/operations.md "End of turn")'
+        },
+    )
+    turn_threshold: float = field(
+        default=0.5,
+        metadata={"help": "the turn model's P(turn complete) at or above which a pause ends the turn"},
+    )
+    turn_max_silence_s: float = field(
+        default=2.0,
+        metadata={
+            "help": "the longest silence a turn the model judged incomplete waits for speech to resume "
+            "(seconds); past it the turn ends as silence-only endpointing would end it"
+        },
+    )
     vad_gate_db: float = field(
         default=MARGIN_DB,
         metadata={
@@ -572,6 +595,10 @@ def validate(config: ServerConfig) -> None:
         problems.append("--engine-heartbeat-timeout must be 0 (off) or 1-3600 s")
     if config.idle_audio_timeout < 0:
         problems.append("--idle-audio-timeout must be 0 (off) or positive")
+    if not 0 < config.turn_threshold < 1:
+        problems.append("--turn-threshold must be between 0 and 1 (exclusive)")
+    if not 0.1 <= config.turn_max_silence_s <= 10:
+        problems.append("--turn-max-silence-s must be 0.1-10 s")
     if not 0 <= config.vad_gate_db <= 20:
         problems.append("--vad-gate-db must be 0 (off) to 20 dB")
     for name in ("keepalive_time", "keepalive_timeout"):

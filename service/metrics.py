@@ -227,3 +227,13 @@ CALL_WEBHOOK_DROPPED = Counter(
 CALL_WEBHOOK_WAITING = Gauge(
     "asr_call_webhook_waiting", "Call webhook messages waiting to be delivered", multiprocess_mode="livesum"
 )
+TURN_SECONDS = Histogram(
+    "asr_turn_model_seconds",
+    "Wall time of one batched turn-model call (every stream that asked whether its turn is over in one tick)",
+    buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0),
+)
+TURN_BATCH = Histogram(
+    "asr_turn_model_batch",
+    "Turns judged in one batched turn-model call",
+    buckets=(1, 2, 4, 8, 16, 32, 64),
+)

@@ -95,6 +95,16 @@ class SpeculationCancelled:
 Event = SpeechStarted | SpeechEnded | SpeculativeEnd | SpeculationCancelled | Utterance
 
 
+@dataclass(frozen=True)
+class TurnJudging:
+    """A semantic end of turn (service/pipeline/turn_model.py): when the silence reaches min_silence_s the
+    turn model is asked; P(complete) >= threshold ends the turn there, else the turn waits for speech to
+    resume, up to max_silence_s of silence (then it ends as silence-only endpointing would)."""
+
+    threshold: float = 0.5
+    max_silence_s: float = 2.0
+
+
 @dataclass
 class VadState:
     """Per-channel recurrent state of the model (the LSTM's h and c, stacked as the stock model keeps
@@ -215,6 +225,7 @@ class SileroVad:
 
 
 _EMPTY = np.zeros(0, dtype=np.float32)
+_TURN_AUDIO = 8 * RATE  # the turn model hears a turn's last 8 s (service/pipeline/turn_model.py)
 
 
 def _model_path(name: str = _MODEL) -> Path:
@@ -245,8 +256,10 @@ class Endpointer:
         *,
         speculative: bool = False,
         gate_margin_db: float = MARGIN_DB,
+        turn: TurnJudging | None = None,
     ) -> None:
-        """`gate_margin_db`: this channel's VAD noise gate (service/pipeline/noise_gate.py; 0: off)."""
+        """`gate_margin_db`: this channel's VAD noise gate (service/pipeline/noise_gate.py; 0: off);
+        `turn`: ask the turn model before a silence ends an utterance (None: silence alone ends it)."""
         self.settings = s = settings or EndpointSettings()
         s.validate()
         self._vad = vad or load_vad()
@@ -276,6 +289,10 @@ class Endpointer:
         # samples from the last speech window's end to the end of the window that confirms the end of the
         # utterance (min silence rounded up to whole windows, as _step counts it)
         self._confirm_after = -(-self._min_silence // WINDOW) * WINDOW
+        self._turn = turn
+        self._max_silence = round(turn.max_silence_s * RATE) if turn else 0
+        self._asked = -1  # _last_speech of the pause the turn model was last asked about
+        self._question: np.ndarray | None = None  # a turn's audio waiting to be asked about
 
     @property
     def in_speech(self) -> bool:
@@ -351,6 +368,7 @@ class Endpointer:
             if self._confirmed or end - self._speech_start >= self._min_speech:
                 self._end_utterance(end, min(end + self._pad, total), events)
         self._cancel_speculation(events)  # (none is left after an end; kept for safety)
+        self._question = None
         self._speaking = self._confirmed = False
         self._kept_from = total
         self._trim_idle()
@@ -361,6 +379,7 @@ class Endpointer:
         channel goes on from the next audio. Its index is not reused (an interim of it may be out)."""
         events: list[Event] = []
         self._cancel_speculation(events)
+        self._question = None
         if self._confirmed:
             self._index += 1
         self._speaking = self._confirmed = False
@@ -397,14 +416,41 @@ class Endpointer:
             events.append(SpeechStarted(self._speech_start / RATE))
         if self._spec is not None and self._last_speech != self._spec[0][3]:
             self._cancel_speculation(events)  # speech resumed before the silence was long enough
-        if end - self._last_speech >= self._min_silence:
+        silence = end - self._last_speech
+        # with the turn model, a confirmed utterance's silence is judged, not final, until max_silence_s
+        judging = (
+            self._turn is not None and self._confirmed and self._min_silence <= silence < self._max_silence
+        )
+        if silence >= self._min_silence and not judging:
             if self._confirmed:
                 self._end_utterance(self._last_speech, min(self._last_speech + self._pad, end), events)
             self._speaking = self._confirmed = False  # a burst shorter than min_speech_s: dropped
         elif end - self._audio_start >= self._max_len:
             self._forced_cut(events)
+        elif judging:
+            if self._asked != self._last_speech:  # one question per pause: its first min_silence_s
+                self._asked = self._last_speech
+                self._question = self._slice(max(self._audio_start, end - _TURN_AUDIO), end)
         elif self._speculative and self._confirmed and self._spec is None and end > self._last_speech:
             self._maybe_speculate(events)
+
+    def question(self) -> np.ndarray | None:
+        """The turn's audio to ask the turn model about (once per pause), or None; taking it clears it."""
+        q, self._question = self._question, None
+        return q
+
+    def judged(self, complete: float) -> list[Event]:
+        """The turn model's P(complete) for the last question: a complete turn ends now, at its pause,
+        unless speech resumed (or the utterance ended otherwise) meanwhile; an incomplete one waits."""
+        events: list[Event] = []
+        if self._turn is None or not self._confirmed or self._asked != self._last_speech:
+            return events
+        if complete >= self._turn.threshold:
+            end = self._scored
+            self._end_utterance(self._last_speech, min(self._last_speech + self._pad, end), events)
+            self._speaking = self._confirmed = False
+            self._trim_idle()
+        return events
 
     def _maybe_speculate(self, events: list[Event]) -> None:
         """In the silence after speech: once the audio the end would be cut with is all here and scored

@@ -44,6 +44,7 @@ from service.pipeline.endpointing import (
     SpeculativeEnd,
     SpeechEnded,
     SpeechStarted,
+    TurnJudging,
     Utterance,
 )
 from service.pipeline.interim import InterimPolicy
@@ -51,8 +52,9 @@ from service.pipeline.options import StreamPlan
 from service.pipeline.results import ChannelResults, ResultOptions, end_reason
 from service.pipeline.speculation import Speculations
 from service.pipeline.stream_state import StreamState
+from service.pipeline.turn_model import turn_batcher
 from service.pipeline.vad_batch import vad_batcher
-from service.vocabulary.endpointing import EndpointingError
+from service.vocabulary.endpointing import EndpointingError, EndpointSettings
 from service.vocabulary.engine import RecognitionEngine
 from service.vocabulary.errors import Code, RecognitionError
 from service.vocabulary.types import (
@@ -155,6 +157,17 @@ def _observe_since(start: float, histogram: Histogram = metrics.UTTERANCE_LATENC
     histogram.observe(time.monotonic() - start)
 
 
+def turn_judging(ep: EndpointSettings, config: ServerConfig) -> TurnJudging | None:
+    """The stream's own turn-model setting, else the server's (--turn-model, --turn-threshold,
+    --turn-max-silence-s); None: silence alone ends its turns."""
+    if not (config.turn_model if ep.turn_model is None else ep.turn_model):
+        return None
+    return TurnJudging(
+        threshold=ep.turn_threshold or config.turn_threshold,
+        max_silence_s=max(ep.turn_max_silence_s or config.turn_max_silence_s, ep.min_silence_s),
+    )
+
+
 class StreamSession:
     def __init__(
         self,
@@ -181,7 +194,10 @@ class StreamSession:
                 endpointer=ManualTurns()
                 if ep is None
                 else Endpointer(
-                    ep, speculative=config.speculative_endpointing, gate_margin_db=config.vad_gate_db
+                    ep,
+                    speculative=config.speculative_endpointing,
+                    gate_margin_db=config.vad_gate_db,
+                    turn=turn_judging(ep, config),
                 ),
             )
             for i in range(n)
@@ -589,7 +605,37 @@ class StreamSession:
                     return
             if self.settings.interim_results:
                 self._maybe_interim(ch)
+        self._ask_turn_model()
         self._check_voice_timeouts()
+
+    def _ask_turn_model(self) -> None:
+        """Pauses the endpointers want judged go to this tick's turn-model pass (one call for all streams)."""
+        asked = [
+            (ch, q)
+            for ch in self.channels
+            if isinstance(ch.endpointer, Endpointer) and (q := ch.endpointer.question()) is not None
+        ]
+        if asked:
+            turn_batcher().request(
+                [q for _, q in asked], lambda p: self._on_judged([ch for ch, _ in asked], p)
+            )
+
+    def _on_judged(self, channels: list[_Channel], complete: list[float] | Exception) -> None:
+        """The turn model's verdicts: a complete turn ends now. Should the model fail, the pause ends the
+        turn, as silence-only endpointing would have (the failure is logged by the batcher)."""
+        if not self.state.takes_audio:
+            return
+        try:
+            verdicts = [1.0] * len(channels) if isinstance(complete, Exception) else complete
+            for ch, p in zip(channels, verdicts, strict=True):
+                assert isinstance(ch.endpointer, Endpointer)
+                for event in ch.endpointer.judged(p):
+                    self._on_event(ch, event)
+                    if not self.state.takes_audio:
+                        return
+            self._release_held_finals()
+        except Exception as e:
+            self._fail_with(e, "stream endpointing failed")
 
     def _check_voice_timeouts(self) -> None:
         """SpeechTimeout once the VAD has scored past a voice activity timeout with no channel in speech:

@@ -25,6 +25,11 @@ class EndpointSettings:
     max_utterance_s: float = 15.0
     min_speech_s: float = 0.2
     speech_pad_s: float = 0.2  # audio kept before speech start and after speech end
+    # The semantic end of turn (service/pipeline/turn_model.py), per stream: None / 0 take the server's
+    # --turn-model, --turn-threshold and --turn-max-silence-s.
+    turn_model: bool | None = None
+    turn_threshold: float = 0.0
+    turn_max_silence_s: float = 0.0
 
     @classmethod
     def from_overrides(
@@ -73,3 +78,7 @@ class EndpointSettings:
             raise bad("min_speech_duration", f"between 0 s and {self.max_utterance_s:g} s", self.min_speech_s)
         if not 0.0 <= self.speech_pad_s <= 1.0:
             raise bad("speech_pad", "between 0 s and 1 s", self.speech_pad_s)
+        if self.turn_threshold and not 0.0 < self.turn_threshold < 1.0:
+            raise bad("turn_threshold", "between 0 and 1 (exclusive)", self.turn_threshold)
+        if not 0.0 <= self.turn_max_silence_s <= 10.0:  # below min_silence_s it is raised to it
+            raise bad("turn_max_silence", "between 0 s and 10 s", self.turn_max_silence_s)

@@ -20,6 +20,7 @@ from deepgram.listen.v1.types import (
 from deepgram.types import ListenV1Response
 
 from service.doors.deepgram import messages
+from service.doors.deepgram.door import stream_settings
 from service.doors.deepgram.options import (
     MAX_ENDPOINTING_MS,
     MIN_ENDPOINTING_MS,
@@ -83,6 +84,26 @@ def test_a_telephone_call_as_an_integrator_opens_it() -> None:
 def test_endpointing_false_turns_server_endpointing_off() -> None:
     assert not parse(endpointing="false").endpointing
     assert parse(endpointing="true").endpointing_ms is None
+
+
+def test_turn_model_options_map_onto_the_streams_end_of_turn() -> None:
+    """`endpointing` is the silence at which the turn is judged; Flux's `eot_threshold` and
+    `eot_timeout_ms` and this server's `turn_model` set the stream's end-of-turn model."""
+    o = parse(endpointing=300, turn_model="true", eot_threshold=0.7, eot_timeout_ms=1500)
+    assert (o.endpointing_ms, o.turn_model, o.eot_threshold, o.eot_timeout_ms) == (300, True, 0.7, 1500)
+    assert not o.warnings
+    settings = stream_settings(o).endpointing
+    assert settings is not None
+    assert (settings.min_silence_s, settings.turn_model, settings.turn_threshold) == (0.3, True, 0.7)
+    assert settings.turn_max_silence_s == 1.5
+    assert parse(turn_model="false").turn_model is False
+    assert parse().turn_model is None  # the server's --turn-model
+    recorded = parse(live=False, turn_model="true")
+    assert recorded.turn_model is None and [w.parameter for w in recorded.warnings] == ["turn_model"]
+    assert "between 0.5 and 0.9" in refused("eot_threshold", eot_threshold=0.95)
+    refused("eot_threshold", eot_threshold="high")
+    assert "between 500 and 10000" in refused("eot_timeout_ms", eot_timeout_ms=100)
+    refused("turn_model", turn_model="maybe")
 
 
 def test_endpointing_below_what_the_vad_sees_is_raised_and_said() -> None:

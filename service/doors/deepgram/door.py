@@ -15,6 +15,7 @@ header; the SDK raises it as ApiError(status_code).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import hashlib
 import importlib.metadata
@@ -138,7 +139,14 @@ def stream_settings(o: ListenOptions) -> StreamSettings:
         recognition=recognition_settings(o, AudioFormat(o.encoding, o.sample_rate, o.channels)),
         endpointing=None
         if not o.endpointing
-        else EndpointSettings.from_overrides(min_silence_s=(o.endpointing_ms or 0) / 1000),
+        else dataclasses.replace(
+            # `endpointing` is the silence at which the turn is judged (the turn model, where on, may
+            # wait longer for an incomplete one); speech_final marks the end of the turn
+            EndpointSettings.from_overrides(min_silence_s=(o.endpointing_ms or 0) / 1000),
+            turn_model=o.turn_model,
+            turn_threshold=o.eot_threshold,
+            turn_max_silence_s=o.eot_timeout_ms / 1000,
+        ),
         interim_results=o.interim_results,
     )
 

@@ -96,7 +96,20 @@ REFUSED_ANY = {
     "custom_topic_mode": "this server does not detect topics",
     "custom_intent_mode": "this server does not detect intents",
 }
-LIVE_ONLY = frozenset({"interim_results", "endpointing", "utterance_end_ms", "vad_events"})
+LIVE_ONLY = frozenset(
+    {
+        "interim_results",
+        "endpointing",
+        "utterance_end_ms",
+        "vad_events",
+        "turn_model",
+        "eot_threshold",
+        "eot_timeout_ms",
+    }
+)
+# The end-of-turn model (service/pipeline/turn_model.py) per stream: Flux's (`/v2/listen`) names for its
+# threshold and its longest wait, and this server's `turn_model=true|false` to ask for it or not.
+MIN_EOT_TIMEOUT_MS, MAX_EOT_TIMEOUT_MS = 500, 10_000
 RECORDED_ONLY = frozenset({"utterances"})
 
 
@@ -131,6 +144,9 @@ class ListenOptions:
     endpointing_ms: int | None = None  # None: the server's default silence
     endpointing: bool = True  # False: utterances end only on Finalize, CloseStream or the length cap
     utterance_end_ms: int | None = None
+    turn_model: bool | None = None  # None: the server's --turn-model
+    eot_threshold: float = 0.0  # 0: the server's --turn-threshold
+    eot_timeout_ms: int = 0  # 0: the server's --turn-max-silence-s
     vad_events: bool = False
     punctuate: bool = False
     smart_format: bool = False
@@ -293,6 +309,27 @@ def parse_listen_options(
         _integer("utterance_end_ms", ue, 1, MAX_UTTERANCE_END_MS, " ms") if live and ue is not None else None
     )
 
+    turn_model: bool | None = None
+    eot_threshold, eot_timeout_ms = 0.0, 0
+    if live:
+        if query.get("turn_model"):
+            turn_model = _flag("turn_model", query["turn_model"])
+        threshold = one("eot_threshold")
+        if threshold is not None:
+            try:
+                eot_threshold = float(threshold)
+            except ValueError:
+                eot_threshold = math.nan
+            if not 0.5 <= eot_threshold <= 0.9:  # Flux's range
+                raise OptionError(
+                    "eot_threshold", f"eot_threshold must be between 0.5 and 0.9, got {threshold!r}"
+                )
+        timeout = one("eot_timeout_ms")
+        if timeout is not None:
+            eot_timeout_ms = _integer(
+                "eot_timeout_ms", timeout, MIN_EOT_TIMEOUT_MS, MAX_EOT_TIMEOUT_MS, " ms"
+            )
+
     redact: set[Kind] = set()
     for value in query.get("redact", []):
         for part in value.split(","):
@@ -330,6 +367,9 @@ def parse_listen_options(
         endpointing_ms=endpointing_ms,
         endpointing=endpointing,
         utterance_end_ms=utterance_end_ms,
+        turn_model=turn_model,
+        eot_threshold=eot_threshold,
+        eot_timeout_ms=eot_timeout_ms,
         vad_events=live and flag("vad_events"),
         punctuate=flag("punctuate"),
         smart_format=flag("smart_format"),
@@ -354,6 +394,9 @@ _MAPPED = frozenset(
         "interim_results",
         "endpointing",
         "utterance_end_ms",
+        "turn_model",
+        "eot_threshold",
+        "eot_timeout_ms",
         "vad_events",
         "punctuate",
         "smart_format",
