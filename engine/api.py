@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, default_cache_dir
 from engine.constants import SAMPLE_RATE
 from engine.errors import EngineOverloaded, EngineStopped, ModelInfo
 from engine.hooks import EngineHooks
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 # what service/ may import of the engine, all from here (the `service-meets-engine-in-api` contract):
 # the engine, its options and answers, the priority classes, the prompt and keyterm checks a request is
 # refused by before it is queued, the engine's flags (ServerConfig builds its flags from them) and the
-# latency buckets the service's histograms share
+# latency buckets the service's histograms share, and where models' files are cached
 __all__ = [
     "SAMPLE_RATE",
     "TIME_BUCKETS",
@@ -48,6 +48,7 @@ __all__ = [
     "UtteranceHandle",
     "check_keyterm_tokens",
     "check_prompt_chars",
+    "default_cache_dir",
 ]
 
 

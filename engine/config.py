@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 from engine.constants import N_FFT, SAMPLE_RATE
+
+
+def default_cache_dir() -> Path:
+    """Where converted weights and other models' files are kept when --cache-dir is not given."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "callcenter-asr"
+
 
 EncoderContext = Literal["full", "trim"]
 CudaGraphs = Literal["auto", "on", "off"]

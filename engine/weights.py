@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from engine.config import default_cache_dir
+
 log = logging.getLogger(__name__)
 
 CONVERTER_VERSION = "1"  # bump when the conversion output changes, to invalidate caches
@@ -78,11 +80,6 @@ class LoadedWeights:
                 self.hf_folder, dtype=torch.float32
             ).eval()
         return self.built
-
-
-def default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "callcenter-asr"
 
 
 def resolve(spec: str, cache_dir: Path) -> tuple[Path, str]:

@@ -50,7 +50,7 @@ LEAD_S = 0.5  # pipecat's pre_speech_ms: audio before the speech start that goes
 def default_model_path() -> Path:
     """$ASR_TURN_MODEL (the container image's), else where scripts/fetch_turn_model.py puts the weights by
     default: beside the Whisper conversions' cache."""
-    from engine.weights import default_cache_dir
+    from engine.api import default_cache_dir
 
     return Path(os.environ.get("ASR_TURN_MODEL") or default_cache_dir() / "smart-turn" / MODEL_FILE)
 
