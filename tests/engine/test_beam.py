@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from clients.scoring import normalize
-from engine import DecodeOptions, Engine, EngineConfig
+from engine import DecodeOptions, Engine, EngineConfig, beam
+from engine.request import Request
 from tests.engine.test_scheduler import noise, running
 from tests.support.engine import jfk_16k
 from tests.support.wait import wait_until
@@ -34,7 +35,7 @@ def test_beams_batched_equal_beams_alone_joining_and_leaving_mid_decode(random_m
     options = [
         DecodeOptions(max_new_tokens=24, beam_size=3),
         DecodeOptions(max_new_tokens=10),  # a greedy one leaves early
-        DecodeOptions(max_new_tokens=30, beam_size=4),
+        DecodeOptions(max_new_tokens=30, beam_size=4, timestamps=True),  # the timestamp rules over beams
         DecodeOptions(max_new_tokens=6, beam_size=2),  # joins late, leaves first
     ]
     with running(random_model, batch_window_ms=1.0, kv_slots=12) as engine:
@@ -96,3 +97,53 @@ def test_beam_five_on_real_speech_is_sensible_and_batch_invariant() -> None:
     assert alone.is_speech and 0.5 < alone.confidence <= 1.0
     assert [w.word.strip().lower().strip(",.") for w in alone.words][:3] == ["and", "so", "my"]
     assert [r.tokens for r in together] == [alone.tokens, alone_short.tokens]
+
+
+EOT = 99
+
+
+def beam_request(size: int, max_new: int = 10) -> Request:
+    from concurrent.futures import Future
+
+    req = Request("b", ONE, DecodeOptions(beam_size=size), Future())
+    req.max_new, req.length, req.audio_ctx = max_new, 3, 1500
+    return req
+
+
+def test_beams_are_chosen_as_whisper_chooses_them() -> None:
+    """One hypothesis proposes its candidates; the likeliest `size` that do not end the text become the
+    beams (each remembering which beam it continues), an ending one is kept as finished."""
+    req = beam_request(2)
+    beams = beam.begin(req)
+    sources = beam.advance(req, beams, [[-0.1, -0.5, -2.0]], [[7, EOT, 8]], EOT)
+    assert [(b.generated, b.sum_logprob) for b in req.beams] == [([7], -0.1), ([8], -2.0)]
+    assert sources == [0, 0] and req.beam_finished == {(EOT,): -0.5}
+    # the second step: beam 1's continuation overtakes beam 0's, and its rows take beam 1's K/V
+    sources = beam.advance(
+        req, req.beams, [[-3.0, -4.0, -5.0], [-0.2, -0.3, -6.0]], [[1, 2, EOT], [3, EOT, 4]], EOT
+    )
+    assert [(b.generated, b.sum_logprob) for b in req.beams] == [([8, 3], -2.2), ([7, 1], -3.1)]
+    assert sources == [1, 0]
+    assert beam.over(req, EOT, 224, 1500)  # two finished: as many as beams
+    beam.finish(req, EOT)
+    assert req.beam_finished == {} and req.generated == [EOT]  # -0.5 over length 1 beats [8, EOT]'s -2.3 / 1
+    assert req.window_done and not req.beams
+
+
+def test_the_result_is_ranked_by_log_probability_over_length() -> None:
+    req = beam_request(2)
+    req.beam_finished = {(5, EOT): -1.0, (5, 6, 7, 8, EOT): -2.0}  # -1.0 / 1 against -2.0 / 4
+    req.beams = []
+    beam.finish(req, EOT)
+    assert req.generated == [5, 6, 7, 8, EOT] and req.sum_logprob == -2.0 and req.sampled == 5
+
+
+def test_a_search_over_its_budget_ends_with_the_live_beams_ranked_too() -> None:
+    req = beam_request(2, max_new=2)
+    beam.begin(req)
+    beam.advance(req, beam.begin(req), [[-0.1, -0.2, -9.0]], [[1, 2, 3]], EOT)
+    assert not beam.over(req, EOT, 224, 1500)
+    beam.advance(req, req.beams, [[-0.1, -0.2, -9.0], [-0.1, -0.3, -9.0]], [[4, 5, 6], [4, 5, 6]], EOT)
+    assert beam.over(req, EOT, 224, 1500)  # two tokens sampled: the budget
+    beam.finish(req, EOT)
+    assert req.generated == [1, 4]  # no end of text: the window ran out (a trimmed one may fall back)
