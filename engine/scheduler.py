@@ -14,7 +14,8 @@ Lifecycle (engine/request.py RequestStatus), every transition made here:
     any status but FINISHED --> CANCELLED (cancel) or FAILED (fail)
 
 Rows are dense: the requests that hold one are rows 0..n-1 (a decode step reads the cache through
-plain slices). A request that leaves gives its row back at the next `settle`, which moves the last row
+plain slices). Capacity is counted in rows: a beam search holds one row per beam (Request.width), its
+beams' rows need not be adjacent, and it waits in its turn until that many are free (engine/policy.py). A request that leaves gives its row back at the next `settle`, which moves the last row
 into the gap (the cache copies it) and only then resolves the futures of the requests that left: a
 caller who sees a result sees its row free. Between settles rows never move, so the core can index a
 step's outputs by position while it works through them.
