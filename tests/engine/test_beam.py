@@ -147,3 +147,17 @@ def test_a_search_over_its_budget_ends_with_the_live_beams_ranked_too() -> None:
     assert beam.over(req, EOT, 224, 1500)  # two tokens sampled: the budget
     beam.finish(req, EOT)
     assert req.generated == [1, 4]  # no end of text: the window ran out (a trimmed one may fall back)
+
+
+def test_a_beam_search_over_several_windows_and_fallbacks_is_batch_invariant(random_model: Path) -> None:
+    """Audio past 30 s goes on window by window, and a trimmed window that loops falls back to the full
+    context: a beam request leaves its rows and takes them again each time, in any company."""
+    long, short = noise(33.0, 21), noise(1.5, 22)
+    options = DecodeOptions(max_new_tokens=12, beam_size=3)
+    with running(random_model, batch_window_ms=1.0, kv_slots=8) as engine:
+        alone = engine.submit(long, options).future.result(timeout=300)
+        handles = [engine.submit(long, options), engine.submit(short, DecodeOptions(beam_size=2))]
+        together = [h.future.result(timeout=300) for h in handles]
+        wait_until(lambda: engine.stats()["slots_used"] == 0, 30, "rows were not given back")
+    assert together[0].tokens == alone.tokens
+    assert alone.stats.decode_steps >= 2 * 2  # two windows at least, each at least a step or two
