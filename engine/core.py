@@ -339,7 +339,10 @@ class EngineCore:
             n = sum(len(r.rows) for r in reqs)
             tokens, lengths = [0] * n, [0] * n
             for r in reqs:
-                last = [b.generated[-1] for b in r.beams] if r.beams else [r.generated[-1]] * len(r.rows)
+                last = [b.generated[-1] for b in r.beams] if r.beams else [r.generated[-1]]
+                # rows without a beam of their own (before the search branches, or if fewer tokens were
+                # allowed than beams) repeat the first one: computed, never read
+                last += last[:1] * (len(r.rows) - len(last))
                 for row, token in zip(r.rows, last, strict=True):
                     tokens[row], lengths[row] = token, r.length
         logits = self.runner.step(tokens, lengths)

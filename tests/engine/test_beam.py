@@ -53,14 +53,15 @@ def test_beams_batched_equal_beams_alone_joining_and_leaving_mid_decode(random_m
 
 
 def test_a_request_of_five_beams_takes_five_rows(random_model: Path) -> None:
-    with running(random_model, batch_window_ms=1.0, kv_slots=6) as engine:
+    # the full context: a trimmed window that loops would give its rows back for a fallback meanwhile
+    with running(random_model, batch_window_ms=1.0, kv_slots=6, encoder_context="full") as engine:
         first = engine.submit(noise(3.0, 5), DecodeOptions(max_new_tokens=200, beam_size=5))
         wait_until(lambda: engine.stats()["slots_used"] == 5, 30, "the beams never took their rows")
         assert engine.stats()["slots_free"] == 1
         # a second 5-beam request does not fit in the one free row: it waits for the first to finish
         second = engine.submit(noise(1.0, 6), DecodeOptions(max_new_tokens=4, beam_size=5))
         time.sleep(0.3)
-        assert not first.future.done() and engine.stats()["waiting"] == 1
+        assert not first.future.done() and not second.future.done() and engine.stats()["waiting"] == 1
         assert engine.stats()["slots_used"] <= 6
         first.cancel()
         second.future.result(timeout=60)
@@ -161,3 +162,12 @@ def test_a_beam_search_over_several_windows_and_fallbacks_is_batch_invariant(ran
         wait_until(lambda: engine.stats()["slots_used"] == 0, 30, "rows were not given back")
     assert together[0].tokens == alone.tokens
     assert alone.stats.decode_steps >= 2 * 2  # two windows at least, each at least a step or two
+
+
+def test_masked_candidates_are_never_chosen() -> None:
+    """Fewer tokens allowed than beams (the timestamp rules can leave one): the search goes on with fewer."""
+    req = beam_request(3)
+    inf = float("-inf")
+    sources = beam.advance(req, beam.begin(req), [[-0.1, inf, inf, inf]], [[5, 6, 7, 8]], EOT)
+    assert [b.generated for b in req.beams] == [[5]] and sources == [0]
+    assert not beam.over(req, EOT, 224, 1500)
