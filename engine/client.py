@@ -39,7 +39,7 @@ from zmq.utils.monitor import recv_monitor_message
 from engine import ipc
 from engine.api import EngineStopped, ModelInfo, UtteranceHandle
 from engine.metrics import IPC_MALFORMED, IPC_REPLIES_LOST, IPC_SECONDS
-from engine.request import DecodeOptions, Transcript, validate_options
+from engine.request import DecodeOptions, Transcript, validate_beam_size, validate_options
 
 log = logging.getLogger("engine.client")
 
@@ -104,6 +104,7 @@ class EngineClient:
 
     def validate(self, options: DecodeOptions) -> None:
         validate_options(options, multilingual=self._info.multilingual, languages=self._info.languages)
+        validate_beam_size(options.beam_size, *self._info.max_beam_size)
 
     def submit(
         self,

@@ -75,6 +75,15 @@ class EngineConfig:
     kv_slots: int = field(
         default=32, metadata={"help": "KV-cache slots: most sequences decoding at once (preallocated)"}
     )
+    max_beam_size: int = field(
+        default=5,
+        metadata={
+            "help": "most beams one utterance may search (its beam_size; default 5, openai-whisper's and "
+            "faster-whisper's beam): each beam decodes in a KV-cache slot of its own, so it is bounded by "
+            "--kv-slots too. A request asking for more is refused (INVALID_ARGUMENT naming beam_size); "
+            "1: greedy only"
+        },
+    )
     max_tokens: int = field(
         default=224, metadata={"help": "decoder tokens per slot (prompt + generated); preallocated"}
     )
@@ -286,6 +295,7 @@ class EngineConfig:
         check("batch_window_ms", 0, 60_000, " ms")  # 0: no window, each pass takes what is ready
         check("max_batch", 1, 1024)
         check("kv_slots", 1, 4096)
+        check("max_beam_size", 1, 64)
         check("max_tokens", MIN_MAX_TOKENS, WHISPER_TEXT_POSITIONS)
         check("max_queue", 1, 1_000_000)  # beyond it, memory for queued audio
         check("max_queue_recorded", 1, 1_000_000)
@@ -323,6 +333,13 @@ class EngineConfig:
         if self.encoder_context not in ("full", "trim"):
             problems.append(f"--encoder-context must be full or trim (got {self.encoder_context!r})")
         return problems
+
+    @property
+    def beam_bound(self) -> tuple[int, str]:
+        """The most beams a request may search, and the flag to name when refusing more."""
+        if self.kv_slots < self.max_beam_size:
+            return self.kv_slots, "--kv-slots"
+        return self.max_beam_size, "--max-beam-size"
 
     @property
     def recorded_rows(self) -> int:

@@ -31,8 +31,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from engine import beam, outcome
 from engine import metrics as m
-from engine import outcome
 from engine.config import EngineConfig
 from engine.errors import EngineStopped, ModelInfo
 from engine.hooks import EngineHooks
@@ -70,6 +70,7 @@ class EngineCore:
             languages=frozenset(vocab.languages) if vocab.multilingual else frozenset({"en"}),
             kv_cache_bytes=runner.cache.nbytes,
             prompts=runner.prompts,
+            max_beam_size=config.beam_bound,
         )
         m.KV_CACHE_BYTES.set(runner.cache.nbytes)
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
@@ -230,11 +231,9 @@ class EngineCore:
         self._settle()
         if prompted:
             prompted.sort(key=lambda r: r.kv_row)
-            first = prompted[0].kv_row
-            if [r.row for r in prompted] != list(range(first, first + len(prompted))):
-                raise RuntimeError(
-                    f"KV-cache rows of an admitted window are not dense: {[r.row for r in prompted]}"
-                )
+            rows = sorted(row for r in prompted for row in r.rows)
+            if rows != list(range(rows[0], rows[0] + len(rows))):
+                raise RuntimeError(f"KV-cache rows of an admitted window are not dense: {rows}")
             for reqs, (last, sot) in self.stages.run("prefill", prompted, self._prefill):
                 self._first_tokens(reqs, last, sot)
         self._settle()
@@ -244,9 +243,12 @@ class EngineCore:
             for req in reqs:
                 self.hooks.fault(req)
         start = time.perf_counter()
-        timings = self.runner.encode(
-            [r.window_audio() for r in reqs], [r.kv_row for r in reqs], [r.audio_ctx for r in reqs]
-        )
+        audios, ctx = [r.window_audio() for r in reqs], [r.audio_ctx for r in reqs]
+        if all(len(r.rows) == 1 for r in reqs):
+            timings = self.runner.encode(audios, [r.kv_row for r in reqs], ctx)
+        else:  # a beam search's rows all take its one encoder output
+            rows = [(row, i) for i, r in enumerate(reqs) for row in r.rows]
+            timings = self.runner.encode(audios, [row for row, _ in rows], ctx, [i for _, i in rows])
         elapsed = time.perf_counter() - start
         m.ENCODER_SECONDS.observe(elapsed)
         m.ENCODER_BATCH_SIZE.observe(len(reqs))
@@ -265,10 +267,26 @@ class EngineCore:
         self.rules.start_window(req)
 
     def _prefill(self, reqs: list[Request]) -> tuple[Tensor, Tensor]:
-        """reqs hold consecutive rows (in row order)."""
-        rows = slice(reqs[0].kv_row, reqs[-1].kv_row + 1)
-        start = time.perf_counter()
-        last, sot = self.runner.prefill([r.prompt_tokens for r in reqs], [r.sot_index for r in reqs], rows)
+        """reqs hold consecutive rows (in row order; a beam search's rows, one per beam, each take its
+        prompt). Returns the logits of each request's first row: row i is reqs[i]."""
+        if all(len(r.rows) == 1 for r in reqs):
+            rows = slice(reqs[0].kv_row, reqs[-1].kv_row + 1)
+            start = time.perf_counter()
+            last, sot = self.runner.prefill(
+                [r.prompt_tokens for r in reqs], [r.sot_index for r in reqs], rows
+            )
+        else:
+            owner = {row: r for r in reqs for row in r.rows}
+            first, end = min(owner), max(owner) + 1
+            if len(owner) != end - first:
+                raise RuntimeError(f"KV-cache rows to prefill are not consecutive: {sorted(owner)}")
+            held = [owner[row] for row in range(first, end)]
+            start = time.perf_counter()
+            last, sot = self.runner.prefill(
+                [r.prompt_tokens for r in held], [r.sot_index for r in held], slice(first, end)
+            )
+            index = [r.kv_row - first for r in reqs]
+            last, sot = last[index], sot[index]
         m.PREFILL_SECONDS.observe(time.perf_counter() - start)
         self.scheduler.prefilled(reqs)
         return last, sot
@@ -294,24 +312,77 @@ class EngineCore:
         # Those that detected their language took it as this turn's token.
         rest = [i for i, r in enumerate(reqs) if r.status is RequestStatus.DECODING and not r.detect_language]
         if rest:
-            self._choose([reqs[i] for i in rest], last if len(rest) == len(reqs) else last[rest])
+            chosen = [reqs[i] for i in rest]
+            logits = last if len(rest) == len(reqs) else last[rest]
+            if any(r.searches_beams for r in chosen):  # row i of these logits is chosen[i]
+                self._choose_rows(chosen, logits, [[i] for i in range(len(chosen))])
+            else:
+                self._choose(chosen, logits)
         self._end_windows(reqs)
 
     # --- execute: the decode step ---
     def _decode_step(self, active: list[Request]) -> None:
         # A step runs rows 0..n-1 together: no request can take it alone.
         for reqs, logits in self.stages.run("decode_step", active, self._step, alone=False):
-            self._choose(reqs, logits)
+            if any(r.searches_beams for r in reqs):  # row r.rows[b] of the logits is beam b of r
+                self._choose_rows(reqs, logits, [r.rows for r in reqs])
+            else:  # one row each, in row order: row i is reqs[i]
+                self._choose(reqs, logits)
             self._end_windows(reqs)
         self._settle()
 
     def _step(self, reqs: list[Request]) -> Tensor:
         start = time.perf_counter()
-        logits = self.runner.step([r.generated[-1] for r in reqs], [r.length for r in reqs])
+        if all(len(r.rows) == 1 for r in reqs):
+            tokens, lengths = [r.generated[-1] for r in reqs], [r.length for r in reqs]
+        else:  # rows 0..n-1, each beam's last token in its own row
+            n = sum(len(r.rows) for r in reqs)
+            tokens, lengths = [0] * n, [0] * n
+            for r in reqs:
+                last = [b.generated[-1] for b in r.beams] if r.beams else [r.generated[-1]]
+                # rows without a beam of their own (before the search branches, or if fewer tokens were
+                # allowed than beams) repeat the first one: computed, never read
+                last += last[:1] * (len(r.rows) - len(last))
+                for row, token in zip(r.rows, last, strict=True):
+                    tokens[row], lengths[row] = token, r.length
+        logits = self.runner.step(tokens, lengths)
         m.DECODE_STEP_SECONDS.observe(time.perf_counter() - start)
-        m.DECODE_BATCH_SIZE.observe(len(reqs))
+        m.DECODE_BATCH_SIZE.observe(len(tokens))
         self.scheduler.stepped(reqs)
         return logits
+
+    def _choose_rows(self, reqs: list[Request], logits: Tensor, rows: list[list[int]]) -> None:
+        """The next tokens when beam searches take part: reqs[i]'s logits are rows[i] of `logits` (one row
+        per beam). Greedy requests choose together as always; each beam search chooses on its own."""
+        greedy = [i for i, r in enumerate(reqs) if not r.searches_beams]
+        if greedy:
+            self._choose([reqs[i] for i in greedy], logits[[rows[i][0] for i in greedy]])
+        where = {id(r): rs for r, rs in zip(reqs, rows, strict=True)}
+        searching = []
+        for r in reqs:
+            if not r.searches_beams:
+                continue
+            if r.forced:  # the task tokens after a detected language: every row takes them alike
+                r.generated.append(r.forced.pop(0))
+            else:
+                searching.append(r)
+
+        def search(rs: list[Request]) -> None:
+            self._search(rs[0], logits, where[id(rs[0])])
+
+        self.stages.run("rules", searching, search, together=False)  # a failed search fails its request alone
+
+    def _search(self, req: Request, logits: Tensor, rows: list[int]) -> None:
+        """One step of req's beam search (engine/beam.py) over its rows of `logits`."""
+        beams = req.beams if req.beams else beam.begin(req)
+        rows = rows[: len(beams)]
+        values, tokens = self.runner.beam_candidates(logits[rows], beams, req.options.beam_size + 1)
+        eot = self.rules.vocab.eot
+        sources = beam.advance(req, beams, values, tokens, eot)
+        m.TOKENS_GENERATED.inc(len(req.beams))
+        self.runner.reorder(req.rows[: len(sources)], [req.rows[s] for s in sources], req.length)
+        if beam.over(req, eot, self.config.max_tokens, self.runner.full_audio_ctx):
+            beam.finish(req, eot)
 
     def _choose(self, reqs: list[Request], logits: Tensor) -> None:
         """Append each request's next token: forced ones first, else greedy under the rules (row i of

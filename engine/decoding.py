@@ -26,7 +26,15 @@ from engine.logits import (
     SuppressBlank,
     SuppressTokens,
 )
-from engine.request import DecodeOptions, Request, Segment, check_keyterm_tokens, validate_options
+from engine.request import (
+    Beam,
+    DecodeOptions,
+    Request,
+    Segment,
+    check_keyterm_tokens,
+    validate_beam_size,
+    validate_options,
+)
 
 NO_SPEECH_THRESHOLD = 0.6  # openai/whisper's defaults for dropping silent windows
 LOGPROB_THRESHOLD = -1.0
@@ -93,8 +101,10 @@ class DecodingRules:
         multilingual: bool,
         device: torch.device,
         keyterms: KeytermSettings | None = None,
+        max_beam_size: tuple[int, str] = (1, "--max-beam-size"),
     ) -> None:
         self.tokenizer = tokenizer
+        self.max_beam_size = max_beam_size  # the bound and the flag that sets it
         self.vocab = Vocab.from_tokenizer(tokenizer, multilingual)
         self.n_vocab = n_vocab
         self.keyterm_settings = keyterms or KeytermSettings()
@@ -116,6 +126,7 @@ class DecodingRules:
     # --- options and prompts ---
     def validate(self, options: DecodeOptions) -> None:
         validate_options(options, multilingual=self.vocab.multilingual, languages=self.vocab.languages)
+        validate_beam_size(options.beam_size, *self.max_beam_size)
         if options.keyterms:
             self._check_keyterm_tokens(tuple(options.keyterms))
 
@@ -188,6 +199,20 @@ class DecodingRules:
             values = host[2:].T.tolist()
             keyterm = [dict(zip(names, row, strict=True)) for row in values]
         return Choice(host[0].long(), host[1], keyterm)
+
+    def beam_candidates(
+        self, logits: Tensor, beams: Sequence[Beam], k: int
+    ) -> tuple[list[list[float]], list[list[int]]]:
+        """Apply the rules to logits [B, V] (in place; row i is beams[i]) and return each row's k likeliest
+        tokens and their log-probabilities (openai/whisper's BeamSearchDecoder ranks these). The same
+        processors as greedy decoding, in the same order: suppressed tokens, blank at the first sampled
+        token, timestamp rules (the keyterm bias has no state in a beam: Request.searches_beams)."""
+        rows = StepRows.of(beams)
+        for processor in self.processors:
+            processor.apply(logits, rows)
+        values, tokens = torch.log_softmax(logits.float(), dim=-1).topk(k, dim=-1)
+        host = torch.stack([values.double(), tokens.double()]).cpu()  # one copy; float64 holds every id
+        return host[0].tolist(), host[1].long().tolist()
 
     def take(self, reqs: Sequence[Request], choice: Choice) -> list[tuple[Request, Exception]]:
         """Append each row's chosen token to its request (a keyterm take-back first returns the row

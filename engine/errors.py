@@ -29,3 +29,5 @@ class ModelInfo:
     # Tokenizes and bounds prompts exactly as the engine does (pickles as its tokenizer's JSON), so that a
     # frontend refuses a prompt too long in tokens before it reaches the engine. None: not known.
     prompts: PromptEncoder | None = field(default=None, repr=False, compare=False)
+    # The most beams a request may ask for and the flag that bounds it (engine/request.py validate_beam_size).
+    max_beam_size: tuple[int, str] = (1, "--max-beam-size")

@@ -55,6 +55,20 @@ class KVCache:
     def max_cross_len(self, rows: slice) -> int:
         return max(self.cross_len_host[rows])
 
+    def reorder(self, rows: list[int], sources: list[int], length: int) -> None:
+        """Beam search: row rows[b] takes the self-attention K/V of row sources[b] (positions below
+        `length`, all that is written), on the device. Cross-attention K/V are the same audio in every
+        beam row and stay."""
+        moved = [(dst, src) for dst, src in zip(rows, sources, strict=True) if dst != src]
+        if not moved or length == 0:
+            return
+        device = self.cross_len.device
+        dst_t = torch.tensor([d for d, _ in moved], device=device)
+        src_t = torch.tensor([s for _, s in moved], device=device)
+        for t in (*self.self_k, *self.self_v):
+            # the gather on the right copies first: a row that is both a source and a target reads its old K/V
+            t[dst_t, :, :length] = t.index_select(0, src_t)[:, :, :length]
+
     def move(self, src: int, dst: int) -> None:
         """Copy row `src` into row `dst` (the scheduler moved the sequence there)."""
         for tensors in (self.self_k, self.self_v, self.cross_k, self.cross_v):

@@ -21,7 +21,7 @@ from torch import Tensor
 
 if TYPE_CHECKING:
     from engine.decoding import Vocab
-    from engine.request import Request
+    from engine.request import Beam, Request
 
 NEG_INF = float("-inf")
 MAX_INITIAL_TIMESTAMP_S = 1.0
@@ -32,7 +32,7 @@ SECONDS_PER_TIMESTAMP = 0.02
 class StepRows:
     """The rows of one sampling step (row i is reqs[i]), read once per step from host state."""
 
-    reqs: Sequence[Request]
+    reqs: Sequence[Request | Beam]  # a beam search's beams are rows as requests are (engine/request.py Beam)
     first: list[int]  # rows sampling their first token (openai/whisper's sample_begin)
     # The rules' distribution (log-softmax), frozen by the first processor that asks for it: a bias
     # after it leaves the probability recorded for a token (its confidence) what the model gave it.
@@ -44,7 +44,7 @@ class StepRows:
     tokens: Tensor | None = None
 
     @classmethod
-    def of(cls, reqs: Sequence[Request]) -> StepRows:
+    def of(cls, reqs: Sequence[Request | Beam]) -> StepRows:
         first = [i for i, r in enumerate(reqs) if len(r.generated) == r.sample_begin and not r.forced]
         return cls(reqs=reqs, first=first)
 

@@ -227,10 +227,17 @@ class Whisper(nn.Module):
 
     # --- cross-attention K/V: computed once per utterance, right after its encoder pass ---
     @torch.inference_mode()
-    def write_cross_kv(self, audio_features: Tensor, rows: Tensor, cache: KVCache) -> None:
+    def write_cross_kv(
+        self, audio_features: Tensor, rows: Tensor, cache: KVCache, source: Tensor | None = None
+    ) -> None:
+        """Cross-attention K/V of audio_features [B, T, D] into cache `rows`: row i takes utterance
+        source[i] (None: utterance i). K/V are projected once per utterance, however many rows (beams)
+        take them."""
         t = audio_features.shape[1]
         for layer, block in enumerate(self.decoder.layers()):
             k, v = block.cross_attn.project_kv(audio_features)
+            if source is not None:
+                k, v = k.index_select(0, source), v.index_select(0, source)
             cache.cross_k[layer][rows, :, :t] = k
             cache.cross_v[layer][rows, :, :t] = v
 

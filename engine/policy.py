@@ -72,6 +72,7 @@ class Waiting:
     priority: Priority = Priority.LIVE  # its class as submitted (an interim is never LIVE)
     promote_at: float | None = None  # BEST_EFFORT until this instant, LIVE from then (a speculative offer)
     caller: str = ""  # whose work it is (a stream's id): live finals take turns by caller
+    rows: int = 1  # KV-cache rows it takes: one per beam of a beam search
 
     def rank(self, now: float) -> Priority:
         """Its class now."""
@@ -145,7 +146,13 @@ class Policy:
         if live or s.live_rows:
             return live
         room = max(0, self.config.recorded_rows - s.recorded_rows)
-        return ordered[:room]
+        chosen = []
+        for w in ordered:  # in order: a wide beam search at the head is not overtaken by narrower ones
+            if w.rows > room:
+                break
+            chosen.append(w)
+            room -= w.rows
+        return chosen
 
     def idle_wait(self, s: Snapshot) -> float:
         """How long the loop may block on its inbox before planning: not at all while decoding;
@@ -197,12 +204,20 @@ class Policy:
         recorded = ready[0].rank(s.now) is Priority.RECORDED  # a pass is all live or all recorded
         chosen: list[Admit] = []
         widest = 0
+        rows = s.free_rows
         for w in ready[:limit]:
             ctx = self.audio_ctx_for(w.samples, w.full_context)
+            # Capacity is rows: a beam search takes one per beam. In order, so that a wide request at the
+            # head waits for its rows rather than being overtaken for ever by narrower ones.
+            if w.rows > rows:
+                break
             if chosen and not self._fits(len(chosen) + 1, max(widest, ctx), s, recorded):
                 break
             chosen.append(Admit(w.id, ctx))
             widest = max(widest, ctx)
+            rows -= w.rows
+        if not chosen:  # the head of the queue needs more rows than are free: queueing, as for a row
+            return Plan(drop=drop, step=step)
         # The admitted sequences take their first step in the same turn as the others.
         return Plan(drop=drop, encode=tuple(chosen), step=True, window_waited_s=s.now - opened)
 

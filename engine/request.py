@@ -65,6 +65,9 @@ class DecodeOptions:
 
     # Names and jargon the caller may say, boosted in decoding (engine/keyterms.py); bounds above.
     keyterms: tuple[str, ...] = ()
+    # Beams searched at once (1: greedy). Each beam is a KV-cache row, so a request of n beams takes n of
+    # the engine's rows; bounded by --max-beam-size (the engine checks it: validate_beam_size).
+    beam_size: int = 1
 
 
 def validate_options(options: DecodeOptions, *, multilingual: bool, languages: Collection[str]) -> None:
@@ -91,6 +94,17 @@ def validate_options(options: DecodeOptions, *, multilingual: bool, languages: C
             f"priority {options.priority!r} must be one of {', '.join(p.name for p in Priority)}"
         )
     validate_keyterms(options.keyterms)
+
+
+def validate_beam_size(beam_size: int, max_beam_size: int, flag: str = "--max-beam-size") -> None:
+    """Raise ValueError naming the field and the flag (`flag`, whose value is max_beam_size) for a
+    beam_size this engine will not search."""
+    if not isinstance(beam_size, int) or isinstance(beam_size, bool) or beam_size < 1:
+        raise ValueError(f"beam_size must be at least 1 (1: greedy), got {beam_size!r}")
+    if beam_size > max_beam_size:
+        raise ValueError(
+            f"beam_size {beam_size} is more beams than this server searches ({flag} {max_beam_size})"
+        )
 
 
 def validate_keyterms(keyterms: Collection[str]) -> None:
@@ -190,6 +204,30 @@ class RequestStatus(enum.Enum):
 
 
 @dataclass(eq=False)
+class Beam:
+    """One hypothesis of a beam search: its tokens in this window (prompt excluded, as Request.generated)
+    and their summed log-probability. The logit processors read it as they read a request (the fields
+    below and the request's options), so Whisper's rules apply to every beam alike."""
+
+    request: Request
+    generated: list[int]
+    sum_logprob: float = 0.0
+    keyterm: None = None  # the keyterm bias never runs over beams (Request.searches_beams)
+
+    @property
+    def options(self) -> DecodeOptions:
+        return self.request.options
+
+    @property
+    def forced(self) -> list[int]:
+        return self.request.forced
+
+    @property
+    def sample_begin(self) -> int:
+        return self.request.sample_begin
+
+
+@dataclass(eq=False)
 class Request:
     """One utterance inside the engine. Owned by the engine's loop thread after submit."""
 
@@ -215,7 +253,11 @@ class Request:
     audio_ctx: int = 0  # encoder positions this window uses
     full_context: bool = False  # a trimmed pass looped: this window falls back to 30 s
     window_start: tuple[float, int] = (0.0, 0)  # (sum_logprob, sampled) when this window began
-    row: int | None = None  # KV-cache row while ENCODING or DECODING
+    # KV-cache rows while ENCODING or DECODING: one, or one per beam (beam b decodes in rows[b])
+    rows: list[int] = field(default_factory=list)
+    beams: list[Beam] = field(default_factory=list)  # this window's live beams (beam search only)
+    beam_finished: dict[tuple[int, ...], float] = field(default_factory=dict)  # ended beams: summed logprob
+    window_done: bool = False  # a beam search ended this window (engine/beam.py finish)
     length: int = 0  # tokens written to this row's self-attention cache
     max_new: int = 0
     generated: list[int] = field(default_factory=list)  # this window's tokens, forced ones included
@@ -229,6 +271,26 @@ class Request:
     decode_steps: int = 0
     keyterm: KeytermState | None = None  # the keyterm bias's place in this window (engine/keyterms.py)
     keyterm_trie: TermTrie | None = None  # its keyterm list compiled, at submit (engine/keyterms.py)
+
+    @property
+    def width(self) -> int:
+        """KV-cache rows this request decodes in: one per beam (engine/beam.py)."""
+        return self.options.beam_size if self.searches_beams else 1
+
+    @property
+    def searches_beams(self) -> bool:
+        """Beam search, not greedy. The keyterm bias chooses tokens itself (with take-backs that rewind
+        one sequence), so a request with keyterms decodes greedily whatever beam_size says."""
+        return self.options.beam_size > 1 and not self.options.keyterms
+
+    @property
+    def row(self) -> int | None:
+        """Its first KV-cache row (its only one unless it searches beams); None while it holds none."""
+        return self.rows[0] if self.rows else None
+
+    @row.setter
+    def row(self, value: int | None) -> None:
+        self.rows = [] if value is None else [value]
 
     @property
     def kv_row(self) -> int:

@@ -26,7 +26,7 @@ from engine.model import Whisper, from_hf
 from engine.policy import encoder_positions
 from engine.prompt import PromptEncoder, max_prompt_tokens
 from engine.quantize import quantize_for
-from engine.request import Request
+from engine.request import Beam, Request
 from engine.step import DecodeStepper
 from engine.timing import WordAligner, alignment_heads
 from engine.weights import LoadedWeights, load
@@ -99,7 +99,13 @@ class ModelRunner:
             cache_bytes=config.keyterm_cache_bytes,
         )
         self.rules = DecodingRules(
-            weights.tokenizer, weights.generation_config, dims.n_vocab, multilingual, self.device, keyterms
+            weights.tokenizer,
+            weights.generation_config,
+            dims.n_vocab,
+            multilingual,
+            self.device,
+            keyterms,
+            config.beam_bound,
         )
         if config.max_tokens > dims.n_text_ctx:
             raise ValueError(
@@ -145,9 +151,12 @@ class ModelRunner:
         return encoder_positions(self.config, self.full_audio_ctx, n_samples, full)
 
     @torch.inference_mode()
-    def encode(self, audios: list[np.ndarray], rows: list[int], ctx: list[int]) -> EncodeTimings:
-        """One encoder pass over `audios` (row i uses ctx[i] encoder positions); cross-attention
-        K/V land in cache `rows`."""
+    def encode(
+        self, audios: list[np.ndarray], rows: list[int], ctx: list[int], source: list[int] | None = None
+    ) -> EncodeTimings:
+        """One encoder pass over `audios` (audio i uses ctx[i] encoder positions); cross-attention
+        K/V land in cache `rows`: rows[j] takes audio source[j] (None: audio j). A beam search's rows
+        all take their utterance's one encoder output."""
         t0 = time.perf_counter()
         mel = self.logmel(audios, ctx).to(self.dtype)
         ctx_t = torch.tensor(ctx, device=self.device)
@@ -158,8 +167,13 @@ class ModelRunner:
         self.sync()
         t2 = time.perf_counter()
         row_t = torch.tensor(rows, device=self.device)
-        self.model.write_cross_kv(features, row_t, self.cache)
-        self.cache.set_cross_len(rows, ctx, ctx_t)
+        if source is None:
+            self.model.write_cross_kv(features, row_t, self.cache)
+            self.cache.set_cross_len(rows, ctx, ctx_t)
+        else:
+            source_t = torch.tensor(source, device=self.device)
+            self.model.write_cross_kv(features, row_t, self.cache, source_t)
+            self.cache.set_cross_len(rows, [ctx[i] for i in source], ctx_t.index_select(0, source_t))
         self.sync()
         t3 = time.perf_counter()
         return EncodeTimings(t1 - t0, t2 - t1, t3 - t2)
@@ -208,6 +222,19 @@ class ModelRunner:
         """The next token of each request (row i of logits [B, V] is reqs[i]) under the decoding rules'
         logit processors (engine/logits.py, engine/keyterms.py), greedy. The rules edit logits in place."""
         return self.rules.next_tokens(logits, reqs)
+
+    @torch.inference_mode()
+    def beam_candidates(
+        self, logits: Tensor, beams: Sequence[Beam], k: int
+    ) -> tuple[list[list[float]], list[list[int]]]:
+        """Beam search's candidates: for each beam (row i of logits [B, V] is beams[i]), its `k` likeliest
+        next tokens under the decoding rules' masks (engine/logits.py; edited in place) and their
+        log-probabilities, on the host in one copy."""
+        return self.rules.beam_candidates(logits, beams, k)
+
+    def reorder(self, rows: list[int], sources: list[int], length: int) -> None:
+        """Beam search chose its beams: row rows[b] continues the hypothesis of row sources[b]."""
+        self.cache.reorder(rows, sources, length)
 
     def align(self, reqs: Sequence[Request]) -> None:
         """Word timings of finished windows (engine/timing.py), while their rows still hold their audio."""

@@ -14,7 +14,8 @@ Lifecycle (engine/request.py RequestStatus), every transition made here:
     any status but FINISHED --> CANCELLED (cancel) or FAILED (fail)
 
 Rows are dense: the requests that hold one are rows 0..n-1 (a decode step reads the cache through
-plain slices). A request that leaves gives its row back at the next `settle`, which moves the last row
+plain slices). Capacity is counted in rows: a beam search holds one row per beam (Request.width), its
+beams' rows need not be adjacent, and it waits in its turn until that many are free (engine/policy.py). A request that leaves gives its row back at the next `settle`, which moves the last row
 into the gap (the cache copies it) and only then resolves the futures of the requests that left: a
 caller who sees a result sees its row free. Between settles rows never move, so the core can index a
 step's outputs by position while it works through them.
@@ -67,7 +68,8 @@ class WindowEnd:
 
 
 class KVRows:
-    """Which request holds which KV-cache row: held[i] holds row i, always rows 0..n-1."""
+    """Which request holds which KV-cache row: held[i] holds row i, always rows 0..n-1. A beam search
+    holds one row per beam (Request.width), so a request may appear more than once."""
 
     def __init__(self, slots: int) -> None:
         self.slots = slots
@@ -82,25 +84,29 @@ class KVRows:
         return self.slots - len(self.held)
 
     def take(self, reqs: Sequence[Request]) -> None:
-        """Give `reqs` the rows at the end of the dense block, in order."""
-        if len(reqs) > self.free:
-            raise RuntimeError(f"KV cache: asked for {len(reqs)} rows, {self.free} free")
-        for offset, req in enumerate(reqs):
-            req.row = len(self.held) + offset
-        self.held.extend(reqs)
+        """Give `reqs` the rows at the end of the dense block, in order (Request.width rows each)."""
+        need = sum(r.width for r in reqs)
+        if need > self.free:
+            raise RuntimeError(f"KV cache: asked for {need} rows, {self.free} free")
+        for req in reqs:
+            start = len(self.held)
+            req.rows = list(range(start, start + req.width))
+            self.held.extend([req] * req.width)
 
     def release(self, leaving: Iterable[Request]) -> list[Move]:
         """Free these requests' rows, highest first, so that each move takes a row that stays. Returns
         the moves (the last row into the freed one), in the order the cache must copy them."""
         moves = []
-        for req in sorted((r for r in leaving if r.row is not None), key=lambda r: r.kv_row, reverse=True):
-            row = req.kv_row
+        reqs = list(dict.fromkeys(leaving))
+        for row in sorted((row for r in reqs for row in r.rows), reverse=True):
             last = self.held.pop()
-            if last is not req:
+            end = len(self.held)  # the row `last` held
+            if end != row:
                 self.held[row] = last
-                last.row = row
-                moves.append((len(self.held), row))
-            req.row = None
+                last.rows[last.rows.index(end)] = row
+                moves.append((end, row))
+        for req in reqs:
+            req.rows = []
         return moves
 
 
@@ -188,10 +194,11 @@ class Scheduler:
                     priority=r.priority,
                     promote_at=r.options.promote_at,
                     caller=r.options.caller,
+                    rows=r.width,
                 )
                 for r in self.waiting
             ),
-            decoding=sum(1 for r in held if r.status is RequestStatus.DECODING),
+            decoding=sum(1 for r in dict.fromkeys(held) if r.status is RequestStatus.DECODING),
             free_rows=self.rows.free,
             window_opened=self._window_opened,
             encoder_s_per_position=self.encoder_s_per_position,
@@ -265,11 +272,12 @@ class Scheduler:
 
     @property
     def decoding(self) -> list[Request]:
-        """The sequences of the next decode step: rows 0..n-1, in row order (settled: every row decodes)."""
+        """The requests of the next decode step, in the order of their first rows; they hold rows 0..n-1
+        (settled: every row decodes). Without beam searches, request i holds row i."""
         held = self.rows.held
         if any(r.status is not RequestStatus.DECODING for r in held):
             raise RuntimeError("a decode step over rows whose requests do not decode: settle first")
-        return list(held)
+        return list(dict.fromkeys(held))
 
     def stepped(self, reqs: Sequence[Request]) -> None:
         """A decode step wrote one more token into each of their rows."""
@@ -285,7 +293,11 @@ class Scheduler:
                 continue
             if req.future.cancelled():
                 self._cancel(req)
-            elif outcome.window_ended(req, eot, self.config.max_tokens, self.full_audio_ctx):
+            elif req.beams:  # a beam search still under way (engine/beam.py decides when it ends)
+                continue
+            elif req.window_done or outcome.window_ended(
+                req, eot, self.config.max_tokens, self.full_audio_ctx
+            ):
                 done.append(req)
         return done
 
@@ -316,6 +328,7 @@ class Scheduler:
             req.window += 1
             req.full_context = False
         req.generated = []
+        req.window_done = False
         req.status = RequestStatus.WAITING
         self.waiting.append(req)
 
@@ -333,7 +346,7 @@ class Scheduler:
             if req.id == request_id:
                 self._cancel(req)
                 return
-        for req in self.rows.held:
+        for req in dict.fromkeys(self.rows.held):
             if req.id == request_id and req.status.holds_row:
                 self._cancel(req)
                 return
@@ -376,7 +389,7 @@ class Scheduler:
 
     def fail_all(self, exc: BaseException) -> None:
         """The engine stops: every request still here fails with `exc`."""
-        for req in [*self.waiting, *self.rows.held]:
+        for req in [*self.waiting, *dict.fromkeys(self.rows.held)]:
             self.fail(req, exc)
         self.settle(lambda src, dst: None)  # nothing decodes again: no row needs its contents
 

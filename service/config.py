@@ -260,6 +260,22 @@ class ServerConfig:
             "the WebSocket doors, past it the connection is aborted at once and its stream place given back"
         },
     )
+    beam_size_final: int = field(
+        default=1,
+        metadata={
+            "help": "beams searched for a live call's final (and its speculative offer, which may become "
+            "it): 1 (default) greedy; more trades throughput for accuracy, each beam a KV-cache slot "
+            "(docs/benchmarks.md: beam 5 against greedy on this CPU). Interims are always greedy. At most "
+            "--max-beam-size; the server refuses to start past it"
+        },
+    )
+    beam_size_recorded: int = field(
+        default=1,
+        metadata={
+            "help": "beams searched for recorded audio (Recognize, HTTP transcriptions): 1 (default) greedy. "
+            "The server refuses to start with more than --max-beam-size"
+        },
+    )
     interim_interval_s: float = field(
         default=1.0,
         metadata={"help": "with interim_results: re-transcribe the partial utterance at most this often"},
@@ -638,6 +654,10 @@ def validate(config: ServerConfig) -> None:
         path = getattr(config, name)
         if path and not os.access(path, os.R_OK):
             problems.append(f"{_flag(name)} {path!r} is not a readable file")
+    beams, flag = config.engine.beam_bound
+    for name in ("beam_size_final", "beam_size_recorded"):
+        if not 1 <= getattr(config, name) <= beams:
+            problems.append(f"{_flag(name)} must be 1-{beams} ({flag} {beams})")
     problems += config.engine.validate()
     if problems:
         message = "asr-server: " + "; ".join(problems)

@@ -127,6 +127,9 @@ def test_validate_answers_as_the_engine_does(service_engine: Engine, client: Eng
         DecodeOptions(task="dance"),
         DecodeOptions(max_new_tokens=0),
         DecodeOptions(max_new_tokens=5),
+        DecodeOptions(beam_size=0),
+        DecodeOptions(beam_size=3),
+        DecodeOptions(beam_size=6),  # past the engine's --max-beam-size (5): the client refuses it too
     ]
     for opts in cases:
         errors = []
@@ -139,6 +142,8 @@ def test_validate_answers_as_the_engine_does(service_engine: Engine, client: Eng
         assert errors[0] == errors[1], opts
     with pytest.raises(ValueError, match="language_code 'de'"):
         client.submit(np.zeros(16000, np.float32), DecodeOptions(language="de"))
+    with pytest.raises(ValueError, match=r"beam_size 6 .*\(--max-beam-size 5\)"):
+        client.submit(np.zeros(16000, np.float32), DecodeOptions(beam_size=6))
 
 
 def test_cancel_and_stats_cross_the_boundary(client: EngineClient) -> None:

@@ -71,6 +71,9 @@ def test_flags_parse_into_typed_config() -> None:
         (["--keepalive-timeout", "0"], "--keepalive-timeout must be at least 1 s"),
         (["--max-connection-age", "0.5"], "--max-connection-age must be 0 (off) or at least 1 s"),
         (["--max-concurrent-rpcs", "-1"], "--max-concurrent-rpcs must be 0 (from --max-streams) or positive"),
+        (["--beam-size-final", "6"], "--beam-size-final must be 1-5 (--max-beam-size 5)"),
+        (["--beam-size-recorded", "3", "--kv-slots", "2"], "--beam-size-recorded must be 1-2 (--kv-slots 2)"),
+        (["--beam-size-final", "0"], "--beam-size-final must be 1-5"),
     ],
 )
 def test_bad_flags_are_refused_naming_the_flag(

@@ -45,9 +45,13 @@ def whisper_language(code: str, info: ModelInfo) -> str | None:
 
 
 def decode_options(
-    settings: RecognitionSettings, engine: RecognitionEngine, priority: Priority = Priority.LIVE
+    settings: RecognitionSettings,
+    engine: RecognitionEngine,
+    priority: Priority = Priority.LIVE,
+    beam_size: int = 1,
 ) -> DecodeOptions:
-    """The engine's options for these settings (raises ValueError naming the setting)."""
+    """The engine's options for these settings (raises ValueError naming the setting); `beam_size`: the
+    server's for this kind of work (--beam-size-final, --beam-size-recorded)."""
     check_prompt_chars(settings.prompt)
     if engine.info.prompts is not None:
         engine.info.prompts.encode(settings.prompt)  # remembered: an in-process engine finds it tokenized
@@ -58,6 +62,7 @@ def decode_options(
         word_timestamps=settings.word_times or settings.word_confidence,
         keyterms=tuple(settings.keyterms),
         priority=priority,
+        beam_size=beam_size,
     )
     _validate(options, engine)
     return options
@@ -112,12 +117,13 @@ class StreamPlan:
     call: CallInfo | None = None  # the telephony call the stream carries (StreamSettings.call)
 
 
-def plan_stream(settings: StreamSettings, engine: RecognitionEngine) -> StreamPlan:
+def plan_stream(settings: StreamSettings, engine: RecognitionEngine, beam_size: int = 1) -> StreamPlan:
     """Check a stream's settings in the order a client fixes them (format, decoding, endpointing);
-    raises AudioFormatError, EndpointingError or ValueError naming the setting."""
+    raises AudioFormatError, EndpointingError or ValueError naming the setting. `beam_size`: its finals'
+    (--beam-size-final; interims are greedy)."""
     r = settings.recognition
     rate, channels = validate_stream_format(r.format.encoding, r.format.sample_rate_hertz, r.format.channels)
-    options = decode_options(r, engine)
+    options = decode_options(r, engine, beam_size=beam_size)
     if settings.endpointing is not None:
         settings.endpointing.validate()
     for name in ("speech_start_timeout", "speech_end_timeout"):

@@ -918,7 +918,8 @@ class StreamSession:
         audio = ch.endpointer.partial()
         if audio is None or not ch.interim.enough_audio(len(audio), TARGET_RATE):
             return
-        options = dataclasses.replace(ch.options, interim=True, timestamps=False)
+        # a preview: greedy, however many beams the final searches (--beam-size-final)
+        options = dataclasses.replace(ch.options, interim=True, timestamps=False, beam_size=1)
         try:
             handle = self.engine.submit(audio, options, ready_time=now)
         except EngineOverloaded:

@@ -326,7 +326,7 @@ class Recognizer:
         if self.engine is None:
             raise RecognitionError(Code.UNAVAILABLE, "model is still loading; retry shortly")
         try:
-            plan_stream(settings, self.engine)
+            plan_stream(settings, self.engine, self.config.beam_size_final)
         except ValueError as e:
             raise RecognitionError.invalid(e) from e
 
@@ -367,7 +367,9 @@ class Recognizer:
         metrics.ACTIVE_STREAMS.inc()
         metrics.DOOR_ACTIVE_CALLS.labels(door, STREAM).inc()
         try:
-            plan = plan_stream(settings() if callable(settings) else settings, engine)
+            plan = plan_stream(
+                settings() if callable(settings) else settings, engine, self.config.beam_size_final
+            )
         except RecognitionError as e:
             self._give_back(door, e.code, identity.principal)
             raise
@@ -520,7 +522,7 @@ class Recognizer:
         f = settings.format
         try:
             # Recorded work: served after live calls, in its own share of the engine (engine/policy.py).
-            options = decode_options(settings, engine, Priority.RECORDED)
+            options = decode_options(settings, engine, Priority.RECORDED, c.beam_size_recorded)
             result_opts = result_options(settings)
             settings.call_metrics.validate()
             # The header (or the byte count) says how long the recording is: a small FLAC of silence

@@ -122,3 +122,18 @@ def test_the_first_sampled_token_after_detection_obeys_begin_suppress(base_runne
         second = rules.next_tokens(logits.clone(), [req]).tokens
         results[language] = (int(first), int(second))
     assert results[None] == results["es"] == (1000, v.eot)
+
+
+@pytest.mark.parametrize("name", ["es", "fr-8k"])
+def test_a_beam_search_after_detection_equals_one_with_the_language_given(
+    base_engine: Engine, name: str
+) -> None:
+    """Beams begin after the detected language and the forced task tokens (every beam row takes them
+    alike), at the same sampled token as when the language is given (issue 29)."""
+    audio = clip(name)
+    detected = base_engine.submit(audio, DecodeOptions(beam_size=3)).future.result(timeout=300)
+    assert detected.language == name[:2]
+    given = base_engine.submit(audio, DecodeOptions(beam_size=3, language=detected.language)).future.result(
+        timeout=300
+    )
+    assert detected.tokens == given.tokens and detected.text

@@ -442,3 +442,33 @@ def test_live_finals_take_turns_by_the_caller_their_options_name() -> None:
     good = submitted(s, request("good", 4.0, caller="s-good"))[0]
     out = s.schedule(now=good.submitted + 0.1)
     assert [r.id for r in out.encode] == [flood[0].id, "good"]
+
+
+def test_a_beam_search_holds_a_row_per_beam_and_its_rows_are_refilled_beam_by_beam() -> None:
+    """Capacity counts rows (issue 29): a 3-beam request takes three; a greedy request that leaves is
+    filled by the last row, which may be one beam of the search (whose beam keeps its place in `rows`)."""
+    s = scheduler(kv_slots=6)
+    a, b, c = submitted(s, request("a", 1.0), request("b", 2.0, beam_size=3), request("c", 3.0))
+    out = s.schedule(now=c.submitted + 1.0)
+    assert [r.id for r in out.encode] == ["a", "b", "c"]
+    assert (a.rows, b.rows, c.rows) == ([0], [1, 2, 3], [4])
+    assert s.stats()["slots_used"] == 5
+    decoding(s, [a, b, c])
+    s.fail(a, RuntimeError("gone"))
+    moves = Moves()
+    s.settle(moves)
+    assert moves.done == [(4, 0)] and c.rows == [0] and b.rows == [1, 2, 3]
+    s.fail(c, RuntimeError("gone"))
+    s.settle(moves)
+    assert moves.done[1:] == [(3, 0)] and b.rows == [1, 2, 0]  # beam 2 now decodes in row 0
+    assert [r.id for r in s.decoding] == ["b"] and s.stats()["slots_used"] == 3
+
+
+def test_a_beam_search_waits_in_its_turn_for_its_rows() -> None:
+    s = scheduler(kv_slots=4)
+    first, wide, small = submitted(
+        s, request("first", 1.0), request("wide", 2.0, beam_size=4), request("small", 3.0)
+    )
+    out = s.schedule(now=small.submitted + 1.0)
+    # "wide" needs 4 rows and 3 are left once "first" has one: it waits, and "small" behind it waits too
+    assert out.encode == (first,) and first.rows == [0] and wide.row is None and small.row is None

@@ -1,0 +1,79 @@
+"""Beams per kind of work through a real server (issue 29): a live call's finals search
+--beam-size-final beams, its interims stay greedy, recorded audio searches --beam-size-recorded."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
+
+import grpc
+import pytest
+from asr.v1 import asr_pb2
+from grpc import aio
+
+from clients.client import RecognizerClient
+from clients.scoring import corpus_wer
+from engine import Engine, EngineConfig
+from engine.hooks import EngineHooks
+from service.config import ServerConfig
+from tests.support.audio import make_conversation, to_linear16_bytes
+from tests.support.calls import Outcome, Request, audio_requests, config_request, run_stream
+from tests.support.server import ServerThread
+
+SENTENCES = [
+    "Thank you for calling, how can I help you today?",
+    "I would like to check the status of my order.",
+]
+HOOKS = EngineHooks()
+
+
+@pytest.fixture(scope="module")
+def beam_engine() -> Iterator[Engine]:
+    engine = Engine(EngineConfig(model="tiny.en", threads=2, kv_slots=16, max_recorded_rows=8), hooks=HOOKS)
+    engine.start()
+    yield engine
+    engine.stop()
+
+
+async def paced(data: bytes) -> AsyncIterator[Request]:
+    """A live call with interims: the config, then 100 ms of audio every 100 ms."""
+    config = config_request()
+    config.streaming_config.interim_results = True
+    yield config
+    start = time.monotonic()
+    for n, request in enumerate(audio_requests(data, 3200)):
+        await asyncio.sleep(max(0.0, start + n * 0.1 - time.monotonic()))
+        yield request
+
+
+async def test_finals_interims_and_recordings_search_their_own_beams(beam_engine: Engine) -> None:
+    seen: list[tuple[str, bool, int]] = []  # (class, interim, beam_size) of every utterance encoded
+
+    def watch(stage: str, reqs: Sequence[object]) -> None:
+        if stage == "encoder":
+            for r in reqs:
+                o = r.options  # type: ignore[attr-defined]
+                seen.append((o.priority.label, o.interim, o.beam_size))
+
+    audio, _ = make_conversation(SENTENCES, pause_s=1.0)
+    data = to_linear16_bytes(audio)
+    config = asr_pb2.RecognitionConfig(encoding=asr_pb2.LINEAR16, sample_rate_hertz=16000)
+    server = ServerThread(ServerConfig(beam_size_final=3, beam_size_recorded=2), beam_engine).start()
+    try:
+        with HOOKS.installed(stage=watch):
+            async with (
+                RecognizerClient(server.target) as client,
+                aio.insecure_channel(server.target) as channel,
+            ):
+                live: Outcome = await run_stream(channel, paced(data))
+                recorded = await client.recognize(data, config, deadline_s=300)
+    finally:
+        server.stop()
+    assert live.code == grpc.StatusCode.OK, live
+    assert corpus_wer(SENTENCES, [r.alternatives[0].transcript for r in live.finals]) <= 0.2
+    assert corpus_wer(SENTENCES, [r.alternatives[0].transcript for r in recorded.results]) <= 0.2
+    finals = {b for c, interim, b in seen if c != "recorded" and not interim}
+    interims = {b for c, interim, b in seen if interim}
+    assert finals == {3} and interims == {1}, seen
+    assert {b for c, _, b in seen if c == "recorded"} == {2}, seen
