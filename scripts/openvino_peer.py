@@ -34,22 +34,27 @@ def venv_python(cache: Path | None = None) -> Path:
     key = hashlib.sha256("\n".join(PINS).encode()).hexdigest()[:12]
     venv = cache / f"openvino-peer-venv-{key}"
     python = venv / "bin" / "python"
-    if (venv / "ready").exists():
-        return python
-    base = getattr(sys, "_base_executable", sys.executable)
-    subprocess.run([base, "-m", "venv", "--clear", str(venv)], check=True)
+    if not (venv / "ready").exists():
+        make_venv(venv, python)
     site = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         check=True,
         capture_output=True,
         text=True,
     ).stdout.strip()
-    # after its own packages: the benchmark's code and data libraries from this checkout's environment
-    (Path(site) / "asr-checkout.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # After its own packages: this checkout's environment (the benchmark's code, its data libraries), as a
+    # site directory so that its own .pth files (the editable install's) are read too.
+    ours = sysconfig.get_paths()["purelib"]
+    (Path(site) / "asr-checkout.pth").write_text(f"import site; site.addsitedir({ours!r})\n")
+    return python
+
+
+def make_venv(venv: Path, python: Path) -> None:
+    base = getattr(sys, "_base_executable", sys.executable)
+    subprocess.run([base, "-m", "venv", "--clear", str(venv)], check=True)
     print(f"[openvino] installing {' '.join(PINS)} into {venv} (once)", file=sys.stderr, flush=True)
     subprocess.run([str(python), "-m", "pip", "install", "-q", *PINS], check=True)
     (venv / "ready").touch()
-    return python
 
 
 def exported_model(weight_format: str = "int8", cache: Path | None = None) -> Path:
