@@ -103,6 +103,7 @@ def test_model_that_cannot_load_exits_non_zero_naming_the_path(tmp_path: Path) -
 ENGINE_OUT_OF_RANGE = [
     ("--max-batch", "0", "--max-batch must be 1-1024"),
     ("--kv-slots", "0", "--kv-slots must be 1-4096"),
+    ("--max-beam-size", "0", "--max-beam-size must be 1-64"),
     ("--max-queue", "0", "--max-queue must be 1-1000000"),
     ("--max-queue", "-5", "--max-queue must be 1-1000000"),
     ("--max-queue-recorded", "0", "--max-queue-recorded must be 1-1000000"),

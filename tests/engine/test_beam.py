@@ -4,7 +4,6 @@ mid-decode), beam_size=1 must be today's greedy decode bit for bit, and capacity
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -60,8 +59,9 @@ def test_a_request_of_five_beams_takes_five_rows(random_model: Path) -> None:
         assert engine.stats()["slots_free"] == 1
         # a second 5-beam request does not fit in the one free row: it waits for the first to finish
         second = engine.submit(noise(1.0, 6), DecodeOptions(max_new_tokens=4, beam_size=5))
-        time.sleep(0.3)
-        assert not first.future.done() and not second.future.done() and engine.stats()["waiting"] == 1
+        # the engine's loop takes the submission in on its next turn (seconds on a loaded machine)
+        wait_until(lambda: engine.stats()["waiting"] == 1, 30, "the second search never queued")
+        assert not first.future.done() and not second.future.done()
         assert engine.stats()["slots_used"] <= 6
         first.cancel()
         second.future.result(timeout=60)
