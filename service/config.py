@@ -273,6 +273,25 @@ class ServerConfig:
             "silence wait and the recognition time instead of their sum (finals are identical)"
         },
     )
+    context_carry: bool = field(
+        default=True,
+        metadata={
+            "help": "condition each utterance of a stream's channel (its finals, interims and speculative "
+            "offers) on that channel's earlier finals, as Whisper's long-form decoding does (after the "
+            "client's prompt, within the engine's prompt bound; never across channels or calls). A final "
+            "that looped (compression ratio over 2.4), was unsure (average log-probability under -1) or "
+            "non-speech (no-speech probability over 0.6) is not carried and clears it. asr.v1 streams may "
+            "turn it off per stream (RecognitionConfig.context_carry); off: each utterance alone"
+        },
+    )
+    context_carry_tokens: int = field(
+        default=64,
+        metadata={
+            "help": "with --context-carry: the most tokens of a channel's earlier text carried into its next "
+            "utterance (the newest kept; the engine keeps fewer when the client's prompt leaves less of "
+            "its --max-tokens / 2 - 1 prompt tokens); 0: off"
+        },
+    )
     vad_gate_db: float = field(
         default=MARGIN_DB,
         metadata={
@@ -574,6 +593,8 @@ def validate(config: ServerConfig) -> None:
         problems.append("--idle-audio-timeout must be 0 (off) or positive")
     if not 0 <= config.vad_gate_db <= 20:
         problems.append("--vad-gate-db must be 0 (off) to 20 dB")
+    if not 0 <= config.context_carry_tokens <= 223:
+        problems.append("--context-carry-tokens must be 0 (off) to 223 (Whisper's prompt bound)")
     for name in ("keepalive_time", "keepalive_timeout"):
         if getattr(config, name) < 1:
             problems.append(f"{_flag(name)} must be at least 1 s")
