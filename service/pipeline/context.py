@@ -8,7 +8,10 @@ channel or another call. Whisper's safeguards decide what is carried: a final th
 ratio over 2.4, openai/whisper's compression_ratio_threshold) or that the model was unsure of (average
 log-probability under -1.0, logprob_threshold) resets the context instead, as Whisper resets its prompt after
 a fallback; so does a final the model called non-speech (no-speech probability over 0.6,
-no_speech_threshold): carrying a hallucination would prime the next utterance with it.
+no_speech_threshold): carrying a hallucination would prime the next utterance with it. And an utterance
+that continues speech the endpointer cut at its length bound (--max-utterance) is decoded without it:
+beginning mid-word or mid-sentence, tiny.en with the earlier text as prompt made up words to join the two
+(docs/benchmarks.md "Context across a channel's utterances"); its text is still carried after it.
 """
 
 from __future__ import annotations
@@ -48,6 +51,12 @@ class ChannelContext:
     max_tokens: int
     tail: Callable[[str, int], str]
     text: str = ""
+    after_cut: bool = False  # the last utterance submitted was cut while speech went on
+
+    def submitted(self, *, forced_cut: bool) -> None:
+        """An utterance of this channel went to the engine; `forced_cut`: cut at the length bound, so the
+        next one continues its speech."""
+        self.after_cut = forced_cut
 
     def final(self, t: Transcript) -> None:
         """A final of this channel, in order: its text joins the context, or a doubtful one resets it."""
@@ -63,5 +72,5 @@ class ChannelContext:
 
     @property
     def value(self) -> str | None:
-        """What DecodeOptions.context gets (None: nothing carried)."""
-        return self.text or None
+        """What the channel's next utterance gets as DecodeOptions.context (None: nothing carried)."""
+        return None if self.after_cut else self.text or None

@@ -670,6 +670,7 @@ class StreamSession:
             self._end_after_admitted(engine_refusal(e))
             return
         ch.interim.cancel()  # the final covers everything the interim in flight was asked about
+        ch.context.submitted(forced_cut=utterance.forced_cut)
         pending = _Pending(utterance, handle, ready, ended_by)
         ch.unsettled.append(pending)
         ch.next_index = utterance.index + 1
