@@ -9,7 +9,7 @@ ratio over 2.4, openai/whisper's compression_ratio_threshold) or that the model 
 log-probability under -1.0, logprob_threshold) resets the context instead, as Whisper resets its prompt after
 a fallback; so does a final the model called non-speech (no-speech probability over 0.6,
 no_speech_threshold): carrying a hallucination would prime the next utterance with it. And an utterance
-that continues speech the endpointer cut at its length bound (--max-utterance) is decoded without it:
+that continues speech the endpointer cut at its length bound (max_utterance_duration) is decoded without it:
 beginning mid-word or mid-sentence, tiny.en with the earlier text as prompt made up words to join the two
 (docs/benchmarks.md "Context across a channel's utterances"); its text is still carried after it.
 """
