@@ -40,6 +40,7 @@ import resource
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -130,6 +131,34 @@ def decode_call(
     return out
 
 
+def throughput(engine: object, utterances: list[np.ndarray], context: str, rounds: int) -> str:
+    """16 utterances submitted at once (16 streams' finals arriving together), each with the same carried
+    text of about 64 tokens or none, the two taking turns `rounds` times: wall and engine CPU seconds."""
+    from engine import DecodeOptions
+
+    batch = [utterances[i % len(utterances)] for i in range(16)]
+    totals: dict[str, list[float]] = {"off": [0.0, 0.0, 0], "64 tokens": [0.0, 0.0, 0]}
+    for _ in range(rounds):
+        for name in totals:
+            options = DecodeOptions(context=context if name != "off" else None)
+            wall, cpu = time.monotonic(), cpu_seconds()
+            handles = [engine.submit(a, options) for a in batch]  # type: ignore[attr-defined]
+            steps = sum(h.future.result(timeout=600).stats.decode_steps for h in handles)
+            totals[name][0] += time.monotonic() - wall
+            totals[name][1] += cpu_seconds() - cpu
+            totals[name][2] += steps
+    audio_s = sum(len(a) for a in batch) / RATE
+    lines = [
+        "| context carried | audio s per wall s (16 at once) | engine CPU s per audio s | decode steps |",
+        "|---|---:|---:|---:|",
+    ]
+    for name, (wall, cpu, steps) in totals.items():
+        lines.append(
+            f"| {name} | {audio_s * rounds / wall:.1f} | {cpu / (audio_s * rounds):.3f} | {steps / rounds:.0f} |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
@@ -137,6 +166,7 @@ def main() -> None:
         help="comma-separated --context-carry-tokens (0: off; a trailing a: carried after a cut at the length bound too)",
     )  # fmt: skip
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=3, help="throughput: rounds of 16 utterances per condition")
     p.add_argument("--write-docs", action="store_true", help="put the table into docs/benchmarks.md")
     args = p.parse_args()
     from clients.scoring import corpus_wer
@@ -190,6 +220,10 @@ def main() -> None:
                     transcripts.append(
                         f"  {kind} carry={spec} {c.name}: " + " | ".join(outcomes[c.name].texts)
                     )
+        whole = [a for c in the_calls for a, _ in cuts[(c.name, "whole")]]
+        context = engine.info.prompts.tail(" ".join(c.reference for c in the_calls), 64)  # type: ignore[union-attr]
+        speed = throughput(engine, whole, context, args.rounds)
+        print(speed, file=sys.stderr, flush=True)
     finally:
         engine.stop()
     commit = short_commit()
@@ -204,7 +238,7 @@ def main() -> None:
         f"{words} reference words: one word is ~0.9 pt of WER)."
     )
     print("\n".join(transcripts), file=sys.stderr)
-    out = "\n".join(lines) + f"\n\n{note}\n"
+    out = "\n".join(lines) + f"\n\nThroughput, the whole utterances 16 at once:\n\n{speed}\n\n{note}\n"
     print(out)
     if args.write_docs:
         from scripts.docs_section import write_section
