@@ -658,9 +658,10 @@ class StreamSession:
     def _submit(self, ch: _Channel, utterance: Utterance, ended_by: EndReason) -> None:
         ready = time.monotonic()
         try:
-            handle = self._speculations.take(ch.tag, utterance) or self.engine.submit(
+            options = self._options(ch)
+            handle = self._speculations.take(ch.tag, utterance, options.context) or self.engine.submit(
                 utterance.audio,
-                self._options(ch),
+                options,
                 ready_time=ready,
                 request_id=f"{self.id}-{ch.tag}-{utterance.index}",
             )
