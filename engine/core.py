@@ -107,7 +107,9 @@ class EngineCore:
         if self._dead is not None or self._stopping.is_set():
             raise EngineStopped("the engine is not running")
         # On the caller's thread, once per distinct prompt (engine/prompt.py), never per window or fallback.
-        req.prompt_ids = self.rules.previous_text(req.options, self.runner.prompts.encode(req.options.prompt))
+        prompts = self.runner.prompts
+        prompt_ids = self.rules.previous_text(req.options, prompts.encode(req.options.prompt))
+        req.prompt_ids = prompts.with_context(prompt_ids, req.options.context)  # the channel's text after it
         # Its keyterm list, compiled once per distinct list (~0.3-0.4 s of Python for 100 terms) on the
         # compile thread: never on the loop every sequence shares, nor on the thread that submits (the engine
         # process's IPC thread, a frontend's event loop), which carries every other call's messages.

@@ -29,12 +29,12 @@ def max_prompt_tokens(max_tokens: int) -> int:
     return max(0, min(WHISPER_MAX_PROMPT_TOKENS, max_tokens // 2 - 1))
 
 
-def check_prompt_chars(prompt: str | None) -> None:
-    """Raise ValueError naming `prompt` and the limit if it is longer than MAX_PROMPT_CHARS characters
+def check_prompt_chars(prompt: str | None, name: str = "prompt") -> None:
+    """Raise ValueError naming `name` and the limit if it is longer than MAX_PROMPT_CHARS characters
     (before its length is measured in tokens)."""
     if prompt is not None and len(prompt) > MAX_PROMPT_CHARS:
         raise ValueError(
-            f"prompt has {len(prompt)} characters, over the limit of {MAX_PROMPT_CHARS} characters; "
+            f"{name} has {len(prompt)} characters, over the limit of {MAX_PROMPT_CHARS} characters; "
             "keep it to the names and terms the call needs"
         )
 
@@ -66,6 +66,26 @@ class PromptEncoder:
         check_prompt_chars(prompt)
         return self._cached(prompt)
 
+    def with_context(self, prompt_ids: tuple[int, ...], context: str | None) -> tuple[int, ...]:
+        """`prompt_ids` (the caller's prompt, kept whole), then the tail of `context` (a channel's earlier
+        text) that fits in the rest of the bound: the newest words are the ones the next utterance
+        continues. Not remembered: the context changes with every utterance."""
+        room = self.max_tokens - len(prompt_ids)
+        if not context or not context.strip() or room <= 0:
+            return prompt_ids
+        ids = self._text_ids(" " + context.strip())
+        return (*prompt_ids, *ids[max(0, len(ids) - room) :])
+
+    def tail(self, text: str, max_tokens: int) -> str:
+        """The end of `text` in at most about `max_tokens` tokens, cut where a token begins (the server's
+        bound on the text it carries from one utterance to the next: --context-carry-tokens)."""
+        if max_tokens <= 0:
+            return ""
+        encoding = self._backend().encode(text, add_special_tokens=False)
+        if len(encoding.ids) <= max_tokens:
+            return text
+        return text[encoding.offsets[len(encoding.ids) - max_tokens][0] :].strip()
+
     def text_tokens(self, text: str) -> int:
         """How many tokens the model's tokenizer spells `text` in, as it is (the keyterm bound's measure:
         engine/request.py check_keyterm_tokens)."""
@@ -73,11 +93,7 @@ class PromptEncoder:
 
     def _encode(self, prompt: str) -> tuple[int, ...]:
         # Whisper's prompt convention: one leading space, as the prompt continues earlier speech.
-        ids = [
-            t
-            for t in self._backend().encode(" " + prompt.strip(), add_special_tokens=False).ids
-            if t < self.eot
-        ]
+        ids = self._text_ids(" " + prompt.strip())
         if len(ids) > self.max_tokens:
             raise ValueError(
                 f"prompt is {len(ids)} tokens, over the limit of {self.max_tokens} tokens (the decoder keeps "
@@ -85,6 +101,9 @@ class PromptEncoder:
                 "shorten it"
             )
         return tuple(ids)
+
+    def _text_ids(self, text: str) -> list[int]:
+        return [t for t in self._backend().encode(text, add_special_tokens=False).ids if t < self.eot]
 
     def _backend(self) -> Any:
         with self._lock:

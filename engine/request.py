@@ -68,6 +68,10 @@ class DecodeOptions:
     # Beams searched at once (1: greedy). Each beam is a KV-cache row, so a request of n beams takes n of
     # the engine's rows; bounded by --max-beam-size (the engine checks it: validate_beam_size).
     beam_size: int = 1
+    # The same channel's earlier final text, set by the server (never a client): conditioned on after the
+    # prompt, as Whisper's long-form decoding conditions each window on the text before it. Only its tail
+    # is kept, within what the prompt bound leaves after the caller's own prompt (engine/prompt.py).
+    context: str | None = None
 
 
 def validate_options(options: DecodeOptions, *, multilingual: bool, languages: Collection[str]) -> None:
@@ -89,6 +93,7 @@ def validate_options(options: DecodeOptions, *, multilingual: bool, languages: C
     if options.max_new_tokens is not None and options.max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be at least 1, got {options.max_new_tokens}")
     check_prompt_chars(options.prompt)  # its length in tokens is checked where the tokenizer is
+    check_prompt_chars(options.context, "context")  # its tail is kept: never refused for its tokens
     if not isinstance(options.priority, Priority):
         raise ValueError(
             f"priority {options.priority!r} must be one of {', '.join(p.name for p in Priority)}"

@@ -128,18 +128,18 @@ def espeak_table(results: list[Result], clips: Sequence[Clip]) -> str:
     names = [c for c in clips if c.term is not None]
     controls = [c for c in clips if c.term is None and c.source is None]
     lines = [
-        "| layers | recall dev | recall test (held out) | false insertions: other-name clips | controls "
-        "| WER name clips | decode steps (all clips) | engine CPU s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| layers | recall dev | recall test (held out) | recall heldout (new names, list, voices) "
+        "| false insertions: other-name clips | controls | WER name clips | decode steps (all clips) | engine CPU s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         recall = []
-        for split in ("dev", "test"):
+        for split in ("dev", "test", "heldout"):
             chosen = [c for c in names if c.name.startswith(split)]
             recall.append(frac(sum(said(c.term or "", r.texts[c.name]) for c in chosen), len(chosen)))
         wer = corpus_wer([c.text for c in names], [r.texts[c.name] for c in names])
         lines.append(
-            f"| {r.variant} | {recall[0]} | {recall[1]} | {inserted(r, names)}/{len(names)} "
+            f"| {r.variant} | {recall[0]} | {recall[1]} | {recall[2]} | {inserted(r, names)}/{len(names)} "
             f"| {inserted(r, controls)}/{len(controls)} | {wer:.1%} | {r.steps} | {r.cpu_s:.0f} |"
         )
     return "\n".join(lines)
@@ -253,6 +253,7 @@ def main() -> None:
     clips = [
         *name_clips("dev"),
         *name_clips("test"),
+        *name_clips("heldout"),
         *control_clips(),
         *real_clips(),
         *real_clips_own_words(),
@@ -276,8 +277,8 @@ def main() -> None:
     note = (
         f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, commit {commit}{' + local changes' if dirty else ''}; "
         f"{os.cpu_count()} CPUs, load average {load_start:.2f} at the start, {os.getloadavg()[0]:.2f} at the end; "
-        f"{args.threads} torch threads. Clips: {len(name_clips('dev'))} dev + {len(name_clips('test'))} test name "
-        f"clips and {len(control_clips())} controls (espeak), {len(real_clips())} real clips twice: with the "
+        f"{args.threads} torch threads. Clips: {len(name_clips('dev'))} dev + {len(name_clips('test'))} test + "
+        f"{len(name_clips('heldout'))} heldout name clips and {len(control_clips())} controls (espeak), {len(real_clips())} real clips twice: with the "
         f"16-term list and with their own words ({real_words} reference words: one word is ~0.9 pt of real WER)."
     )
     for r in results:

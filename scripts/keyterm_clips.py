@@ -5,7 +5,10 @@ tests/engine/test_keyterms.py.
 
 Two sets of name sentences: `dev` (what the bonus was tuned on) and `test` (held out: other
 sentences, the same names and voices). Every utterance gets the same 16-term list: the 8 names said
-in the sets and 8 that are said nowhere.
+in the sets and 8 that are said nowhere. A third, `heldout` (issue 29), shares nothing with them: other
+names (surnames and product names a contact center hears, none of them in tiny.en's vocabulary as one
+piece), other sentences, its own 16-term list (its 8 names and 8 said nowhere), and another voice
+besides two of theirs; nothing was tuned on it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,28 @@ import soundfile as sf
 NAMES = ("Zorvath", "Quellbrook", "Tavrenko", "Moxilar", "Brenwick", "Velquist", "Draymont", "Kestoria")
 UNSAID = ("Ulvanis", "Pyxtel", "Fenrow", "Orlindo", "Graventh", "Syllaro", "Nexquora", "Tembrix")
 KEYTERMS = NAMES + UNSAID
+HELDOUT_NAMES = (
+    "Okonkwo",
+    "Vantrell",
+    "Zephyrix",
+    "Dunmarrow",
+    "Krelliston",
+    "Bravenna",
+    "Quintaro",
+    "Halloran",
+)
+HELDOUT_UNSAID = (
+    "Marlowick",
+    "Tessaline",
+    "Ardentix",
+    "Volkane",
+    "Pemberlyn",
+    "Gastrova",
+    "Ixora",
+    "Rendtorff",
+)
+HELDOUT_KEYTERMS = HELDOUT_NAMES + HELDOUT_UNSAID
+HELDOUT_VOICES = ("en-us+f2", "en-gb", "en-us+m7")
 VOICES = ("en-us", "en-gb+f3", "en-us+m3")
 TEMPLATES = {
     "dev": (
@@ -44,6 +69,16 @@ TEMPLATES = {
         "Yes, the name on the card is {}.",
         "I think {} can help me with this problem.",
         "We signed up for {} in January.",
+    ),
+    "heldout": (
+        "Good morning, this is {} from the accounts department.",
+        "I need to update the address for {} on my policy.",
+        "The delivery from {} arrived damaged again.",
+        "Could you connect me with {} in technical support?",
+        "My manager {} approved the purchase last week.",
+        "We are still waiting for the {} software licence.",
+        "Please note that {} is the authorised contact.",
+        "I called {} three times and nobody answered.",
     ),
 }
 CONTROLS = (
@@ -68,6 +103,19 @@ class Clip:
 
 def name_clips(split: str) -> list[Clip]:
     """One sentence per name, each in every voice (24 clips)."""
+    if split == "heldout":
+        return [
+            Clip(
+                f"heldout-{name}-{voice}",
+                TEMPLATES[split][(i + j) % 8].format(name),
+                name,
+                voice,
+                None,
+                HELDOUT_KEYTERMS,
+            )
+            for i, name in enumerate(HELDOUT_NAMES)
+            for j, voice in enumerate(HELDOUT_VOICES)
+        ]
     shift = 0 if split == "dev" else 3  # each name in another sentence position than in dev
     templates = TEMPLATES[split]
     return [

@@ -312,6 +312,30 @@ class ServerConfig:
             "(seconds); past it the turn ends as silence-only endpointing would end it"
         },
     )
+    context_carry: bool = field(
+        # Off by default: carried text costs ~28% of CPU throughput at 16 utterances at once (a prompt keeps
+        # the encoder's full context) for 3 words of 114 on real speech, and the CPU lead over
+        # faster-whisper is a product claim (docs/benchmarks.md "Context across a channel's utterances").
+        default=False,
+        metadata={
+            "help": "condition each utterance of a stream's channel (its finals, interims and speculative "
+            "offers) on that channel's earlier finals, as Whisper's long-form decoding does (after the "
+            "client's prompt, within the engine's prompt bound; never across channels or calls). A final "
+            "that looped (compression ratio over 2.4), was unsure (average log-probability under -1) or "
+            "non-speech (no-speech probability over 0.6) is not carried and clears it, and an utterance that "
+            "continues speech cut at the endpointing max_utterance_duration gets none. Off by default: it "
+            "costs CPU throughput for a few words of WER on real speech (docs/benchmarks.md). asr.v1 streams "
+            "may ask for it or refuse it per stream (RecognitionConfig.context_carry); off: each utterance alone"
+        },
+    )
+    context_carry_tokens: int = field(
+        default=64,
+        metadata={
+            "help": "with --context-carry: the most tokens of a channel's earlier text carried into its next "
+            "utterance (default 64; older text past it is dropped, the newest kept; the engine keeps fewer "
+            "when the client's prompt leaves less of its --max-tokens / 2 - 1 prompt tokens); 0: off"
+        },
+    )
     vad_gate_db: float = field(
         default=MARGIN_DB,
         metadata={
@@ -617,6 +641,8 @@ def validate(config: ServerConfig) -> None:
         problems.append("--turn-max-silence-s must be 0.1-10 s")
     if not 0 <= config.vad_gate_db <= 20:
         problems.append("--vad-gate-db must be 0 (off) to 20 dB")
+    if not 0 <= config.context_carry_tokens <= 223:
+        problems.append("--context-carry-tokens must be 0 (off) to 223 (Whisper's prompt bound)")
     for name in ("keepalive_time", "keepalive_timeout"):
         if getattr(config, name) < 1:
             problems.append(f"{_flag(name)} must be at least 1 s")

@@ -67,6 +67,7 @@ def test_flags_parse_into_typed_config() -> None:
         (["--idle-audio-timeout", "-1"], "--idle-audio-timeout must be 0 (off) or positive"),
         (["--vad-gate-db", "25"], "--vad-gate-db must be 0 (off) to 20 dB"),
         (["--vad-gate-db", "-1"], "--vad-gate-db must be 0 (off) to 20 dB"),
+        (["--context-carry-tokens", "224"], "--context-carry-tokens must be 0 (off) to 223"),
         (["--keepalive-time", "0.5"], "--keepalive-time must be at least 1 s"),
         (["--keepalive-timeout", "0"], "--keepalive-timeout must be at least 1 s"),
         (["--max-connection-age", "0.5"], "--max-connection-age must be 0 (off) or at least 1 s"),

@@ -115,6 +115,7 @@ class StreamPlan:
     report_call_metrics: bool = False  # CallMetricsReport events go out (StreamSettings.call_metrics)
     call_metrics_interval_s: float = 0.0
     call: CallInfo | None = None  # the telephony call the stream carries (StreamSettings.call)
+    context_carry: bool | None = None  # RecognitionSettings.context_carry (None: --context-carry)
 
 
 def plan_stream(settings: StreamSettings, engine: RecognitionEngine, beam_size: int = 1) -> StreamPlan:
@@ -153,4 +154,5 @@ def plan_stream(settings: StreamSettings, engine: RecognitionEngine, beam_size: 
         report_call_metrics=settings.call_metrics,
         call_metrics_interval_s=settings.call_metrics_interval_s,
         call=settings.call,
+        context_carry=r.context_carry,
     )

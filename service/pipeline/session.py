@@ -36,6 +36,7 @@ from service import metrics
 from service.config import ServerConfig
 from service.pipeline.audio import TARGET_RATE, AudioFormatError, StreamDecoder, mixdown
 from service.pipeline.call_metrics import CallMetrics, CallMetricsTracker
+from service.pipeline.context import ChannelContext
 from service.pipeline.endpointing import (
     Endpointer,
     Event,
@@ -145,6 +146,8 @@ class _Channel:
     interim: InterimPolicy = field(default_factory=lambda: InterimPolicy(0.0))
     options: DecodeOptions = field(default_factory=DecodeOptions)  # the utterance in progress is decoded so
     results: ChannelResults = field(default_factory=lambda: ChannelResults(ResultOptions(), 0))
+    # this channel's earlier finals, carried into its next utterances (pipeline/context.py)
+    context: ChannelContext = field(default_factory=lambda: ChannelContext(0, lambda text, n: ""))
 
 
 # Per-chunk figures reach Prometheus in steps: in multiprocess mode each write is a lock and an mmap write,
@@ -203,10 +206,16 @@ class StreamSession:
             for i in range(n)
         ]
         self._endpointers = [ch.endpointer for ch in self.channels]
+        carry = config.context_carry if settings.context_carry is None else settings.context_carry
+        prompts = engine.info.prompts  # the engine's tokenizer bounds the carried text in its tokens
+        carry_tokens = config.context_carry_tokens if carry and prompts is not None else 0
         for ch in self.channels:
             ch.results = ChannelResults(settings.results, ch.tag)
             ch.interim = InterimPolicy(config.interim_interval_s)
             ch.options = settings.options
+            ch.context = ChannelContext(
+                carry_tokens, prompts.tail if prompts is not None else ch.context.tail
+            )
         if settings.channels == 1:
             self.channel_mode = "mono"
         else:
@@ -667,7 +676,7 @@ class StreamSession:
             # submitted now, held until the end is confirmed (_submit). The interim in flight is left alone
             # until then, as without speculation: on a miss the utterance goes on and the interim is still
             # wanted (cancelling it at each offer starved interims on a busy engine)
-            self._speculations.offer(ch.tag, event.utterance, ch.options, time.monotonic())
+            self._speculations.offer(ch.tag, event.utterance, self._options(ch), time.monotonic())
         elif isinstance(event, SpeculationCancelled):
             self._speculations.cancel(ch.tag)
         elif isinstance(event, SpeechStarted):
@@ -695,9 +704,10 @@ class StreamSession:
     def _submit(self, ch: _Channel, utterance: Utterance, ended_by: EndReason) -> None:
         ready = time.monotonic()
         try:
-            handle = self._speculations.take(ch.tag, utterance) or self.engine.submit(
+            options = self._options(ch)
+            handle = self._speculations.take(ch.tag, utterance, options.context) or self.engine.submit(
                 utterance.audio,
-                ch.options,
+                options,
                 ready_time=ready,
                 request_id=f"{self.id}-{ch.tag}-{utterance.index}",
             )
@@ -707,10 +717,17 @@ class StreamSession:
             self._end_after_admitted(engine_refusal(e))
             return
         ch.interim.cancel()  # the final covers everything the interim in flight was asked about
+        ch.context.submitted(forced_cut=utterance.forced_cut)
         pending = _Pending(utterance, handle, ready, ended_by)
         ch.unsettled.append(pending)
         ch.next_index = utterance.index + 1
         ch.finals.put_nowait(pending)
+
+    @staticmethod
+    def _options(ch: _Channel) -> DecodeOptions:
+        """What the channel's next utterance is decoded with: its options, and its own earlier text."""
+        context = ch.context.value
+        return ch.options if context is None else dataclasses.replace(ch.options, context=context)
 
     def _end_after_admitted(self, error: RecognitionError) -> None:
         """Stop taking audio; every utterance already admitted, on every channel, gets its final (and every
@@ -833,6 +850,8 @@ class StreamSession:
             else:
                 outcome = "final" if t.is_speech and t.text.strip() else "empty"
             self._settle(ch, pending, outcome, t)
+            if t is not None and outcome == "final":
+                ch.context.final(t)  # in order: finals of one channel settle one after another
             if t is not None:  # every utterance the engine finished, with words or none (noise)
                 words = len(t.text.split()) if outcome == "final" else 0  # before formatting and redaction
                 self._call_metrics.final(ch.tag, u.start_s, u.end_s, words)
@@ -919,7 +938,7 @@ class StreamSession:
         if audio is None or not ch.interim.enough_audio(len(audio), TARGET_RATE):
             return
         # a preview: greedy, however many beams the final searches (--beam-size-final)
-        options = dataclasses.replace(ch.options, interim=True, timestamps=False, beam_size=1)
+        options = dataclasses.replace(self._options(ch), interim=True, timestamps=False, beam_size=1)
         try:
             handle = self.engine.submit(audio, options, ready_time=now)
         except EngineOverloaded:

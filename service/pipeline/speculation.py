@@ -32,6 +32,7 @@ from service.vocabulary.engine import RecognitionEngine
 class _Offer:
     utterance: Utterance
     handle: UtteranceHandle
+    context: str | None  # the channel's carried text it was decoded with (DecodeOptions.context)
 
 
 class Speculations:
@@ -67,16 +68,17 @@ class Speculations:
         except (EngineOverloaded, EngineStopped, ValueError):
             metrics.SPECULATIVE_ENDPOINTS.labels("refused").inc()
             return False
-        self._offers[channel] = _Offer(utterance, handle)
+        self._offers[channel] = _Offer(utterance, handle, options.context)
         return True
 
-    def take(self, channel: int, utterance: Utterance) -> UtteranceHandle | None:
+    def take(self, channel: int, utterance: Utterance, context: str | None = None) -> UtteranceHandle | None:
         """The confirmed `utterance`'s request if it was offered and is still good, else None (and what
-        was offered instead is cancelled)."""
+        was offered instead is cancelled). `context`: the channel's carried text now; an offer decoded with
+        other text (a final came back meanwhile) is not the final speculation off would give."""
         offer = self._offers.pop(channel, None)
         if offer is None:
             return None
-        if offer.utterance is not utterance:
+        if offer.utterance is not utterance or offer.context != context:
             self._cancelled(offer)  # the endpointer cancels first; kept against a missed cancel
             return None
         if _failed(offer.handle):

@@ -86,6 +86,9 @@ class RecognitionSettings:
     prompt: str = ""  # previous text for Whisper: names, products, jargon (bounded: engine/prompt.py)
     # names and jargon the caller may say, boosted in decoding (bounded: engine/request.py)
     keyterms: tuple[str, ...] = ()
+    # a stream's channels carry their earlier finals into their next utterances (pipeline/context.py);
+    # None: the server's --context-carry
+    context_carry: bool | None = None
     segments: bool = False  # results carry Whisper's timed segments
     word_times: bool = False  # results carry words with start and end times
     word_confidence: bool = False  # results carry words with their confidence

@@ -13,6 +13,7 @@ import pytest
 import tokenizers
 
 from engine import DecodeOptions, Engine, EngineConfig
+from engine.hooks import EngineHooks
 from engine.prompt import MAX_PROMPT_CHARS, WHISPER_MAX_PROMPT_TOKENS, PromptEncoder, max_prompt_tokens
 from engine.request import validate_options
 from engine.runner import ModelRunner
@@ -127,3 +128,45 @@ def test_the_scheduler_thread_never_tokenizes_a_prompt(
         engine.stop()
     assert transcript.stats.audio_s == pytest.approx(35.0)
     assert threads == [threading.current_thread().name]
+
+
+def test_carried_context_follows_the_prompt_and_keeps_its_newest_tokens_within_the_bound(
+    encoder: PromptEncoder, hf_tokenizer: Any
+) -> None:
+    """A channel's earlier text (DecodeOptions.context) comes after the caller's prompt, which is kept
+    whole; of the context only the newest tokens that fit in the rest of the prompt bound are kept."""
+    prompt = encoder.encode("Acme Widget-Pro")
+    context = "the caller asked about the invoice " * 20 + "and then about the refund"  # ~150 tokens
+    ids = encoder.with_context(prompt, context)
+    assert len(ids) == encoder.max_tokens == 111
+    assert ids[: len(prompt)] == prompt
+    assert hf_tokenizer.decode(list(ids[len(prompt) :])).endswith("and then about the refund")
+    short = encoder.with_context(prompt, "we spoke earlier")
+    assert short == (*prompt, *hf_tokenizer.encode(" we spoke earlier", add_special_tokens=False))
+    assert encoder.with_context(prompt, None) == prompt == encoder.with_context(prompt, "  ")
+    assert encoder.with_context((), "hello there") == tuple(
+        hf_tokenizer.encode(" hello there", add_special_tokens=False)
+    )
+
+
+def test_the_servers_tail_keeps_the_newest_tokens_of_the_carried_text(encoder: PromptEncoder) -> None:
+    text = "one two three four five six seven eight nine ten"
+    assert encoder.tail(text, 100) == text
+    assert encoder.tail(text, 3) == "eight nine ten"
+    assert encoder.tail(text, 0) == ""
+    with pytest.raises(ValueError, match="context has 2049 characters, over the limit of 2048"):
+        validate_options(DecodeOptions(context="x" * 2049), multilingual=False, languages={"en"})
+
+
+def test_an_engine_conditions_on_the_carried_context_after_the_prompt(
+    service_engine: Engine, engine_hooks: EngineHooks
+) -> None:
+    """Through the real engine's submit: the request's previous text is the prompt's tokens, then the
+    context's (what the window's <|startofprev|> prompt is built from)."""
+    prompts = service_engine.info.prompts
+    assert prompts is not None
+    seen: list[tuple[int, ...]] = []
+    options = DecodeOptions(prompt="Acme", context="we talked about the refund")
+    with engine_hooks.installed(enqueue=lambda req: seen.append(req.prompt_ids)):
+        service_engine.submit(np.zeros(16000, np.float32), options).future.result(timeout=120)
+    assert seen == [(*prompts.encode("Acme"), *prompts.with_context((), "we talked about the refund"))]

@@ -105,7 +105,7 @@ class CallEnded(_message.Message):
     def __init__(self, status: _Optional[str] = ..., metrics: _Optional[_Union[CallMetrics, _Mapping]] = ...) -> None: ...
 
 class RecognitionConfig(_message.Message):
-    __slots__ = ("encoding", "sample_rate_hertz", "audio_channel_count", "enable_separate_recognition_per_channel", "language_code", "prompt", "enable_segment_time_offsets", "enable_word_time_offsets", "enable_word_confidence", "redact", "keyterms", "formatting", "call_metrics")
+    __slots__ = ("encoding", "sample_rate_hertz", "audio_channel_count", "enable_separate_recognition_per_channel", "language_code", "prompt", "enable_segment_time_offsets", "enable_word_time_offsets", "enable_word_confidence", "redact", "keyterms", "formatting", "call_metrics", "context_carry")
     ENCODING_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_RATE_HERTZ_FIELD_NUMBER: _ClassVar[int]
     AUDIO_CHANNEL_COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -119,6 +119,7 @@ class RecognitionConfig(_message.Message):
     KEYTERMS_FIELD_NUMBER: _ClassVar[int]
     FORMATTING_FIELD_NUMBER: _ClassVar[int]
     CALL_METRICS_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_CARRY_FIELD_NUMBER: _ClassVar[int]
     encoding: AudioEncoding
     sample_rate_hertz: int
     audio_channel_count: int
@@ -132,7 +133,8 @@ class RecognitionConfig(_message.Message):
     keyterms: _containers.RepeatedScalarFieldContainer[str]
     formatting: Formatting
     call_metrics: CallMetricsConfig
-    def __init__(self, encoding: _Optional[_Union[AudioEncoding, str]] = ..., sample_rate_hertz: _Optional[int] = ..., audio_channel_count: _Optional[int] = ..., enable_separate_recognition_per_channel: _Optional[bool] = ..., language_code: _Optional[str] = ..., prompt: _Optional[str] = ..., enable_segment_time_offsets: _Optional[bool] = ..., enable_word_time_offsets: _Optional[bool] = ..., enable_word_confidence: _Optional[bool] = ..., redact: _Optional[_Iterable[_Union[Redaction, str]]] = ..., keyterms: _Optional[_Iterable[str]] = ..., formatting: _Optional[_Union[Formatting, str]] = ..., call_metrics: _Optional[_Union[CallMetricsConfig, _Mapping]] = ...) -> None: ...
+    context_carry: bool
+    def __init__(self, encoding: _Optional[_Union[AudioEncoding, str]] = ..., sample_rate_hertz: _Optional[int] = ..., audio_channel_count: _Optional[int] = ..., enable_separate_recognition_per_channel: _Optional[bool] = ..., language_code: _Optional[str] = ..., prompt: _Optional[str] = ..., enable_segment_time_offsets: _Optional[bool] = ..., enable_word_time_offsets: _Optional[bool] = ..., enable_word_confidence: _Optional[bool] = ..., redact: _Optional[_Iterable[_Union[Redaction, str]]] = ..., keyterms: _Optional[_Iterable[str]] = ..., formatting: _Optional[_Union[Formatting, str]] = ..., call_metrics: _Optional[_Union[CallMetricsConfig, _Mapping]] = ..., context_carry: _Optional[bool] = ...) -> None: ...
 
 class CallMetricsConfig(_message.Message):
     __slots__ = ("min_non_talk_duration", "min_interruption_overlap")
