@@ -37,8 +37,18 @@ from service.pipeline.speaker_models import (
 WINDOW_STEP_S = 2.5
 MAX_WINDOWS = 600  # bounds the clustering's cost (its distance matrix grows as the square)
 MIN_EMBED_S = 0.6  # less speech than this gives an embedding too noisy to cluster
-MERGE_THRESHOLD = 0.65  # cosine distance; CAM++ same-speaker pairs sit near 0.3, different near 0.9
+# Cosine distance. CAM++ puts different speakers' 1-3 s turns on 8 kHz G.711 at 0.5-0.75 and one speaker's
+# turns far apart in a call at up to ~0.6 (scripts/bench_diarization.py's calls): no threshold parts both
+# well; two voices heard in one window are parted by CANNOT_LINK instead, and the threshold is set for
+# one voice across the call.
+MERGE_THRESHOLD = 0.65
+# The distance given to two local speakers of one window: the segmentation model heard them as two voices
+# at once, which no embedding of a few seconds of telephone speech knows better (pyannote's own pipeline
+# forbids such a merge too). The largest cosine distance, not infinity, so a bound on the count can still
+# force it.
+CANNOT_LINK = 2.0
 ACTIVE = 0.5  # local activity above which a frame counts as a speaker's
+MIN_SPEAKER_S = 1.0  # a cluster with less speech than this is folded into the nearest (_fold_small)
 BATCH = 32
 
 
@@ -128,7 +138,7 @@ def diarize(audio: np.ndarray, min_speakers: int = 1, max_speakers: int = 0) -> 
     embeddings = _embed(emb_model, segments)
 
     # 3. clusters, then every active local speaker (with an embedding or not) mapped to one
-    labels = _cluster(embeddings, min_speakers, max_speakers)
+    labels = _cluster(embeddings, [w for w, _ in keys], min_speakers, max_speakers)
     k = int(labels.max()) + 1 if len(labels) else 0
     mapping: dict[tuple[int, int], int] = dict(zip(keys, labels.tolist(), strict=True))
     if k:
@@ -156,6 +166,8 @@ def diarize(audio: np.ndarray, min_speakers: int = 1, max_speakers: int = 0) -> 
     activity = summed / np.maximum(covered, 1)[:, None]
     if not k:
         activity = np.zeros((total_frames, 0), dtype=np.float32)
+    else:
+        activity = _fold_small(activity, centroids, min_speakers)
     activity, turns = _renumber(activity)
     return Diarization(activity, turns)
 
@@ -198,14 +210,19 @@ def _nearest_cluster(
     return int(np.argmax(centroids @ e))
 
 
-def _cluster(embeddings: np.ndarray, min_speakers: int, max_speakers: int) -> np.ndarray:
-    """Average-linkage agglomerative clustering on cosine distance; labels 0..k-1."""
+def _cluster(
+    embeddings: np.ndarray, windows: Sequence[int], min_speakers: int, max_speakers: int
+) -> np.ndarray:
+    """Average-linkage agglomerative clustering on cosine distance, embeddings of one window kept apart
+    (CANNOT_LINK); labels 0..k-1."""
     n = len(embeddings)
     if n == 0:
         return np.zeros(0, dtype=int)
     if n == 1:
         return np.zeros(1, dtype=int)
     dist = 1.0 - embeddings @ embeddings.T
+    group = np.asarray(windows)
+    dist[group[:, None] == group[None, :]] = CANNOT_LINK
     np.fill_diagonal(dist, np.inf)
     size = np.ones(n)
     alive = np.ones(n, dtype=bool)
@@ -232,10 +249,38 @@ def _cluster(embeddings: np.ndarray, min_speakers: int, max_speakers: int) -> np
     return labels
 
 
-def _renumber(activity: np.ndarray) -> tuple[np.ndarray, tuple[Turn, ...]]:
-    """Speakers in order of first speech (a cluster that never clears ACTIVE is dropped), and their
-    turns: runs of frames above ACTIVE."""
+def _fold_small(activity: np.ndarray, centroids: np.ndarray, min_speakers: int) -> np.ndarray:
+    """A cluster with less than MIN_SPEAKER_S of speech is one voice the segmentation split in a window
+    or two, not a speaker: its activity goes to the nearest cluster by centroid (while more than
+    `min_speakers` remain)."""
+    keep = list(range(activity.shape[1]))
+    while len(keep) > max(min_speakers, 1):
+        spoken = {c: float((_active(activity)[:, c]).sum()) * FRAME_STEP_S for c in keep}
+        smallest = min(keep, key=lambda c: spoken[c])
+        if spoken[smallest] >= MIN_SPEAKER_S:
+            break
+        keep.remove(smallest)
+        target = max(keep, key=lambda c: float(centroids[c] @ centroids[smallest]))
+        activity[:, target] += activity[:, smallest]
+        activity[:, smallest] = 0.0
+    return activity
+
+
+def _active(activity: np.ndarray) -> np.ndarray:
+    """Which speakers speak in each frame: those above ACTIVE, and where the speakers' summed activity is
+    above it but split between clusters (windows that mapped one voice differently), the likeliest."""
     active = activity > ACTIVE
+    if activity.shape[1]:
+        top = activity.argmax(axis=1)
+        voiced = activity.sum(axis=1) > ACTIVE
+        active[np.flatnonzero(voiced), top[voiced]] = True
+    return active
+
+
+def _renumber(activity: np.ndarray) -> tuple[np.ndarray, tuple[Turn, ...]]:
+    """Speakers in order of first speech (a cluster that never speaks is dropped), and their turns: runs
+    of active frames (_active)."""
+    active = _active(activity)
     firsts = [(int(np.argmax(active[:, c])), c) for c in range(activity.shape[1]) if active[:, c].any()]
     order = [c for _, c in sorted(firsts)]
     activity = activity[:, order]

@@ -584,6 +584,7 @@ async def test_prerecorded_refusals(server: ServerThread) -> None:
 
 SHORT_MAX_RECOGNIZE_BYTES = 256 << 10
 SHORT_MAX_STREAM_SECONDS = 10.0
+SHORT_MAX_DIARIZATION_SECONDS = 5.0
 
 
 @pytest.fixture
@@ -595,12 +596,32 @@ def short_server(service_engine: Engine, tokens_file: Path) -> Iterator[ServerTh
             idle_audio_timeout=1.5,
             max_recognize_bytes=SHORT_MAX_RECOGNIZE_BYTES,
             max_stream_seconds=SHORT_MAX_STREAM_SECONDS,
+            max_diarization_seconds=SHORT_MAX_DIARIZATION_SECONDS,
         ),
         service_engine,
         http=True,
     ).start()
     yield s
     s.stop()
+
+
+async def test_a_diarized_recording_over_the_limit_is_refused_naming_the_flag(
+    short_server: ServerThread,
+) -> None:
+    """A 10 s call over --max-diarization-seconds 5: 413 at once naming diarize and the flag; the same call
+    without diarize is transcribed."""
+    audio = to_mulaw_8k_bytes(two_speaker_call().audio)
+    extra = {"additional_query_parameters": {"sample_rate": 8000}}
+    with pytest.raises(ApiError) as e:
+        await client(short_server).listen.v1.media.transcribe_file(
+            request=audio, encoding="mulaw", diarize=True, request_options=extra
+        )
+    assert e.value.status_code == 413, e.value.body
+    assert "diarize" in e.value.body["err_msg"] and "max_diarization_seconds" in e.value.body["err_msg"]
+    plain = await client(short_server).listen.v1.media.transcribe_file(
+        request=audio, encoding="mulaw", request_options=extra
+    )
+    assert plain.results.channels[0].alternatives[0].words
 
 
 async def test_prerecorded_over_the_size_limit_is_413_naming_it(short_server: ServerThread) -> None:

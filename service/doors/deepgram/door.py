@@ -72,6 +72,7 @@ FIELD_NAMES = {
     "audio_channel_count": "channels",
     "language_code": "language",
     "keyterms": "keyterm",
+    "diarization": "diarize",
 }
 # The core's code -> the handshake's (and the pre-recorded request's) HTTP status and err_code.
 HTTP_STATUS = {
