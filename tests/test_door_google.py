@@ -46,6 +46,7 @@ from tests.support.audio import (
     to_mulaw_8k_bytes,
 )
 from tests.support.server import DOOR_TOKEN, ServerProcess, ServerThread
+from tests.support.two_speakers import two_speaker_call, word_accuracy
 from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.slow
@@ -460,6 +461,69 @@ def test_recognize_a_two_channel_wav_per_channel(
     }
     assert corpus_wer([AGENT], [by_channel[1]]) <= 0.2, by_channel
     assert corpus_wer([CUSTOMER], [by_channel[2]]) <= 0.2, by_channel
+
+
+def diarized_recognize(google_server: ServerThread, audio: bytes, **diarization: Any) -> Any:
+    with speech_client(google_server.target) as client:
+        return client.recognize(
+            config=speech_v1.RecognitionConfig(
+                encoding=Encoding.MULAW,
+                sample_rate_hertz=8000,
+                language_code="en-US",
+                enable_word_time_offsets=True,
+                diarization_config=speech_v1.SpeakerDiarizationConfig(
+                    enable_speaker_diarization=True, **diarization
+                ),
+            ),
+            audio=speech_v1.RecognitionAudio(content=audio),
+            retry=None,
+            timeout=CALL_TIMEOUT_S,
+            metadata=AUTH,
+        )
+
+
+def test_recognize_with_diarization_tags_the_speakers_of_a_mono_call(google_server: ServerThread) -> None:
+    """Two real speakers on one 8 kHz mu-law channel: every word carries a 1-based speaker_tag, and the
+    last result holds every word of the call with its tag (as Google's diarized responses end)."""
+    call = two_speaker_call()
+    response = diarized_recognize(google_server, to_mulaw_8k_bytes(call.audio), max_speaker_count=4)
+    *per_utterance, whole = response.results
+    words = whole.alternatives[0].words
+    assert len(words) == sum(len(r.alternatives[0].words) for r in per_utterance) >= 20
+    assert {w.speaker_tag for w in words} == {1, 2} and words[0].speaker_tag == 1
+    assert all(w.speaker_label == str(w.speaker_tag) for w in words)
+    assert all(w.speaker_tag for r in per_utterance for w in r.alternatives[0].words)
+    timed = [(seconds(w.start_time), seconds(w.end_time), w.speaker_tag) for w in words]
+    assert word_accuracy(call, timed) >= 0.85
+
+
+def test_recognize_without_diarization_has_no_speaker_tags(google_server: ServerThread) -> None:
+    with speech_client(google_server.target) as client:
+        response = client.recognize(
+            config=speech_v1.RecognitionConfig(language_code="en-US", enable_word_time_offsets=True),
+            audio=speech_v1.RecognitionAudio(content=JFK_FLAC.read_bytes()),
+            retry=None,
+            timeout=CALL_TIMEOUT_S,
+            metadata=AUTH,
+        )
+    words = [w for r in response.results for w in r.alternatives[0].words]
+    assert words and all(w.speaker_tag == 0 and not w.speaker_label for w in words)
+
+
+@pytest.mark.parametrize(
+    ("diarization", "field_name"),
+    [
+        ({"min_speaker_count": 3, "max_speaker_count": 2}, "config.diarization_config.min_speaker_count"),
+        ({"max_speaker_count": 11}, "config.diarization_config.max_speaker_count"),
+        ({"min_speaker_count": -1}, "config.diarization_config.min_speaker_count"),
+    ],
+)
+def test_bad_speaker_counts_are_invalid_argument_naming_the_field(
+    google_server: ServerThread, diarization: dict[str, int], field_name: str
+) -> None:
+    with pytest.raises(gexc.InvalidArgument) as refused:
+        diarized_recognize(google_server, b"\xff" * 8000, **diarization)
+    assert field_name in refused.value.message, refused.value.message
 
 
 def test_recognize_raw_two_channels_without_separate_recognition_reads_the_first(

@@ -30,6 +30,7 @@ from service.vocabulary.types import (
     CallMetricsReport,
     CallMetricsSettings,
     ChannelMetrics,
+    DiarizationSettings,
     EndOfSingleUtterance,
     EndpointSettings,
     Formatting,
@@ -51,7 +52,7 @@ STREAM_ID_HEADER = "asr-stream-id"  # initial metadata of an accepted stream (se
 MAX_REDACT_VALUES = 8  # three kinds exist; a repeat is harmless, a million of them is not
 EventType = asr_pb2.StreamingRecognizeResponse.SpeechEventType
 # The core's setting names -> asr.v1's field paths, where they differ (RecognitionError.message_for).
-CONFIG_NAMES = {"keyterms": "config.keyterms"}
+CONFIG_NAMES = {"keyterms": "config.keyterms", "diarization": "config.diarization"}
 UPDATE_NAMES = {"keyterms": "keyterms_update.keyterms"}
 
 
@@ -133,6 +134,9 @@ def recognition_settings(config: asr_pb2.RecognitionConfig) -> RecognitionSettin
         redact=redaction(config),
         formatting=formatting(config.formatting),
         call_metrics=call_metrics_settings(config),
+        diarization=DiarizationSettings(config.diarization.min_speakers, config.diarization.max_speakers)
+        if config.diarization.enable
+        else None,
     )
 
 
@@ -162,6 +166,13 @@ def stream_settings(sc: asr_pb2.StreamingRecognitionConfig) -> StreamSettings:
         raise RecognitionError(
             Code.INVALID_ARGUMENT,
             "streaming_config.config: streaming_config.config is required (encoding, rate)",
+        )
+    if sc.config.diarization.enable:
+        raise RecognitionError(
+            Code.INVALID_ARGUMENT,
+            "config.diarization: speaker diarization is for Recognize only; on a stream send each party "
+            "on its own channel (enable_separate_recognition_per_channel)",
+            "diarization",
         )
     try:
         endpointing = endpoint_settings(sc.endpointing)
@@ -195,6 +206,8 @@ def alternative(r: Result) -> asr_pb2.SpeechRecognitionAlternative:
             info.end_offset.CopyFrom(duration(w.end_s))
         if w.confidence is not None:
             info.confidence = w.confidence
+        if w.speaker is not None:
+            info.speaker = w.speaker
         words.append(info)
     return asr_pb2.SpeechRecognitionAlternative(
         transcript=r.transcript,
@@ -270,6 +283,7 @@ def recognize_response(result: RecognizeResult) -> asr_pb2.RecognizeResponse:
                 start_offset=duration(r.start_s),
                 end_offset=duration(r.end_s),
                 language_code=r.language,
+                **({} if r.speaker is None else {"speaker": r.speaker}),
             )
             for r in result.results
         ],

@@ -41,6 +41,7 @@ from service.vocabulary.types import (
     MAX_PHRASES_READ,
     AudioFormat,
     CallEvent,
+    DiarizationSettings,
     EndOfSingleUtterance,
     EndpointSettings,
     Identity,
@@ -136,6 +137,9 @@ STREAM_FIELDS = {
     "speech_start_timeout": "streaming_config.voice_activity_timeout.speech_start_timeout",
     "speech_end_timeout": "streaming_config.voice_activity_timeout.speech_end_timeout",
     "audio_content": "audio_content",
+    "diarization": "config.diarization_config",
+    "diarization.min_speakers": "config.diarization_config.min_speaker_count",
+    "diarization.max_speakers": "config.diarization_config.max_speaker_count",
 }
 RECOGNIZE_FIELDS = {**STREAM_FIELDS, "audio_content": "audio.content"}
 
@@ -211,13 +215,25 @@ def _keyterms(config: Any) -> tuple[str, ...]:
     return tuple(seen)
 
 
-def _refuse_unsupported(config: Any) -> None:
+def _diarized(config: Any) -> bool:
+    return config.HasField("diarization_config") and config.diarization_config.enable_speaker_diarization
+
+
+def _diarization(config: Any) -> DiarizationSettings | None:
+    """Google's speaker count bounds, with its documented defaults (2 and 6) where unset."""
+    if not _diarized(config):
+        return None
+    d = config.diarization_config
+    return DiarizationSettings(d.min_speaker_count or 2, d.max_speaker_count or max(6, d.min_speaker_count))
+
+
+def _refuse_unsupported(config: Any, *, streaming: bool) -> None:
     """What Google v1 does and this server does not, where doing without it changes what a result means."""
-    if config.HasField("diarization_config") and config.diarization_config.enable_speaker_diarization:
+    if streaming and _diarized(config):
         raise _invalid(
-            "config.diarization_config.enable_speaker_diarization is not supported: this server does not "
-            "diarize; send each party on its own channel (audio_channel_count with "
-            "enable_separate_recognition_per_channel) for results tagged by channel"
+            "config.diarization_config.enable_speaker_diarization is supported on Recognize and "
+            "LongRunningRecognize only: on a stream send each party on its own channel (audio_channel_count "
+            "with enable_separate_recognition_per_channel) for results tagged by channel"
         )
     if config.HasField("transcript_normalization") and config.transcript_normalization.entries:
         raise _invalid(
@@ -314,7 +330,7 @@ def call(config: Any, *, streaming: bool, content: bytes = b"") -> Call:
     """Read a RecognitionConfig (`content`: a recording's bytes, whose header may give its encoding).
     Raises RecognitionError for what the door refuses; ranges the core bounds (rate, channels, language,
     keyterms) are checked there, and their messages say Google's field names (STREAM_FIELDS)."""
-    _refuse_unsupported(config)
+    _refuse_unsupported(config, streaming=streaming)
     encoding = _encoding(config, streaming=streaming)
     if not streaming:
         encoding = file_encoding(encoding, content)
@@ -327,6 +343,7 @@ def call(config: Any, *, streaming: bool, content: bytes = b"") -> Call:
         keyterms=_keyterms(config),
         word_times=config.enable_word_time_offsets,
         word_confidence=config.enable_word_confidence,
+        diarization=None if streaming else _diarization(config),
     )
     return Call(settings, (config.language_code, *config.alternative_language_codes), pick)
 
@@ -412,6 +429,9 @@ def alternative(r: Result) -> Any:
             info.end_time.CopyFrom(duration(w.end_s))
         if w.confidence is not None:
             info.confidence = w.confidence
+        if w.speaker is not None:  # Google's tags count from 1
+            info.speaker_tag = w.speaker + 1
+            info.speaker_label = str(w.speaker + 1)
     return message
 
 
@@ -448,7 +468,7 @@ def speech_event(kind: int, at_s: float) -> Any:
 
 
 def recognition_results(result: RecognizeResult, c: Call) -> list[Any]:
-    return [
+    results = [
         SpeechRecognitionResult(
             alternatives=[alternative(r)],
             channel_tag=r.channel,
@@ -457,6 +477,24 @@ def recognition_results(result: RecognizeResult, c: Call) -> list[Any]:
         )
         for r in result.results
     ]
+    if c.settings.diarization is not None and result.results:
+        # As Google's diarized responses end: one more result holding every word of the call with its
+        # speaker_tag (clients read the speakers there); each result's own words carry theirs too.
+        last = result.results[-1]
+        whole = SpeechRecognitionAlternative(
+            transcript=" ".join(r.transcript for r in result.results if r.transcript)
+        )
+        for r in result.results:
+            whole.words.extend(alternative(r).words)
+        results.append(
+            SpeechRecognitionResult(
+                alternatives=[whole],
+                channel_tag=last.channel,
+                result_end_time=duration(max(r.end_s for r in result.results)),
+                language_code=c.language_tag(last.language),
+            )
+        )
+    return results
 
 
 def _caller(context: aio.ServicerContext) -> Identity:

@@ -40,6 +40,7 @@ from service.vocabulary.types import (
     MAX_PHRASE_BYTES,
     MAX_PHRASES_READ,
     AudioFormat,
+    DiarizationSettings,
     EndpointSettings,
     Formatting,
     Identity,
@@ -135,6 +136,8 @@ class RivaRequest:
     formatting: Formatting = Formatting.VERBATIM
     # Accepted options that change nothing here (the asr-hints metadata): "model", "max_alternatives", ...
     hints: tuple[str, ...] = ()
+    # diarization_config (Recognize only): a speaker_tag on every word
+    diarization: DiarizationSettings | None = None
 
 
 def _check_map(name: str, entries: Mapping[str, str]) -> None:
@@ -258,13 +261,9 @@ def recognition_request(
         raise RivaFieldError(
             "max_alternatives", f"max_alternatives must be 0 or more, got {config.max_alternatives}"
         )
+    diarization = None
     if config.HasField("diarization_config") and config.diarization_config.enable_speaker_diarization:
-        raise RivaFieldError(
-            "diarization_config.enable_speaker_diarization",
-            "diarization_config.enable_speaker_diarization is not supported: this server sets no "
-            "speaker_tag; record each party on its own channel (audio_channel_count, "
-            "enable_separate_recognition_per_channel) and read channel_tag",
-        )
+        diarization = DiarizationSettings(max_speakers=config.diarization_config.max_speaker_count)
     if config.profanity_filter:  # dropped silently, a caller would show what it asked to have masked
         raise RivaFieldError(
             "profanity_filter",
@@ -297,6 +296,7 @@ def recognition_request(
         interim_results=interim_results,
         formatting=Formatting.VERBATIM if config.verbatim_transcripts else Formatting.SMART,
         hints=tuple(hints),
+        diarization=diarization,
     )
 
 
@@ -378,6 +378,7 @@ class RivaWord:
     start_s: float
     end_s: float
     confidence: float | None = None
+    speaker: int | None = None  # 0-based, diarized
 
 
 def _ms(seconds: float) -> int:
@@ -398,6 +399,7 @@ def alternative(
                 end_time=_ms(w.end_s),
                 confidence=w.confidence or 0.0,
                 language_code=language,
+                speaker_tag=0 if w.speaker is None else w.speaker + 1,  # 0: unset (proto3), tags from 1
             )
             for w in words
         ],
@@ -483,7 +485,11 @@ def config_response(model_name: str, languages: Iterable[str]) -> rasr.RivaSpeec
 # --- the door: Riva requests -> the core, the core's results and errors -> Riva ---------------------
 
 # The core's names for the settings it blames -> Riva's (the same unless listed here)
-_STREAM_NAMES = {"keyterms": "speech_contexts"}
+_STREAM_NAMES = {
+    "keyterms": "speech_contexts",
+    "diarization": "diarization_config",
+    "diarization.max_speakers": "diarization_config.max_speaker_count",
+}
 _RECOGNIZE_NAMES = {**_STREAM_NAMES, "audio_content": "audio"}
 _SECOND_CONFIG = "streaming_config may only be sent in the first request; later requests carry audio_content"
 _KEYTERM_INDEX = re.compile(r"\bkeyterms\[(\d+)\]")
@@ -587,7 +593,7 @@ class _Opening:
 
 
 def _word(w: Word) -> RivaWord:
-    return RivaWord(w.text, w.start_s or 0.0, w.end_s or 0.0, w.confidence)
+    return RivaWord(w.text, w.start_s or 0.0, w.end_s or 0.0, w.confidence, w.speaker)
 
 
 def _channel_tag(channel: int) -> int:
@@ -621,6 +627,13 @@ class RivaServicer(rasr_grpc.RivaSpeechRecognitionServicer):
         RivaFieldError (a ValueError naming the field: the core refuses it INVALID_ARGUMENT)."""
         sc = opening.config
         request = self._request(sc.config, sc.interim_results)
+        if request.diarization is not None:
+            raise RivaFieldError(
+                "diarization_config.enable_speaker_diarization",
+                "diarization_config.enable_speaker_diarization is supported by Recognize only (a whole "
+                "file); on a stream record each party on its own channel (audio_channel_count, "
+                "enable_separate_recognition_per_channel) and read channel_tag",
+            )
         encoding, rate, channels, offset = request.encoding, request.sample_rate_hertz, request.channels, 0
         wav = wav_header(opening.head) if sniff_container(opening.head) == "WAV" else None
         if wav is not None:  # a WAV file's header says what its samples are, whatever the config says
@@ -842,6 +855,7 @@ class RivaServicer(rasr_grpc.RivaSpeechRecognitionServicer):
                 word_times=riva.words,
                 word_confidence=riva.words,
                 formatting=riva.formatting,
+                diarization=riva.diarization,
             )
 
         try:

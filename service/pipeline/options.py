@@ -59,7 +59,8 @@ def decode_options(
         language=whisper_language(settings.language, engine.info),
         prompt=settings.prompt or None,
         timestamps=settings.segments,
-        word_timestamps=settings.word_times or settings.word_confidence,
+        # diarization gives each word a speaker by its times, asked for or not
+        word_timestamps=settings.word_times or settings.word_confidence or settings.diarization is not None,
         keyterms=tuple(settings.keyterms),
         priority=priority,
         beam_size=beam_size,
@@ -92,6 +93,7 @@ def result_options(settings: RecognitionSettings) -> ResultOptions:
         word_confidence=settings.word_confidence,
         redact=settings.redact,
         smart=settings.formatting is Formatting.SMART,
+        speakers=settings.diarization is not None,
     )
 
 

@@ -11,6 +11,7 @@ import asyncio
 import collections
 import logging
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -26,15 +27,17 @@ from service.pipeline.audio import (
     mixdown,
 )
 from service.pipeline.call_metrics import CallMetricsTracker
+from service.pipeline.diarization import diarize
 from service.pipeline.endpointing import Endpointer, Utterance
 from service.pipeline.noise_gate import MARGIN_DB
-from service.pipeline.results import ResultOptions, recognize_results
+from service.pipeline.results import ResultOptions, SpeakerOf, recognize_results
 from service.pipeline.session import await_transcript, engine_refusal
+from service.pipeline.speaker_models import MissingWeights
 from service.vocabulary.call_metrics import CallMetrics, CallMetricsSettings
 from service.vocabulary.endpointing import EndpointSettings
 from service.vocabulary.engine import RecognitionEngine
 from service.vocabulary.errors import Code, RecognitionError
-from service.vocabulary.types import RecognizeResult, Result
+from service.vocabulary.types import DiarizationSettings, RecognizeResult, Result
 
 log = logging.getLogger("service.pipeline.recording")
 
@@ -58,8 +61,11 @@ class RecordingCutter:
         settings: EndpointSettings,
         max_seconds: float | None = None,
         gate_margin_db: float = MARGIN_DB,
+        keep_audio: bool = False,
     ) -> None:
+        """`keep_audio`: the mono (or mixed-down) channel is kept whole for diarization."""
         self.separate = separate
+        self._kept: list[np.ndarray] | None = [] if keep_audio and not separate else None
         self.samples = 0  # decoded so far, per channel, at 16 kHz
         self._blocks = decode_blocks(data, info, max_seconds=max_seconds)
         self._endpointers = [
@@ -93,7 +99,17 @@ class RecordingCutter:
         per_channel = block if self.separate else mixdown(block)[None]
         for i, (endpointer, x) in enumerate(zip(self._endpointers, per_channel, strict=True)):
             found += [(self._tag(i), e) for e in endpointer.feed(x) if isinstance(e, Utterance)]
+        if self._kept is not None:
+            self._kept.append(per_channel[0].astype(np.float16))  # half the memory; ample for the models
         return found
+
+    def kept_audio(self) -> np.ndarray | None:
+        """The whole channel at 16 kHz (float32), when kept; the cutter lets go of it."""
+        if self._kept is None:
+            return None
+        audio = np.concatenate(self._kept).astype(np.float32) if self._kept else np.zeros(0, np.float32)
+        self._kept = []
+        return audio
 
 
 def too_long(what: str, limit_s: float) -> RecognitionError:
@@ -115,6 +131,7 @@ async def recognize_recording(
     limit_s: float,
     mode: str,
     call_metrics: CallMetricsSettings | None = None,
+    diarization: DiarizationSettings | None = None,
 ) -> RecognizeResult:
     """Every utterance of the recording through the engine, at most `inflight` at once: a recording of
     any length is fed to the engine as it is decoded, and one long file cannot fill the engine's queue
@@ -177,9 +194,10 @@ async def recognize_recording(
                 h.cancel()
                 metrics.UTTERANCES.labels("cancelled").inc()
     metrics.AUDIO_SECONDS.labels(mode).inc(cutter.samples / TARGET_RATE)
+    speakers = await recording_speakers(cutter, diarization)
     # Each channel's utterances are redacted together (a card number may span two of them).
     results: list[Result] = []
-    for result in recognize_results(jobs, transcripts, result_opts, cutter.at_end):
+    for result in recognize_results(jobs, transcripts, result_opts, cutter.at_end, speakers):
         metrics.UTTERANCES.labels("empty" if result is None else "final").inc()
         if result is not None:
             results.append(result)
@@ -188,6 +206,37 @@ async def recognize_recording(
     call = recording_call_metrics(cutter.tags, jobs, transcripts, duration_s, call_metrics)
     metrics.observe_call(call)
     return RecognizeResult(results=tuple(results), duration_s=duration_s, call_metrics=call)
+
+
+async def recording_speakers(
+    cutter: RecordingCutter, settings: DiarizationSettings | None
+) -> Callable[[int], SpeakerOf | None] | None:
+    """Each channel tag's speakers: diarized over the whole mono (or mixed-down) channel, in a thread
+    (seconds of CPU a call minute); a separate-channel recording's channels are its speakers (tag 1 is
+    speaker 0). None: not asked for."""
+    if settings is None:
+        return None
+    if cutter.separate:
+
+        def channel_speaker(tag: int) -> SpeakerOf:
+            return lambda _start, _end: tag - 1
+
+        return channel_speaker
+    audio = cutter.kept_audio()
+    if audio is None:
+        return None
+    started = time.perf_counter()
+    try:
+        found = await asyncio.to_thread(diarize, audio, settings.min_speakers, settings.max_speakers)
+    except MissingWeights as e:
+        raise RecognitionError(Code.UNAVAILABLE, f"diarization is not installed on this server: {e}") from e
+    log.info(
+        "diarized %.1f s of audio in %.2f s: %d speakers",
+        len(audio) / TARGET_RATE,
+        time.perf_counter() - started,
+        found.speakers,
+    )
+    return lambda _tag: found.speaker_of
 
 
 def recording_call_metrics(

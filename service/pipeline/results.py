@@ -29,10 +29,11 @@ class ResultOptions:
     word_confidence: bool = False
     redact: frozenset[Kind] = frozenset()
     smart: bool = False  # spoken numbers as digits (service/pipeline/formatting.py), before redaction
+    speakers: bool = False  # words and finals carry a diarized speaker (recordings)
 
     @property
     def words(self) -> bool:
-        return self.word_times or self.word_confidence
+        return self.word_times or self.word_confidence or self.speakers
 
     @property
     def rewrites(self) -> bool:
@@ -71,8 +72,18 @@ class _Text:
     segments: tuple[Segment, ...]
 
 
-def _text(t: Transcript, words: Sequence[Word], audio_start_s: float, opts: ResultOptions) -> _Text:
-    """`words`: transcript_words(t), redacted when the stream redacts."""
+SpeakerOf = Callable[[float, float], int | None]
+
+
+def _text(
+    t: Transcript,
+    words: Sequence[Word],
+    audio_start_s: float,
+    opts: ResultOptions,
+    speaker_of: SpeakerOf | None,
+) -> _Text:
+    """`words`: transcript_words(t), redacted when the stream redacts. `speaker_of`: the diarized speaker
+    of a span of the stream (None: no speakers)."""
     segments = []
     if opts.segments:
         for i, s in enumerate(t.segments):
@@ -90,6 +101,9 @@ def _text(t: Transcript, words: Sequence[Word], audio_start_s: float, opts: Resu
                     audio_start_s + w.start_s if timed else None,
                     audio_start_s + w.end_s if timed else None,
                     w.probability if opts.word_confidence else None,
+                    None
+                    if speaker_of is None
+                    else speaker_of(audio_start_s + w.start_s, audio_start_s + w.end_s),
                 )
             )
     return _Text(join(words) if opts.rewrites else t.text.strip(), tuple(infos), tuple(segments))
@@ -103,10 +117,11 @@ def recognize_results(
     transcripts: Sequence[Transcript],
     opts: ResultOptions,
     at_end: Collection[Utterance] = (),
+    speakers: Callable[[int], SpeakerOf | None] | None = None,
 ) -> list[Result | None]:
     """One result per job (None where the utterance held no speech). Each channel's utterances are
     redacted together, in order, so that a number split across two of them is still found. `at_end`:
-    the utterances the end of the recording cut."""
+    the utterances the end of the recording cut. `speakers`: a channel tag's diarized speakers."""
     spoken = [t.is_speech and bool(t.text.strip()) for t in transcripts]
     words: list[list[Word]] = [
         transcript_words(t, opts) if ok else [] for t, ok in zip(transcripts, spoken, strict=True)
@@ -124,15 +139,25 @@ def recognize_results(
         if not ok:
             results.append(None)
             continue
-        results.append(final_result(tag, u, t, w, opts, end_reason(u, at_end=any(u is e for e in at_end))))
+        ended = end_reason(u, at_end=any(u is e for e in at_end))
+        results.append(final_result(tag, u, t, w, opts, ended, None if speakers is None else speakers(tag)))
     return results
 
 
 def final_result(
-    tag: int, u: Utterance, t: Transcript, words: Sequence[Word], opts: ResultOptions, ended_by: EndReason
+    tag: int,
+    u: Utterance,
+    t: Transcript,
+    words: Sequence[Word],
+    opts: ResultOptions,
+    ended_by: EndReason,
+    speaker_of: SpeakerOf | None = None,
 ) -> Result:
     """The final of utterance `u` on channel `tag` from its transcript; `words` as _text takes them."""
-    text = _text(t, words, u.audio_start_s, opts)
+    text = _text(t, words, u.audio_start_s, opts, speaker_of)
+    speaker = None
+    if speaker_of is not None:
+        speaker = _result_speaker(words, u, speaker_of)
     return Result(
         channel=tag,
         utterance_index=u.index,
@@ -145,7 +170,22 @@ def final_result(
         words=text.words,
         segments=text.segments,
         ended_by=ended_by,
+        speaker=speaker,
     )
+
+
+def _result_speaker(words: Sequence[Word], u: Utterance, speaker_of: SpeakerOf) -> int | None:
+    """The speaker of most of the final's spoken time (by its timed words; by its span without them)."""
+    spoken: dict[int, float] = {}
+    for w in words:
+        if w.start_s is None or w.end_s is None:
+            continue
+        who = speaker_of(u.audio_start_s + w.start_s, u.audio_start_s + w.end_s)
+        if who is not None:
+            spoken[who] = spoken.get(who, 0.0) + max(w.end_s - w.start_s, 1e-3)
+    if spoken:
+        return max(spoken, key=lambda k: spoken[k])
+    return speaker_of(u.start_s, u.end_s)
 
 
 def end_reason(u: Utterance, *, at_end: bool = False, finalized: bool = False) -> EndReason:

@@ -525,6 +525,8 @@ class Recognizer:
             options = decode_options(settings, engine, Priority.RECORDED, c.beam_size_recorded)
             result_opts = result_options(settings)
             settings.call_metrics.validate()
+            if settings.diarization is not None:
+                settings.diarization.validate(c.max_diarization_speakers)
             # The header (or the byte count) says how long the recording is: a small FLAC of silence
             # can hold hours, so the length is checked before anything is decoded.
             info = probe_recording(data, f.encoding, f.sample_rate_hertz, f.channels)
@@ -533,9 +535,25 @@ class Recognizer:
         if info.seconds > limit_s:
             raise too_long(f"audio_content holds {info.seconds:.0f} s of audio", limit_s)
         separate = settings.separate_channels and info.channels > 1
+        diarized = settings.diarization is not None and not separate
+        if diarized and info.seconds > c.max_diarization_seconds:
+            limit_d = c.max_diarization_seconds
+            raise RecognitionError(
+                Code.OUT_OF_RANGE,
+                f"diarization: audio_content holds {info.seconds:.0f} s of audio, over the limit of "
+                f"{limit_d:g} s for a diarized recording (max_diarization_seconds)",
+                "diarization",
+            )
         mode = "mono" if info.channels == 1 else ("separate" if separate else "mixdown")
         cutter = RecordingCutter(
-            data, info, separate, EndpointSettings(), limit_s, gate_margin_db=c.vad_gate_db
+            data,
+            info,
+            separate,
+            EndpointSettings(),
+            # a diarized recording holds its whole channel: past the flag the header lied about its length
+            min(limit_s, c.max_diarization_seconds) if diarized else limit_s,
+            gate_margin_db=c.vad_gate_db,
+            keep_audio=diarized,
         )
         del data  # the cutter holds the one reference it reads from
         return await recognize_recording(
@@ -547,4 +565,5 @@ class Recognizer:
             limit_s=limit_s,
             mode=mode,
             call_metrics=settings.call_metrics,
+            diarization=settings.diarization,
         )

@@ -54,6 +54,7 @@ FIELDS = (
     "speech_start_timeout",
     "speech_end_timeout",
     "audio_content",
+    "diarization",
 )
 _LEADING_NAME = re.compile(r"[a-z_]+(?:\.[a-z_]+)?")
 

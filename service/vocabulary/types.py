@@ -74,6 +74,38 @@ class Formatting(enum.Enum):
     SMART = "smart"
 
 
+class DiarizationError(ValueError):
+    """Bad diarization settings; `field` is the setting to blame (as EndpointingError)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass(frozen=True)
+class DiarizationSettings:
+    """Speaker labels for a mono channel (service/pipeline/diarization.py): without being told how many
+    speakers there are, or within these bounds (0: no bound)."""
+
+    min_speakers: int = 0
+    max_speakers: int = 0
+
+    def validate(self, limit: int) -> None:
+        """`limit`: the server's --max-diarization-speakers."""
+        for name, value in (("min_speakers", self.min_speakers), ("max_speakers", self.max_speakers)):
+            if value < 0 or value > limit:
+                raise DiarizationError(
+                    f"diarization.{name}",
+                    f"diarization.{name} {value} is outside 0-{limit} (max_diarization_speakers)",
+                )
+        if self.max_speakers and self.min_speakers > self.max_speakers:
+            raise DiarizationError(
+                "diarization.min_speakers",
+                f"diarization.min_speakers {self.min_speakers} is over the most speakers asked for, "
+                f"{self.max_speakers}",
+            )
+
+
 @dataclass(frozen=True)
 class RecognitionSettings:
     """What every recognition (a stream or a recording) is asked for."""
@@ -96,6 +128,9 @@ class RecognitionSettings:
     formatting: Formatting = Formatting.VERBATIM
     # thresholds of the call metrics (pipeline/call_metrics.py): non-talk silences, interruption overlaps
     call_metrics: CallMetricsSettings = field(default_factory=CallMetricsSettings)
+    # speaker labels on a mono recording's words and results (None: off); a separate-channel recording
+    # keeps its channels as its speakers
+    diarization: DiarizationSettings | None = None
 
 
 @dataclass(frozen=True)
@@ -169,6 +204,7 @@ class Word:
     start_s: float | None = None
     end_s: float | None = None
     confidence: float | None = None
+    speaker: int | None = None  # 0-based, when diarization is asked for (RecognitionSettings.diarization)
 
 
 @dataclass(frozen=True)
@@ -197,6 +233,7 @@ class Result:
     words: tuple[Word, ...] = ()  # finals, when the settings ask for word times or confidence
     segments: tuple[Segment, ...] = ()  # finals, when the settings ask for segments
     ended_by: EndReason | None = None  # finals only
+    speaker: int | None = None  # finals, when diarized: the speaker of most of its words
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,7 @@ from tests.support.audio import (
 )
 from tests.support.engine import jfk_16k
 from tests.support.server import DOOR_TOKEN, ServerProcess, ServerThread
+from tests.support.two_speakers import two_speaker_call, word_accuracy
 
 Server = ServerThread | ServerProcess
 
@@ -536,10 +537,40 @@ async def test_smart_format_and_numerals_write_spoken_digits_as_digits(
     assert merged.end - merged.start > 1.0, merged  # it spans the six spoken digits
 
 
+async def test_prerecorded_diarize_labels_the_speakers_of_a_mono_call(server: ServerThread) -> None:
+    """Two real LibriSpeech speakers taking turns (one overlap) on one 8 kHz mu-law channel: diarize=true
+    gives every word and utterance a 0-based speaker, two of them, right for most words."""
+    call = two_speaker_call()
+    response = await client(server).listen.v1.media.transcribe_file(
+        request=to_mulaw_8k_bytes(call.audio), model="nova-3", encoding="mulaw", diarize=True,
+        utterances=True, request_options={"additional_query_parameters": {"sample_rate": 8000}},
+    )  # fmt: skip
+    words = response.results.channels[0].alternatives[0].words
+    assert len(words) >= 20 and all(isinstance(w.speaker, int) for w in words), words
+    assert {w.speaker for w in words} == {0, 1}
+    assert word_accuracy(call, [(w.start, w.end, w.speaker) for w in words]) >= 0.85
+    utterances = response.results.utterances
+    assert utterances and all(u.speaker in (0, 1) for u in utterances)
+    assert all(w.speaker is not None for u in utterances for w in u.words)
+    assert utterances[0].speaker == words[0].speaker  # numbered in order of first speech: 0 speaks first
+    assert words[0].speaker == 0
+
+
+async def test_prerecorded_without_diarize_has_no_speakers(server: ServerThread) -> None:
+    response = await client(server).listen.v1.media.transcribe_file(
+        request=JFK_FLAC.read_bytes(), utterances=True
+    )
+    words = response.results.channels[0].alternatives[0].words
+    assert words and all(w.speaker is None for w in words)
+    assert response.results.utterances and all(u.speaker is None for u in response.results.utterances)
+
+
 async def test_prerecorded_refusals(server: ServerThread) -> None:
     with pytest.raises(ApiError) as e:
-        await client(server).listen.v1.media.transcribe_file(request=JFK_FLAC.read_bytes(), diarize=True)
-    assert e.value.status_code == 400 and "diarize" in e.value.body["err_msg"]
+        await client(server).listen.v1.media.transcribe_file(
+            request=JFK_FLAC.read_bytes(), detect_entities=True
+        )
+    assert e.value.status_code == 400 and "detect_entities" in e.value.body["err_msg"]
     with pytest.raises(ApiError) as e:
         await client(server).listen.v1.media.transcribe_file(request=b"not audio at all" * 100)
     assert e.value.status_code == 400 and e.value.body["err_code"] == "Bad Request"
@@ -553,6 +584,7 @@ async def test_prerecorded_refusals(server: ServerThread) -> None:
 
 SHORT_MAX_RECOGNIZE_BYTES = 256 << 10
 SHORT_MAX_STREAM_SECONDS = 10.0
+SHORT_MAX_DIARIZATION_SECONDS = 5.0
 
 
 @pytest.fixture
@@ -564,12 +596,32 @@ def short_server(service_engine: Engine, tokens_file: Path) -> Iterator[ServerTh
             idle_audio_timeout=1.5,
             max_recognize_bytes=SHORT_MAX_RECOGNIZE_BYTES,
             max_stream_seconds=SHORT_MAX_STREAM_SECONDS,
+            max_diarization_seconds=SHORT_MAX_DIARIZATION_SECONDS,
         ),
         service_engine,
         http=True,
     ).start()
     yield s
     s.stop()
+
+
+async def test_a_diarized_recording_over_the_limit_is_refused_naming_the_flag(
+    short_server: ServerThread,
+) -> None:
+    """A 10 s call over --max-diarization-seconds 5: 413 at once naming diarize and the flag; the same call
+    without diarize is transcribed."""
+    audio = to_mulaw_8k_bytes(two_speaker_call().audio)
+    extra = {"additional_query_parameters": {"sample_rate": 8000}}
+    with pytest.raises(ApiError) as e:
+        await client(short_server).listen.v1.media.transcribe_file(
+            request=audio, encoding="mulaw", diarize=True, request_options=extra
+        )
+    assert e.value.status_code == 413, e.value.body
+    assert "diarize" in e.value.body["err_msg"] and "max_diarization_seconds" in e.value.body["err_msg"]
+    plain = await client(short_server).listen.v1.media.transcribe_file(
+        request=audio, encoding="mulaw", request_options=extra
+    )
+    assert plain.results.channels[0].alternatives[0].words
 
 
 async def test_prerecorded_over_the_size_limit_is_413_naming_it(short_server: ServerThread) -> None:

@@ -162,6 +162,16 @@ def test_refusals_name_the_option(option: str, value: object) -> None:
     refused(option, **query)
 
 
+def test_diarize_is_for_recordings_with_any_of_deepgrams_diarize_models() -> None:
+    assert parse(live=False, diarize="true").diarize
+    assert not parse(live=False).diarize and not parse(live=False, diarize="false").diarize
+    o = parse(live=False, diarize_model="latest")
+    assert o.diarize and [w.parameter for w in o.warnings] == ["diarize_model"]
+    with pytest.raises(OptionError) as e:
+        parse(live=False, diarize_model="v9")
+    assert e.value.option == "diarize_model" and "v9" in e.value.message
+
+
 def test_an_encoding_needs_its_sample_rate_live() -> None:
     refused("sample_rate", encoding="mulaw")
     assert parse(live=False, encoding="mulaw").sample_rate == 16000  # a recording may say it in its header

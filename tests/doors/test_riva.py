@@ -32,6 +32,7 @@ from scripts.keyterm_clips import KEYTERMS, name_clips, said, telephone_audio
 from service.config import ServerConfig
 from service.doors.riva import Endpointing, endpointing, sniff_container, wav_header
 from tests.support.audio import (
+    JFK_FLAC,
     make_conversation,
     silence,
     speak,
@@ -41,6 +42,7 @@ from tests.support.audio import (
 )
 from tests.support.engine import JFK_TEXT, jfk_16k
 from tests.support.server import DOOR_TOKEN, ServerProcess, ServerThread
+from tests.support.two_speakers import two_speaker_call, word_accuracy
 from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.slow
@@ -395,6 +397,43 @@ def test_word_boosting_reaches_the_decoder(server: ServerThread) -> None:
             boosted.append(finals_text(asr.offline_recognize(audio, config).results))
     assert not any(said(c.term or "", t) for c, t in zip(clips, plain, strict=True)), plain
     assert sum(said(c.term or "", t) for c, t in zip(clips, boosted, strict=True)) >= len(clips) // 2, boosted
+
+
+def diarized_config(**diarization: int) -> rasr.RecognitionConfig:
+    return riva.client.RecognitionConfig(
+        encoding=riva.client.AudioEncoding.MULAW,
+        sample_rate_hertz=8000,
+        enable_word_time_offsets=True,
+        diarization_config=rasr.SpeakerDiarizationConfig(enable_speaker_diarization=True, **diarization),
+    )
+
+
+def test_offline_diarization_tags_the_speakers_of_a_mono_call(server: ServerThread) -> None:
+    """Two real speakers on one 8 kHz mu-law channel through offline_recognize: every word carries a
+    speaker_tag from 1 (0 is proto3's unset), two speakers, right for most words."""
+    call = two_speaker_call()
+    with riva_asr(server.target) as asr:
+        response = asr.offline_recognize(to_mulaw_8k_bytes(call.audio), diarized_config())
+    words = [w for r in response.results for w in r.alternatives[0].words]
+    assert len(words) >= 20 and {w.speaker_tag for w in words} == {1, 2}, words
+    assert words[0].speaker_tag == 1
+    timed = [(w.start_time / 1000, w.end_time / 1000, w.speaker_tag) for w in words]
+    assert word_accuracy(call, timed) >= 0.85
+
+
+def test_offline_without_diarization_has_no_speaker_tags(server: ServerThread) -> None:
+    config = riva.client.RecognitionConfig(enable_word_time_offsets=True)
+    with riva_asr(server.target) as asr:
+        response = asr.offline_recognize(JFK_FLAC.read_bytes(), config)
+    words = [w for r in response.results for w in r.alternatives[0].words]
+    assert words and all(w.speaker_tag == 0 for w in words)
+
+
+def test_offline_diarization_over_the_speaker_limit_is_refused_naming_the_field(server: ServerThread) -> None:
+    with riva_asr(server.target) as asr:
+        error = refusal(lambda: asr.offline_recognize(b"\xff" * 8000, diarized_config(max_speaker_count=11)))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "diarization_config.max_speaker_count" in (error.details() or ""), error.details()
 
 
 # --- bad input: INVALID_ARGUMENT naming the field (and the limit) ------------------------------------

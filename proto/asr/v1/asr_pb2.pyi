@@ -105,7 +105,7 @@ class CallEnded(_message.Message):
     def __init__(self, status: _Optional[str] = ..., metrics: _Optional[_Union[CallMetrics, _Mapping]] = ...) -> None: ...
 
 class RecognitionConfig(_message.Message):
-    __slots__ = ("encoding", "sample_rate_hertz", "audio_channel_count", "enable_separate_recognition_per_channel", "language_code", "prompt", "enable_segment_time_offsets", "enable_word_time_offsets", "enable_word_confidence", "redact", "keyterms", "formatting", "call_metrics", "context_carry")
+    __slots__ = ("encoding", "sample_rate_hertz", "audio_channel_count", "enable_separate_recognition_per_channel", "language_code", "prompt", "enable_segment_time_offsets", "enable_word_time_offsets", "enable_word_confidence", "redact", "keyterms", "formatting", "call_metrics", "context_carry", "diarization")
     ENCODING_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_RATE_HERTZ_FIELD_NUMBER: _ClassVar[int]
     AUDIO_CHANNEL_COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -120,6 +120,7 @@ class RecognitionConfig(_message.Message):
     FORMATTING_FIELD_NUMBER: _ClassVar[int]
     CALL_METRICS_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_CARRY_FIELD_NUMBER: _ClassVar[int]
+    DIARIZATION_FIELD_NUMBER: _ClassVar[int]
     encoding: AudioEncoding
     sample_rate_hertz: int
     audio_channel_count: int
@@ -134,7 +135,18 @@ class RecognitionConfig(_message.Message):
     formatting: Formatting
     call_metrics: CallMetricsConfig
     context_carry: bool
-    def __init__(self, encoding: _Optional[_Union[AudioEncoding, str]] = ..., sample_rate_hertz: _Optional[int] = ..., audio_channel_count: _Optional[int] = ..., enable_separate_recognition_per_channel: _Optional[bool] = ..., language_code: _Optional[str] = ..., prompt: _Optional[str] = ..., enable_segment_time_offsets: _Optional[bool] = ..., enable_word_time_offsets: _Optional[bool] = ..., enable_word_confidence: _Optional[bool] = ..., redact: _Optional[_Iterable[_Union[Redaction, str]]] = ..., keyterms: _Optional[_Iterable[str]] = ..., formatting: _Optional[_Union[Formatting, str]] = ..., call_metrics: _Optional[_Union[CallMetricsConfig, _Mapping]] = ..., context_carry: _Optional[bool] = ...) -> None: ...
+    diarization: DiarizationConfig
+    def __init__(self, encoding: _Optional[_Union[AudioEncoding, str]] = ..., sample_rate_hertz: _Optional[int] = ..., audio_channel_count: _Optional[int] = ..., enable_separate_recognition_per_channel: _Optional[bool] = ..., language_code: _Optional[str] = ..., prompt: _Optional[str] = ..., enable_segment_time_offsets: _Optional[bool] = ..., enable_word_time_offsets: _Optional[bool] = ..., enable_word_confidence: _Optional[bool] = ..., redact: _Optional[_Iterable[_Union[Redaction, str]]] = ..., keyterms: _Optional[_Iterable[str]] = ..., formatting: _Optional[_Union[Formatting, str]] = ..., call_metrics: _Optional[_Union[CallMetricsConfig, _Mapping]] = ..., context_carry: _Optional[bool] = ..., diarization: _Optional[_Union[DiarizationConfig, _Mapping]] = ...) -> None: ...
+
+class DiarizationConfig(_message.Message):
+    __slots__ = ("enable", "min_speakers", "max_speakers")
+    ENABLE_FIELD_NUMBER: _ClassVar[int]
+    MIN_SPEAKERS_FIELD_NUMBER: _ClassVar[int]
+    MAX_SPEAKERS_FIELD_NUMBER: _ClassVar[int]
+    enable: bool
+    min_speakers: int
+    max_speakers: int
+    def __init__(self, enable: _Optional[bool] = ..., min_speakers: _Optional[int] = ..., max_speakers: _Optional[int] = ...) -> None: ...
 
 class CallMetricsConfig(_message.Message):
     __slots__ = ("min_non_talk_duration", "min_interruption_overlap")
@@ -211,16 +223,18 @@ class SpeechRecognitionAlternative(_message.Message):
     def __init__(self, transcript: _Optional[str] = ..., confidence: _Optional[float] = ..., segments: _Optional[_Iterable[_Union[WordOrSegment, _Mapping]]] = ..., words: _Optional[_Iterable[_Union[WordInfo, _Mapping]]] = ...) -> None: ...
 
 class WordInfo(_message.Message):
-    __slots__ = ("word", "start_offset", "end_offset", "confidence")
+    __slots__ = ("word", "start_offset", "end_offset", "confidence", "speaker")
     WORD_FIELD_NUMBER: _ClassVar[int]
     START_OFFSET_FIELD_NUMBER: _ClassVar[int]
     END_OFFSET_FIELD_NUMBER: _ClassVar[int]
     CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
+    SPEAKER_FIELD_NUMBER: _ClassVar[int]
     word: str
     start_offset: _duration_pb2.Duration
     end_offset: _duration_pb2.Duration
     confidence: float
-    def __init__(self, word: _Optional[str] = ..., start_offset: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., end_offset: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., confidence: _Optional[float] = ...) -> None: ...
+    speaker: int
+    def __init__(self, word: _Optional[str] = ..., start_offset: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., end_offset: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., confidence: _Optional[float] = ..., speaker: _Optional[int] = ...) -> None: ...
 
 class StreamingRecognitionResult(_message.Message):
     __slots__ = ("alternatives", "is_final", "stability", "start_offset", "end_offset", "channel_tag", "language_code", "utterance_index")
@@ -277,18 +291,20 @@ class RecognizeRequest(_message.Message):
     def __init__(self, config: _Optional[_Union[RecognitionConfig, _Mapping]] = ..., audio_content: _Optional[bytes] = ...) -> None: ...
 
 class SpeechRecognitionResult(_message.Message):
-    __slots__ = ("alternatives", "channel_tag", "start_offset", "end_offset", "language_code")
+    __slots__ = ("alternatives", "channel_tag", "start_offset", "end_offset", "language_code", "speaker")
     ALTERNATIVES_FIELD_NUMBER: _ClassVar[int]
     CHANNEL_TAG_FIELD_NUMBER: _ClassVar[int]
     START_OFFSET_FIELD_NUMBER: _ClassVar[int]
     END_OFFSET_FIELD_NUMBER: _ClassVar[int]
     LANGUAGE_CODE_FIELD_NUMBER: _ClassVar[int]
+    SPEAKER_FIELD_NUMBER: _ClassVar[int]
     alternatives: _containers.RepeatedCompositeFieldContainer[SpeechRecognitionAlternative]
     channel_tag: int
     start_offset: _duration_pb2.Duration
     end_offset: _duration_pb2.Duration
     language_code: str
-    def __init__(self, alternatives: _Optional[_Iterable[_Union[SpeechRecognitionAlternative, _Mapping]]] = ..., channel_tag: _Optional[int] = ..., start_offset: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., end_offset: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., language_code: _Optional[str] = ...) -> None: ...
+    speaker: int
+    def __init__(self, alternatives: _Optional[_Iterable[_Union[SpeechRecognitionAlternative, _Mapping]]] = ..., channel_tag: _Optional[int] = ..., start_offset: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., end_offset: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., language_code: _Optional[str] = ..., speaker: _Optional[int] = ...) -> None: ...
 
 class RecognizeResponse(_message.Message):
     __slots__ = ("results", "total_audio_duration", "call_metrics")

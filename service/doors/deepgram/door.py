@@ -44,6 +44,7 @@ from service.recognizer.recognizer import Recognizer, Stream, probe_recording
 from service.vocabulary.errors import Code, RecognitionError
 from service.vocabulary.types import (
     AudioFormat,
+    DiarizationSettings,
     EndpointSettings,
     EndReason,
     Formatting,
@@ -72,6 +73,7 @@ FIELD_NAMES = {
     "audio_channel_count": "channels",
     "language_code": "language",
     "keyterms": "keyterm",
+    "diarization": "diarize",
 }
 # The core's code -> the handshake's (and the pre-recorded request's) HTTP status and err_code.
 HTTP_STATUS = {
@@ -161,6 +163,7 @@ def recognition_settings(o: ListenOptions, audio_format: AudioFormat) -> Recogni
         word_confidence=True,
         redact=o.redact,
         formatting=Formatting.SMART if o.smart else Formatting.VERBATIM,  # smart_format, numerals
+        diarization=DiarizationSettings() if o.diarize else None,  # Deepgram takes no speaker count
     )
 
 
@@ -171,6 +174,7 @@ def words_of(r: Result, offset: float = 0.0) -> tuple[messages.Word, ...]:
             (w.start_s or 0.0) + offset,
             (w.end_s if w.end_s is not None else (w.start_s or 0.0)) + offset,
             w.confidence if w.confidence is not None else r.confidence,
+            w.speaker,
         )
         for w in r.words
     )
@@ -360,7 +364,9 @@ class DeepgramDoor:
             words = words_of(r)
             start, end = span(r, words)
             utterances.append(
-                messages.Utterance(max(r.channel - 1, 0), start, end, r.transcript, r.confidence, words)
+                messages.Utterance(
+                    max(r.channel - 1, 0), start, end, r.transcript, r.confidence, words, r.speaker
+                )
             )
         body = messages.prerecorded(
             request_id=request_id,

@@ -68,6 +68,7 @@ class Word:
     start: float
     end: float
     confidence: float
+    speaker: int | None = None  # diarize=true
 
 
 def bare(text: str) -> str:
@@ -94,6 +95,8 @@ def _word(w: Word, punctuated: bool) -> dict[str, Any]:
     }
     if punctuated:
         out["punctuated_word"] = w.text.strip()
+    if w.speaker is not None:
+        out["speaker"] = w.speaker
     return out
 
 
@@ -284,6 +287,7 @@ class Utterance:
     text: str
     confidence: float
     words: tuple[Word, ...]
+    speaker: int | None = None  # diarize=true
 
 
 def prerecorded(
@@ -332,6 +336,7 @@ def prerecorded(
                 "transcript": transcript_of(u.text, u.words, punctuated),
                 "words": [_word(w, punctuated) for w in u.words],
                 "id": str(uuid.uuid5(uuid.UUID(request_id), f"{u.channel}:{u.start}")),
+                **({} if u.speaker is None else {"speaker": u.speaker}),
             }
             for u in sorted(utterances, key=lambda u: (u.start, u.channel))
         ]

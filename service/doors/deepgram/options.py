@@ -74,7 +74,6 @@ HINTS = (
 )
 # Accepted only with a value that asks for nothing we lack ("false"); any other value is refused.
 REFUSED_UNLESS_FALSE = {
-    "diarize": "this server does not diarize; send one speaker per channel with multichannel=true",
     "detect_entities": "this server does not detect entities",
     "profanity_filter": "this server does not filter profanity",
     "paragraphs": "this server does not split transcripts into paragraphs",
@@ -87,7 +86,6 @@ REFUSED_UNLESS_FALSE = {
 }
 # Refused whatever the value: their presence alone asks for something this server does not do.
 REFUSED_ANY = {
-    "diarize_model": "this server does not diarize; send one speaker per channel with multichannel=true",
     "callback": "this server answers on the connection only (no callback requests)",
     "search": "this server does not search transcripts",
     "replace": "this server does not replace terms in transcripts",
@@ -96,6 +94,7 @@ REFUSED_ANY = {
     "custom_topic_mode": "this server does not detect topics",
     "custom_intent_mode": "this server does not detect intents",
 }
+DIARIZE_MODELS = ("latest", "v1", "v2")
 LIVE_ONLY = frozenset(
     {
         "interim_results",
@@ -158,6 +157,7 @@ class ListenOptions:
     tags: tuple[str, ...] = ()
     extra: dict[str, str] = field(default_factory=dict)
     utterances: bool = False  # pre-recorded: results.utterances
+    diarize: bool = False  # pre-recorded: every word and utterance carries a 0-based speaker
     warnings: tuple[OptionWarning, ...] = ()  # hint-only and unknown options, a raised endpointing
 
     @property
@@ -254,6 +254,23 @@ def parse_listen_options(
 
     warnings: list[OptionWarning] = []
     for name, values in query.items():
+        if name in ("diarize", "diarize_model") and live and (name == "diarize_model" or _flag(name, values)):
+            raise OptionError(
+                name,
+                f"{name}={values[-1]}: this server diarizes recordings (POST /v1/listen) only; on a live "
+                "stream send one speaker per channel with multichannel=true",
+            )
+        if name == "diarize_model":
+            # Deepgram's model versions (batch): any of them selects this server's one diarizer
+            if values[-1].strip().lower() not in DIARIZE_MODELS:
+                raise OptionError(
+                    name, f"{name}={values[-1]!r} is not one of Deepgram's ({', '.join(DIARIZE_MODELS)})"
+                )
+            warnings.append(
+                OptionWarning(
+                    name, "unsupported_model", f"{name}={values[-1]!r} selects this server's diarizer"
+                )
+            )
         if name in REFUSED_ANY:
             raise OptionError(name, f"{name}: {REFUSED_ANY[name]}")
         if name in REFUSED_UNLESS_FALSE:
@@ -381,6 +398,7 @@ def parse_listen_options(
         tags=tuple(query.get("tag", [])),
         extra=extra,
         utterances=not live and flag("utterances"),
+        diarize=not live and (flag("diarize") or "diarize_model" in query),
         warnings=tuple(warnings),
     )
 
@@ -408,5 +426,7 @@ _MAPPED = frozenset(
         "extra",
         "tag",
         "utterances",
+        "diarize",
+        "diarize_model",
     }
 )
