@@ -18,6 +18,7 @@ wins. Speakers are numbered from 0 in order of first speech.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -93,8 +94,19 @@ class Diarization:
         return nearest.speaker
 
 
+# Recorded work in a frontend process: one diarization at a time, on one core, so that the engine and the
+# live calls this frontend serves keep the rest of the machine (live calls come before recorded work).
+_ONE_AT_A_TIME = threading.Lock()
+
+
 def diarize(audio: np.ndarray, min_speakers: int = 1, max_speakers: int = 0) -> Diarization:
     """`audio`: the channel at 16 kHz, float. `max_speakers` 0: no upper bound beyond what is found."""
+    with _ONE_AT_A_TIME:
+        torch.set_num_threads(1)
+        return _diarize(audio, min_speakers, max_speakers)
+
+
+def _diarize(audio: np.ndarray, min_speakers: int, max_speakers: int) -> Diarization:
     seg_model, emb_model = load_models()
     samples = len(audio)
     window = int(WINDOW_S * SAMPLE_RATE)

@@ -27,12 +27,10 @@ from service.pipeline.audio import (
     mixdown,
 )
 from service.pipeline.call_metrics import CallMetricsTracker
-from service.pipeline.diarization import diarize
 from service.pipeline.endpointing import Endpointer, Utterance
 from service.pipeline.noise_gate import MARGIN_DB
 from service.pipeline.results import ResultOptions, SpeakerOf, recognize_results
 from service.pipeline.session import await_transcript, engine_refusal
-from service.pipeline.speaker_models import MissingWeights
 from service.vocabulary.call_metrics import CallMetrics, CallMetricsSettings
 from service.vocabulary.endpointing import EndpointSettings
 from service.vocabulary.engine import RecognitionEngine
@@ -225,6 +223,10 @@ async def recording_speakers(
     audio = cutter.kept_audio()
     if audio is None:
         return None
+    # here, not at import: torch is loaded only by a frontend that is asked to diarize
+    from service.pipeline.diarization import diarize
+    from service.pipeline.speaker_models import MissingWeights
+
     started = time.perf_counter()
     try:
         found = await asyncio.to_thread(diarize, audio, settings.min_speakers, settings.max_speakers)
