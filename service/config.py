@@ -224,6 +224,14 @@ class ServerConfig:
             "bound is refused INVALID_ARGUMENT naming the field; default 10"
         },
     )
+    live_diarization_wait_s: float = field(
+        default=1.0,
+        metadata={
+            "help": "longest a live stream's final waits for its speakers once its transcript is ready (the "
+            "utterance is embedded while it is decoded, so it rarely waits); past it the final goes out "
+            "on time without speaker fields; default 1 s (0: a final never waits: speakers only when ready)"
+        },
+    )
     recognize_inflight: int = field(
         default=8,
         metadata={
@@ -650,6 +658,8 @@ def validate(config: ServerConfig) -> None:
         problems.append("--engine-heartbeat-timeout must be 0 (off) or 1-3600 s")
     if config.idle_audio_timeout < 0:
         problems.append("--idle-audio-timeout must be 0 (off) or positive")
+    if not 0 <= config.live_diarization_wait_s <= 60:
+        problems.append("--live-diarization-wait-s must be 0-60 s")
     if not 0 < config.turn_threshold < 1:
         problems.append("--turn-threshold must be between 0 and 1 (exclusive)")
     if not 0.1 <= config.turn_max_silence_s <= 10:

@@ -56,6 +56,11 @@ SPECULATIVE_ENDPOINTS = Counter(
 )
 for _outcome in ("hit", "miss", "refused"):  # at 0 from the start, so that rates and ratios have data
     SPECULATIVE_ENDPOINTS.labels(_outcome)
+LIVE_DIARIZATION_LATE = Counter(
+    "asr_live_diarization_late_total",
+    "Live finals sent without speakers because their utterance's speaker embedding was not ready within "
+    "--live-diarization-wait-s of the transcript (the diarization thread is behind)",
+)
 SPECULATIVE_WASTED_AUDIO = Counter(
     "asr_speculative_wasted_audio_seconds_total",
     "Audio of speculative requests cancelled on a miss: an upper bound of the engine work wasted (a "

@@ -167,13 +167,6 @@ def stream_settings(sc: asr_pb2.StreamingRecognitionConfig) -> StreamSettings:
             Code.INVALID_ARGUMENT,
             "streaming_config.config: streaming_config.config is required (encoding, rate)",
         )
-    if sc.config.diarization.enable:
-        raise RecognitionError(
-            Code.INVALID_ARGUMENT,
-            "config.diarization: speaker diarization is for Recognize only; on a stream send each party "
-            "on its own channel (enable_separate_recognition_per_channel)",
-            "diarization",
-        )
     try:
         endpointing = endpoint_settings(sc.endpointing)
     except ValueError as e:
@@ -259,6 +252,7 @@ def response(event: CallEvent) -> asr_pb2.StreamingRecognizeResponse:
             channel_tag=event.channel,
             language_code=event.language,
             utterance_index=event.utterance_index,
+            **({} if event.speaker is None else {"speaker": event.speaker}),
         )
         return asr_pb2.StreamingRecognizeResponse(results=[result])
     if isinstance(event, SpeechStarted):

@@ -18,7 +18,13 @@ from service.pipeline.results import ResultOptions
 from service.vocabulary.call_metrics import CallMetricsSettings, validate_interval
 from service.vocabulary.endpointing import EndpointSettings
 from service.vocabulary.engine import RecognitionEngine
-from service.vocabulary.types import CallInfo, Formatting, RecognitionSettings, StreamSettings
+from service.vocabulary.types import (
+    CallInfo,
+    DiarizationSettings,
+    Formatting,
+    RecognitionSettings,
+    StreamSettings,
+)
 
 # BCP-47 tags: RFC 5646 asks for at least 35 characters; only the primary subtag is read.
 MAX_LANGUAGE_CODE_CHARS = 64
@@ -118,12 +124,16 @@ class StreamPlan:
     call_metrics_interval_s: float = 0.0
     call: CallInfo | None = None  # the telephony call the stream carries (StreamSettings.call)
     context_carry: bool | None = None  # RecognitionSettings.context_carry (None: --context-carry)
+    # live speaker labels (service/pipeline/live_diarization.py); separate channels are their own speakers
+    diarization: DiarizationSettings | None = None
 
 
-def plan_stream(settings: StreamSettings, engine: RecognitionEngine, beam_size: int = 1) -> StreamPlan:
+def plan_stream(
+    settings: StreamSettings, engine: RecognitionEngine, beam_size: int = 1, max_speakers: int = 10
+) -> StreamPlan:
     """Check a stream's settings in the order a client fixes them (format, decoding, endpointing);
     raises AudioFormatError, EndpointingError or ValueError naming the setting. `beam_size`: its finals'
-    (--beam-size-final; interims are greedy)."""
+    (--beam-size-final; interims are greedy). `max_speakers`: --max-diarization-speakers."""
     r = settings.recognition
     rate, channels = validate_stream_format(r.format.encoding, r.format.sample_rate_hertz, r.format.channels)
     options = decode_options(r, engine, beam_size=beam_size)
@@ -138,6 +148,8 @@ def plan_stream(settings: StreamSettings, engine: RecognitionEngine, beam_size: 
         if not value > 0:
             raise ValueError(f"{name} must be more than 0 s, got {value:g}")
     r.call_metrics.validate()
+    if r.diarization is not None:
+        r.diarization.validate(max_speakers)
     validate_interval(settings.call_metrics_interval_s)
     return StreamPlan(
         encoding=r.format.encoding,
@@ -157,4 +169,5 @@ def plan_stream(settings: StreamSettings, engine: RecognitionEngine, beam_size: 
         call_metrics_interval_s=settings.call_metrics_interval_s,
         call=settings.call,
         context_carry=r.context_carry,
+        diarization=r.diarization,
     )

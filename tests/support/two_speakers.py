@@ -93,6 +93,19 @@ def two_speaker_call(a: str = "1089", b: str = "1221", gap_s: float = 0.6, overl
     )
 
 
+def one_speaker_call(a: str = "1089", gap_s: float = 1.0) -> Call:
+    """One speaker's clip split at a pause into two turns `gap_s` apart (two utterances of one voice)."""
+    clip_a, text_a = clip(a)
+    a1, a2 = (_trim(x) for x in split_at_pause(clip_a))
+    lead, gap = int(0.5 * RATE), int(gap_s * RATE)
+    out = np.zeros(lead + len(a1) + gap + len(a2) + lead, dtype=np.float32)
+    out[lead : lead + len(a1)] = a1 * (0.5 / max(np.abs(a1).max(), 1e-6))
+    b = lead + len(a1) + gap
+    out[b : b + len(a2)] = a2 * (0.5 / max(np.abs(a2).max(), 1e-6))
+    turns = ((lead / RATE, (lead + len(a1)) / RATE, a), (b / RATE, (b + len(a2)) / RATE, a))
+    return Call(out, turns, (text_a,))
+
+
 def pyannote_sample() -> Call:
     """pyannote's 30 s two-speaker sample and its reference turns."""
     audio, rate = sf.read(DATA / "sample.wav", dtype="float32")

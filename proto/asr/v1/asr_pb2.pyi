@@ -237,7 +237,7 @@ class WordInfo(_message.Message):
     def __init__(self, word: _Optional[str] = ..., start_offset: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., end_offset: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., confidence: _Optional[float] = ..., speaker: _Optional[int] = ...) -> None: ...
 
 class StreamingRecognitionResult(_message.Message):
-    __slots__ = ("alternatives", "is_final", "stability", "start_offset", "end_offset", "channel_tag", "language_code", "utterance_index")
+    __slots__ = ("alternatives", "is_final", "stability", "start_offset", "end_offset", "channel_tag", "language_code", "utterance_index", "speaker")
     ALTERNATIVES_FIELD_NUMBER: _ClassVar[int]
     IS_FINAL_FIELD_NUMBER: _ClassVar[int]
     STABILITY_FIELD_NUMBER: _ClassVar[int]
@@ -246,6 +246,7 @@ class StreamingRecognitionResult(_message.Message):
     CHANNEL_TAG_FIELD_NUMBER: _ClassVar[int]
     LANGUAGE_CODE_FIELD_NUMBER: _ClassVar[int]
     UTTERANCE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    SPEAKER_FIELD_NUMBER: _ClassVar[int]
     alternatives: _containers.RepeatedCompositeFieldContainer[SpeechRecognitionAlternative]
     is_final: bool
     stability: float
@@ -254,7 +255,8 @@ class StreamingRecognitionResult(_message.Message):
     channel_tag: int
     language_code: str
     utterance_index: int
-    def __init__(self, alternatives: _Optional[_Iterable[_Union[SpeechRecognitionAlternative, _Mapping]]] = ..., is_final: _Optional[bool] = ..., stability: _Optional[float] = ..., start_offset: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., end_offset: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., channel_tag: _Optional[int] = ..., language_code: _Optional[str] = ..., utterance_index: _Optional[int] = ...) -> None: ...
+    speaker: int
+    def __init__(self, alternatives: _Optional[_Iterable[_Union[SpeechRecognitionAlternative, _Mapping]]] = ..., is_final: _Optional[bool] = ..., stability: _Optional[float] = ..., start_offset: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., end_offset: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., channel_tag: _Optional[int] = ..., language_code: _Optional[str] = ..., utterance_index: _Optional[int] = ..., speaker: _Optional[int] = ...) -> None: ...
 
 class StreamingRecognizeResponse(_message.Message):
     __slots__ = ("results", "speech_event_type", "speech_event_offset", "speech_event_channel_tag", "call_metrics")
