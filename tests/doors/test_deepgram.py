@@ -58,7 +58,7 @@ from tests.support.audio import (
 )
 from tests.support.engine import jfk_16k
 from tests.support.server import DOOR_TOKEN, ServerProcess, ServerThread
-from tests.support.two_speakers import two_speaker_call, word_accuracy
+from tests.support.two_speakers import one_speaker_call, two_speaker_call, word_accuracy
 
 Server = ServerThread | ServerProcess
 
@@ -276,6 +276,36 @@ async def test_two_channel_call_each_channel_on_its_own(server: ServerThread) ->
     assert call.of(ListenV1Metadata)[0].channels == 2
 
 
+async def live_words(server: ServerThread, audio: np.ndarray, **options: Any) -> tuple[Call, list[Any]]:
+    """A mono 8 kHz mu-law call sent 4x real time, then a second of silence and CloseStream."""
+    call = Call()
+    async with live(server, call, encoding="mulaw", sample_rate=8000, channels=1, **options) as sock:
+        await send_paced(sock, to_mulaw_8k_bytes(audio) + to_mulaw_8k_bytes(silence(1.0)), 800, 4 * 8000)
+        await sock.send_close_stream()
+    assert call.close_code == 1000, call
+    return call, [w for f in call.finals for w in f.channel.alternatives[0].words]
+
+
+async def test_live_diarize_labels_two_speakers_consistently_and_one_as_one(server: ServerThread) -> None:
+    """diarize=true on a live mono call: every word of every final carries a 0-based speaker, as
+    Deepgram's do; two LibriSpeech speakers taking turns (A B A B, a second apart) get 0 and 1, each
+    speaker's second turn (a later final) its first turn's label; one speaker's two turns stay 0."""
+    two = two_speaker_call("1188", "1995", gap_s=1.0, overlap_s=-1.0)
+    call, words = await live_words(server, two.audio, diarize="true")
+    assert len(words) >= 20 and all(w.speaker is not None for w in words)
+    assert {w.speaker for w in words} == {0, 1} and words[0].speaker == 0
+    assert word_accuracy(two, [(w.start, w.end, w.speaker) for w in words]) >= 0.85
+    per_final = [{w.speaker for w in f.channel.alternatives[0].words} for f in call.finals]
+    assert per_final == [{0}, {1}, {0}, {1}], per_final
+    _, words = await live_words(server, one_speaker_call("1188").audio, diarize="true")
+    assert len(words) >= 10 and {w.speaker for w in words} == {0}
+
+
+async def test_live_without_diarize_words_carry_no_speaker(server: ServerThread) -> None:
+    _, words = await live_words(server, two_speaker_call("1188", "1995", gap_s=1.0, overlap_s=-1.0).audio)
+    assert words and all(w.speaker is None for w in words)
+
+
 async def test_finalize_flushes_at_once_and_keepalive_holds_the_stream(server: ServerThread) -> None:
     """A sentence with no pause after it, then Finalize: its final comes back marked from_finalize while
     the client sends nothing but KeepAlive; the stream then goes on."""
@@ -381,7 +411,7 @@ def handshake_refusal(
         ({"encoding": "mulaw", "sample_rate": 4000}, "sample_rate"),
         ({"encoding": "mulaw"}, "sample_rate"),
         ({"channels": 9}, "channels"),
-        ({"diarize": "true"}, "diarize"),
+        ({"diarize_model": "latest"}, "diarize_model"),
         ({"redact": "pii"}, "redact"),
         ({"language": "fr"}, "language"),
         ({"endpointing": "soon"}, "endpointing"),

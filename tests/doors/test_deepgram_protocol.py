@@ -140,7 +140,6 @@ def test_keywords_boosts_become_keyterms_and_suppressions_are_dropped() -> None:
         ("sample_rate", "8k"),
         ("channels", 0),
         ("channels", 9),
-        ("diarize", "true"),
         ("diarize_model", "latest"),
         ("detect_entities", "true"),
         ("profanity_filter", "true"),
@@ -164,6 +163,7 @@ def test_refusals_name_the_option(option: str, value: object) -> None:
 
 def test_diarize_is_for_recordings_with_any_of_deepgrams_diarize_models() -> None:
     assert parse(live=False, diarize="true").diarize
+    assert parse(diarize="true").diarize and not parse(diarize="false").diarize  # live: diarize alone
     assert not parse(live=False).diarize and not parse(live=False, diarize="false").diarize
     o = parse(live=False, diarize_model="latest")
     assert o.diarize and [w.parameter for w in o.warnings] == ["diarize_model"]

@@ -157,7 +157,8 @@ class ListenOptions:
     tags: tuple[str, ...] = ()
     extra: dict[str, str] = field(default_factory=dict)
     utterances: bool = False  # pre-recorded: results.utterances
-    diarize: bool = False  # pre-recorded: every word and utterance carries a 0-based speaker
+    # every word (and pre-recorded utterance) carries a 0-based speaker; live: placed at each final
+    diarize: bool = False
     warnings: tuple[OptionWarning, ...] = ()  # hint-only and unknown options, a raised endpointing
 
     @property
@@ -254,11 +255,11 @@ def parse_listen_options(
 
     warnings: list[OptionWarning] = []
     for name, values in query.items():
-        if name in ("diarize", "diarize_model") and live and (name == "diarize_model" or _flag(name, values)):
+        if name == "diarize_model" and live:  # Deepgram's live streams take diarize alone
             raise OptionError(
                 name,
-                f"{name}={values[-1]}: this server diarizes recordings (POST /v1/listen) only; on a live "
-                "stream send one speaker per channel with multichannel=true",
+                f"{name}={values[-1]}: diarize_model selects a pre-recorded diarizer (POST /v1/listen); a "
+                "live stream takes diarize=true",
             )
         if name == "diarize_model":
             # Deepgram's model versions (batch): any of them selects this server's one diarizer
@@ -398,7 +399,7 @@ def parse_listen_options(
         tags=tuple(query.get("tag", [])),
         extra=extra,
         utterances=not live and flag("utterances"),
-        diarize=not live and (flag("diarize") or "diarize_model" in query),
+        diarize=flag("diarize") or (not live and "diarize_model" in query),
         warnings=tuple(warnings),
     )
 
