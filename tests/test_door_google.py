@@ -46,7 +46,7 @@ from tests.support.audio import (
     to_mulaw_8k_bytes,
 )
 from tests.support.server import DOOR_TOKEN, ServerProcess, ServerThread
-from tests.support.two_speakers import two_speaker_call, word_accuracy
+from tests.support.two_speakers import one_speaker_call, two_speaker_call, word_accuracy
 from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.slow
@@ -518,6 +518,47 @@ def test_recognize_without_diarization_has_no_speaker_tags(google_server: Server
         ({"min_speaker_count": -1}, "config.diarization_config.min_speaker_count"),
     ],
 )
+def diarized_stream(google_server: ServerThread, audio: np.ndarray, diarize: bool = True) -> Streamed:
+    config = speech_v1.StreamingRecognitionConfig(
+        config=speech_v1.RecognitionConfig(
+            encoding=Encoding.MULAW,
+            sample_rate_hertz=8000,
+            language_code="en-US",
+            enable_word_time_offsets=True,
+            diarization_config=speech_v1.SpeakerDiarizationConfig(enable_speaker_diarization=diarize),
+        )
+    )
+    data = to_mulaw_8k_bytes(audio) + b"\xff" * 8000  # a second of silence: the last turn ends
+    call = stream(google_server.target, config, chunked(data, 800))
+    assert call.error is None, call.error
+    return call
+
+
+def test_streaming_with_diarization_tags_each_finals_words_consistently(google_server: ServerThread) -> None:
+    """A live mono call of two LibriSpeech speakers (A B A B, a second apart): each final's words carry
+    Google's 1-based speaker_tag (speaker_label its text), A's and B's second turns their first turns'
+    tags; one speaker's two turns are all tag 1."""
+    two = two_speaker_call("1188", "1995", gap_s=1.0, overlap_s=-1.0)
+    call = diarized_stream(google_server, two.audio)
+    words = [w for r in call.finals for w in r.alternatives[0].words]
+    assert len(words) >= 20 and {w.speaker_tag for w in words} == {1, 2} and words[0].speaker_tag == 1
+    assert all(w.speaker_label == str(w.speaker_tag) for w in words)
+    per_final = [{w.speaker_tag for w in r.alternatives[0].words} for r in call.finals]
+    assert per_final == [{1}, {2}, {1}, {2}], per_final
+    timed = [(seconds(w.start_time), seconds(w.end_time), w.speaker_tag) for w in words]
+    assert word_accuracy(two, timed) >= 0.85
+    call = diarized_stream(google_server, one_speaker_call("1188").audio)
+    words = [w for r in call.finals for w in r.alternatives[0].words]
+    assert len(words) >= 10 and {w.speaker_tag for w in words} == {1}
+
+
+def test_streaming_without_diarization_has_no_speaker_tags(google_server: ServerThread) -> None:
+    audio = two_speaker_call("1188", "1995", gap_s=1.0, overlap_s=-1.0).audio
+    call = diarized_stream(google_server, audio, diarize=False)
+    words = [w for r in call.finals for w in r.alternatives[0].words]
+    assert words and all(w.speaker_tag == 0 and not w.speaker_label for w in words)
+
+
 def test_bad_speaker_counts_are_invalid_argument_naming_the_field(
     google_server: ServerThread, diarization: dict[str, int], field_name: str
 ) -> None:
@@ -636,8 +677,12 @@ BAD_STREAM_CONFIGS = {
     ),
     "max-alternatives": (_config(max_alternatives=31), "max_alternatives"),
     "diarization": (
-        _config(diarization_config=speech_v1.SpeakerDiarizationConfig(enable_speaker_diarization=True)),
-        "config.diarization_config",
+        _config(
+            diarization_config=speech_v1.SpeakerDiarizationConfig(
+                enable_speaker_diarization=True, max_speaker_count=11
+            )
+        ),
+        "config.diarization_config.max_speaker_count",
     ),
     "profanity": (_config(profanity_filter=True), "config.profanity_filter"),
     "phrase-too-long": (

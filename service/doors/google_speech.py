@@ -229,12 +229,6 @@ def _diarization(config: Any) -> DiarizationSettings | None:
 
 def _refuse_unsupported(config: Any, *, streaming: bool) -> None:
     """What Google v1 does and this server does not, where doing without it changes what a result means."""
-    if streaming and _diarized(config):
-        raise _invalid(
-            "config.diarization_config.enable_speaker_diarization is supported on Recognize and "
-            "LongRunningRecognize only: on a stream send each party on its own channel (audio_channel_count "
-            "with enable_separate_recognition_per_channel) for results tagged by channel"
-        )
     if config.HasField("transcript_normalization") and config.transcript_normalization.entries:
         raise _invalid(
             "config.transcript_normalization is not supported: transcripts are returned as recognized"
@@ -343,7 +337,7 @@ def call(config: Any, *, streaming: bool, content: bytes = b"") -> Call:
         keyterms=_keyterms(config),
         word_times=config.enable_word_time_offsets,
         word_confidence=config.enable_word_confidence,
-        diarization=None if streaming else _diarization(config),
+        diarization=_diarization(config),  # a stream's words are tagged at each final
     )
     return Call(settings, (config.language_code, *config.alternative_language_codes), pick)
 
