@@ -6,8 +6,8 @@ those the core's (`RivaServicer`), and the core's results and errors Riva messag
 naming Riva's fields. Two Riva conventions live here because they are the protocol's: a stream whose
 first bytes are a WAV header (riva.client streams files that way) takes its format from it, and several
 channels without enable_separate_recognition_per_channel mean the first channel only. What Riva has and
-this server does not, and whose silent absence would change what a result means (speaker diarization,
-negative word boosts, a language the model does not serve, an encoding it cannot decode), is refused
+this server does not, and whose silent absence would change what a result means
+(negative word boosts, a language the model does not serve, an encoding it cannot decode), is refused
 with INVALID_ARGUMENT naming the Riva field; options that only shape formatting are accepted and named
 in the `asr-hints` initial metadata (docs/operations.md, "The Riva door").
 """
@@ -136,7 +136,7 @@ class RivaRequest:
     formatting: Formatting = Formatting.VERBATIM
     # Accepted options that change nothing here (the asr-hints metadata): "model", "max_alternatives", ...
     hints: tuple[str, ...] = ()
-    # diarization_config (Recognize only): a speaker_tag on every word
+    # diarization_config: a speaker_tag on every word (streams: placed at each final)
     diarization: DiarizationSettings | None = None
 
 
@@ -627,13 +627,6 @@ class RivaServicer(rasr_grpc.RivaSpeechRecognitionServicer):
         RivaFieldError (a ValueError naming the field: the core refuses it INVALID_ARGUMENT)."""
         sc = opening.config
         request = self._request(sc.config, sc.interim_results)
-        if request.diarization is not None:
-            raise RivaFieldError(
-                "diarization_config.enable_speaker_diarization",
-                "diarization_config.enable_speaker_diarization is supported by Recognize only (a whole "
-                "file); on a stream record each party on its own channel (audio_channel_count, "
-                "enable_separate_recognition_per_channel) and read channel_tag",
-            )
         encoding, rate, channels, offset = request.encoding, request.sample_rate_hertz, request.channels, 0
         wav = wav_header(opening.head) if sniff_container(opening.head) == "WAV" else None
         if wav is not None:  # a WAV file's header says what its samples are, whatever the config says
@@ -667,6 +660,7 @@ class RivaServicer(rasr_grpc.RivaSpeechRecognitionServicer):
                 word_times=request.words,
                 word_confidence=request.words,
                 formatting=request.formatting,
+                diarization=request.diarization,  # each final's words tagged as it goes out
             ),
             endpointing=endpoint_settings(request.endpointing),
             interim_results=request.interim_results,

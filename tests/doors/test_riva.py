@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -42,7 +43,7 @@ from tests.support.audio import (
 )
 from tests.support.engine import JFK_TEXT, jfk_16k
 from tests.support.server import DOOR_TOKEN, ServerProcess, ServerThread
-from tests.support.two_speakers import two_speaker_call, word_accuracy
+from tests.support.two_speakers import one_speaker_call, two_speaker_call, word_accuracy
 from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.slow
@@ -436,6 +437,40 @@ def test_offline_diarization_over_the_speaker_limit_is_refused_naming_the_field(
     assert "diarization_config.max_speaker_count" in (error.details() or ""), error.details()
 
 
+def streamed_words(server: ServerThread, audio: np.ndarray, diarize: bool = True) -> list[list[Any]]:
+    """A live mono 8 kHz mu-law call (then a second of silence): each final's words."""
+    config = rasr.StreamingRecognitionConfig(
+        config=diarized_config()
+        if diarize
+        else riva.client.RecognitionConfig(
+            encoding=riva.client.AudioEncoding.MULAW, sample_rate_hertz=8000, enable_word_time_offsets=True
+        )
+    )
+    with riva_asr(server.target) as asr:
+        responses = stream(asr, chunks(to_mulaw_8k_bytes(audio) + b"\xff" * 8000, 800), config)
+    return [list(r.alternatives[0].words) for r in results(responses) if r.is_final and r.alternatives]
+
+
+def test_streaming_diarization_tags_each_finals_words_consistently(server: ServerThread) -> None:
+    """A live call of two LibriSpeech speakers (A B A B, a second apart): each final's words carry a
+    speaker_tag from 1, A's and B's second turns their first turns' tags; one speaker stays tag 1."""
+    two = two_speaker_call("1188", "1995", gap_s=1.0, overlap_s=-1.0)
+    finals = streamed_words(server, two.audio)
+    words = [w for f in finals for w in f]
+    assert len(words) >= 20 and {w.speaker_tag for w in words} == {1, 2} and words[0].speaker_tag == 1
+    assert [{w.speaker_tag for w in f} for f in finals] == [{1}, {2}, {1}, {2}]
+    timed = [(w.start_time / 1000, w.end_time / 1000, w.speaker_tag) for w in words]
+    assert word_accuracy(two, timed) >= 0.85
+    words = [w for f in streamed_words(server, one_speaker_call("1188").audio) for w in f]
+    assert len(words) >= 10 and {w.speaker_tag for w in words} == {1}
+
+
+def test_streaming_without_diarization_has_no_speaker_tags(server: ServerThread) -> None:
+    audio = two_speaker_call("1188", "1995", gap_s=1.0, overlap_s=-1.0).audio
+    words = [w for f in streamed_words(server, audio, diarize=False) for w in f]
+    assert words and all(w.speaker_tag == 0 for w in words)
+
+
 # --- bad input: INVALID_ARGUMENT naming the field (and the limit) ------------------------------------
 
 
@@ -453,10 +488,10 @@ BAD_STREAMS = {
     "diarization": (
         {
             "diarization_config": rasr.SpeakerDiarizationConfig(
-                enable_speaker_diarization=True, max_speaker_count=2
+                enable_speaker_diarization=True, max_speaker_count=11
             )
         },
-        ["diarization_config.enable_speaker_diarization"],
+        ["diarization_config.max_speaker_count", "max_diarization_speakers"],
     ),
     "profanity filter": ({"profanity_filter": True}, ["profanity_filter"]),
     "negative boost": ({"speech_contexts": _contexts(1, boost=-5.0)}, ["speech_contexts[0].boost"]),
