@@ -2,6 +2,13 @@
 """Speaker diarization of mono calls: DER, per-word speaker accuracy, trivial baselines, cost.
 
     python scripts/bench_diarization.py [--pairs 9] [--write-docs]
+    python scripts/bench_diarization.py --live [--pairs 9] [--write-docs]
+
+--live: the live path (service/pipeline/live_diarization.py) against the recorded path on the same calls and
+the same words: the server's recorded response (POST /v1/listen?diarize=true&utterances=true) gives the
+endpointer's utterances and their words with the recorded path's speakers; each utterance's audio (its span
+plus the endpointer's 0.2 s pad) is then put through LiveSpeakers in call order, as a live stream's finals
+are, at each of several similarity thresholds, and every word takes the speaker of its window.
 
 Data (tests/support/two_speakers.py; scripts/setup.sh extracts it into .cache/diarization-data):
 - two-speaker calls built from the real LibriSpeech test-clean clips of 9 known speakers in the `voxint`
@@ -33,6 +40,7 @@ import time
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import soundfile as sf
@@ -161,6 +169,114 @@ def run(pairs: int, threads: int) -> str:
     return table(rows, threads)
 
 
+LIVE_THRESHOLDS = (0.4, 0.45, 0.5, 0.55, 0.6)
+# (utterances longer than this are windowed, windows of about): the server's, and shorter windows
+LIVE_WINDOWS = ((3.0, 1.5), (6.0, 3.0), (4.0, 2.0))
+PAD_S = 0.2  # EndpointSettings.speech_pad_s
+
+
+def run_live(pairs: int) -> str:
+    import torch
+
+    from service.pipeline.endpointing import Utterance
+    from service.pipeline.live_diarization import LiveSpeakers, embed
+
+    torch.set_num_threads(1)
+    load_models()
+    ids = speakers()
+    calls: list[tuple[str, Call, bytes]] = []
+    for i in range(min(pairs, len(ids))):
+        call = two_speaker_call(ids[i], ids[(i + 1) % len(ids)])
+        calls.append((f"{ids[i]}+{ids[(i + 1) % len(ids)]} (8 kHz mu-law)", call, mulaw(call.audio)))
+    sample = pyannote_sample()
+    calls.append(("pyannote sample (8 kHz mu-law)", sample, mulaw(sample.audio)))
+    rows = []
+    with ServerProcess(http=True, threads=2, log_format="text") as server:
+        server.wait_serving(300)
+        for name, call, data in calls:
+            audio = _decode(data)
+            body = served(server, data)
+            results = body["results"]
+            assert isinstance(results, dict)
+            utterances = results["utterances"]
+            recorded = [(w["start"], w["end"], w["speaker"]) for u in utterances for w in u["words"]]
+            accs = {}
+            found = {}
+            cpu = 0.0
+            for windows in LIVE_WINDOWS:
+                cpu0 = time.process_time()
+                embedded = []
+                for k, u in enumerate(utterances):
+                    a = max(0, int((u["start"] - PAD_S) * RATE))
+                    b = min(len(audio), int((u["end"] + PAD_S) * RATE))
+                    utt = Utterance(audio[a:b], u["start"], u["end"], k, False, u["start"] - a / RATE)
+                    embedded.append(embed(utt, *windows))
+                if windows == LIVE_WINDOWS[0]:
+                    cpu = time.process_time() - cpu0
+                for threshold in LIVE_THRESHOLDS:
+                    live = LiveSpeakers(10, threshold)
+                    words = []
+                    for u, e in zip(utterances, embedded, strict=True):
+                        speaker_of = live.assign(e)
+                        words += [
+                            (w["start"], w["end"], speaker_of(w["start"], w["end"])) for w in u["words"]
+                        ]
+                    accs[windows, threshold] = word_accuracy(call, words)
+                    found[windows, threshold] = live.speakers
+            rows.append(
+                {
+                    "call": name,
+                    "utterances": len(utterances),
+                    "words": len(recorded),
+                    "recorded": word_accuracy(call, recorded),
+                    "live": accs,
+                    "found": found,
+                    "cpu_per_min": cpu / (len(audio) / RATE / 60),
+                }
+            )
+            print(repr(rows[-1]), file=sys.stderr)
+    return live_table(rows)
+
+
+def live_table(rows: list[dict[str, Any]]) -> str:
+    def pct(x: float) -> str:
+        return f"{100 * x:.1f} %"
+
+    head = " | ".join(f"live {t:g}" for t in LIVE_THRESHOLDS)
+    lines = [
+        f"{datetime.date.today()}, commit {short_commit()}, {os.cpu_count()} CPUs, load "
+        f"{os.getloadavg()[0]:.1f}; words from tiny.en through the Deepgram door; live: per-word speaker "
+        "accuracy (speakers found) at each similarity threshold; embed CPU: the server's windows, 1 thread.",
+    ]
+    libri = [r for r in rows if "pyannote" not in str(r["call"])]
+    for windows in LIVE_WINDOWS:
+        lines += [
+            "",
+            f"Utterances over {windows[0]:g} s embedded in windows of about {windows[1]:g} s"
+            + (" (the server's):" if windows == LIVE_WINDOWS[0] else ":"),
+            "",
+            f"| call | utterances | words | recorded | {head} | embed CPU s / call min |",
+            "|---|---|---|---|" + "---|" * len(LIVE_THRESHOLDS) + "---|",
+        ]
+        for r in rows:
+            cells = " | ".join(
+                f"{pct(r['live'][windows, t])} ({r['found'][windows, t]})" for t in LIVE_THRESHOLDS
+            )
+            lines.append(
+                f"| {r['call']} | {r['utterances']} | {r['words']} | {pct(r['recorded'])} | {cells} | "
+                f"{r['cpu_per_min']:.1f} |"
+            )
+        if libri:
+            cells = " | ".join(
+                pct(float(np.mean([r["live"][windows, t] for r in libri]))) for t in LIVE_THRESHOLDS
+            )
+            lines.append(
+                f"| **LibriSpeech pairs, mean of {len(libri)}** | | {sum(r['words'] for r in libri)} | "
+                f"{pct(float(np.mean([r['recorded'] for r in libri])))} | {cells} | |"
+            )
+    return "\n".join(lines)
+
+
 def table(rows: list[dict[str, object]], threads: int) -> str:
     def pct(x: object) -> str:
         return f"{100 * float(x):.1f} %"  # type: ignore[arg-type]
@@ -201,10 +317,19 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=9, help="LibriSpeech speaker pairs (at most 9)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads, for diarize() and the server")
     parser.add_argument("--write-docs", action="store_true", help="put the table into docs/benchmarks.md")
+    parser.add_argument("--live", action="store_true", help="the live path against the recorded one")
     args = parser.parse_args()
-    out = run(args.pairs, args.threads)
+    out = run_live(args.pairs) if args.live else run(args.pairs, args.threads)
     print(out)
-    if args.write_docs:
+    if args.write_docs and args.live:
+        from scripts.docs_section import write_section
+
+        write_section(
+            "## Live speaker diarization of mono streams (issue 30)",
+            "scripts/bench_diarization.py --live",
+            out,
+        )
+    elif args.write_docs:
         from scripts.docs_section import write_section
 
         write_section("## Speaker diarization of mono calls (issue 30)", "scripts/bench_diarization.py", out)

@@ -39,9 +39,9 @@ from service.pipeline.speaker_models import SAMPLE_RATE, load_models
 
 # Cosine similarity to a speaker's centroid at or above which an utterance is that speaker's: chosen by
 # scripts/bench_diarization.py --live on the calls the recorded path was tuned on (docs/benchmarks.md).
-SIMILARITY = 0.55
-LONG_S = 6.0  # an utterance longer than this is embedded in windows
-WINDOW_S = 3.0  # about: a long utterance is cut into equal windows of at least this
+SIMILARITY = 0.45
+LONG_S = 3.0  # an utterance (with its pad) longer than this is embedded in windows
+WINDOW_S = 1.5  # about: a long utterance is cut into equal windows of at least this
 MIN_OPEN_S = 1.0  # an utterance shorter than this joins the nearest speaker rather than open a new one
 
 # One thread for the whole process: live embeddings one at a time, on one core, so the engine and the
