@@ -50,6 +50,17 @@ async def test_a_diarized_mono_call_has_two_speakers_on_its_words_and_results(
     assert {r.speaker for r in response.results} == {0, 1}
 
 
+async def test_a_diarized_recordings_call_metrics_count_its_speakers(asr_server: ServerThread) -> None:
+    """Recognize: the call metrics carry each speaker's talk time and words beside the one channel."""
+    call = live_call()
+    async with RecognizerClient(asr_server.target) as client:
+        response = await client.recognize(to_mulaw_8k_bytes(call.audio), mulaw_config(enable=True))
+    speakers = response.call_metrics.speakers
+    assert [s.channel_tag for s in speakers] == [0, 1]
+    assert all(s.talk_time.ToTimedelta().total_seconds() > 1.5 and s.words_per_minute > 0 for s in speakers)
+    assert len(response.call_metrics.channels) == 1
+
+
 async def test_without_diarization_nothing_carries_a_speaker(asr_server: ServerThread) -> None:
     config = asr_pb2.RecognitionConfig(encoding=asr_pb2.FLAC, enable_word_time_offsets=True)
     async with RecognizerClient(asr_server.target) as client:
@@ -130,6 +141,27 @@ async def test_a_live_two_speaker_mono_stream_labels_both_consistently_across_fi
     assert word_accuracy(call, timed_words(out)) >= 0.85
     assert all(r.HasField("speaker") for r in out.finals)
     assert [r.speaker for r in out.finals] == [0, 1, 0, 1]
+
+
+async def test_a_live_diarized_mono_streams_call_metrics_count_its_speakers(asr_server: ServerThread) -> None:
+    """The last response's call metrics carry, beside the one channel, each speaker's talk time and
+    words (from its finals' words); a stream without diarization has no speakers there."""
+    call = live_call()
+    out = await live_diarized(asr_server.target, call)
+    (metrics,) = [r.call_metrics for r in out.responses if r.HasField("call_metrics")]
+    assert [s.channel_tag for s in metrics.speakers] == [0, 1]
+    words = timed_words(out)
+    for s in metrics.speakers:
+        mine = [(a, b) for a, b, who in words if who == s.channel_tag]
+        assert s.talk_time.ToTimedelta().total_seconds() > 1.5
+        assert s.words_per_minute > 0
+        assert s.talk_time.ToTimedelta().total_seconds() <= sum(b - a for a, b in mine) + 2.0
+    (channel,) = metrics.channels
+    talk = sum(s.talk_time.ToTimedelta().total_seconds() for s in metrics.speakers)
+    assert talk <= channel.talk_time.ToTimedelta().total_seconds() + 0.5
+    plain = await stream(asr_server.target, to_mulaw_8k_bytes(call.audio), asr_pb2.MULAW, 8000)
+    (metrics,) = [r.call_metrics for r in plain.responses if r.HasField("call_metrics")]
+    assert not metrics.speakers and len(metrics.channels) == 1
 
 
 async def test_a_live_one_speaker_mono_stream_has_one_speaker(asr_server: ServerThread) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import grpc
@@ -214,8 +214,18 @@ def alternative(r: Result) -> asr_pb2.SpeechRecognitionAlternative:
 
 
 def call_metrics(m: CallMetrics) -> asr_pb2.CallMetrics:
+    return asr_pb2.CallMetrics(
+        channels=_channel_metrics(m.channels),
+        non_talk_time=duration(m.non_talk_s),
+        overlap_time=duration(m.overlap_s),
+        total_time=duration(m.total_s),
+        speakers=_channel_metrics(m.speakers),
+    )
+
+
+def _channel_metrics(of: Sequence[ChannelMetrics]) -> list[asr_pb2.ChannelMetrics]:
     channels = []
-    for c in m.channels:
+    for c in of:
         channel = asr_pb2.ChannelMetrics(
             channel_tag=c.channel_tag,
             talk_time=duration(c.talk_s),
@@ -225,12 +235,7 @@ def call_metrics(m: CallMetrics) -> asr_pb2.CallMetrics:
         if c.mean_loudness_dbfs is not None:
             channel.mean_loudness_dbfs = c.mean_loudness_dbfs
         channels.append(channel)
-    return asr_pb2.CallMetrics(
-        channels=channels,
-        non_talk_time=duration(m.non_talk_s),
-        overlap_time=duration(m.overlap_s),
-        total_time=duration(m.total_s),
-    )
+    return channels
 
 
 def _speech_event(kind: int, offset_s: float, channel: int) -> asr_pb2.StreamingRecognizeResponse:

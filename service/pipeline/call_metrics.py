@@ -50,6 +50,7 @@ from service.vocabulary.call_metrics import (
     ChannelMetrics,
     validate_interval,
 )
+from service.vocabulary.types import Result
 
 REPORT_LAG_S = 40.0
 _EPS_S = 1e-9  # thresholds compare durations computed in floating point: 2.3 - 0.3 is 2 s
@@ -168,6 +169,14 @@ class CallMetricsTracker:
         self._lag = report_lag_s
 
     # --- feeding ---
+
+    def add_channel(self, channel_tag: int) -> None:
+        """A channel heard from only now (a diarized stream's new speaker); nothing if known."""
+        if channel_tag in self._index:
+            return
+        self._index[channel_tag] = len(self._channels)
+        self._channels.append(_Channel(channel_tag))
+        self._interruptions.append(0)
 
     def speech_started(self, channel_tag: int, start_s: float) -> None:
         """Speech of a channel began (the Endpointer's SpeechStarted); it counts as it goes on, until
@@ -335,3 +344,45 @@ class CallMetricsTracker:
         keep_from = min([horizon] + [start for _, start in self._undecided])
         for c in self._channels:
             c.segments = [s for s in c.segments[:-1] if s.end > keep_from] + c.segments[-1:]
+
+
+class SpeakerMetrics:
+    """A diarized mono (or mixed-down) call's figures per speaker, fed with its finals' words: each run of
+    one speaker's timed words is a speech segment of that speaker and a final of its word count (the
+    finals of a channel come in order, and so do their runs). Speakers are its channels, added as they
+    appear; loudness is not known per speaker."""
+
+    def __init__(self, settings: CallMetricsSettings | None = None) -> None:
+        self._settings = settings
+        self._tracker: CallMetricsTracker | None = None
+
+    def words(self, words: Sequence[tuple[int, float, float]]) -> None:
+        """A final's words: (speaker, start_s, end_s), in order."""
+        runs: list[tuple[int, float, float, int]] = []  # speaker, start, end, words
+        for who, start, end in words:
+            if runs and runs[-1][0] == who:
+                runs[-1] = (who, runs[-1][1], end, runs[-1][3] + 1)
+            else:
+                runs.append((who, start, end, 1))
+        for who, start, end, n in runs:
+            if self._tracker is None:
+                self._tracker = CallMetricsTracker([who], self._settings)
+            self._tracker.add_channel(who)
+            self._tracker.speech(who, start, end)
+            self._tracker.final(who, start, end, n)
+
+    def snapshot(self, now_s: float) -> tuple[ChannelMetrics, ...]:
+        """Each speaker's figures so far, in order of first appearance."""
+        if self._tracker is None:
+            return ()
+        self._tracker.advance(now_s)
+        return tuple(sorted(self._tracker.snapshot().channels, key=lambda c: c.channel_tag))
+
+
+def speaker_words(result: Result) -> list[tuple[int, float, float]]:
+    """A final's timed words that carry a speaker, as SpeakerMetrics.words takes them."""
+    return [
+        (w.speaker, w.start_s, w.end_s)
+        for w in result.words
+        if w.speaker is not None and w.start_s is not None and w.end_s is not None
+    ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -26,7 +27,7 @@ from service.pipeline.audio import (
     decode_blocks,
     mixdown,
 )
-from service.pipeline.call_metrics import CallMetricsTracker
+from service.pipeline.call_metrics import CallMetricsTracker, SpeakerMetrics, speaker_words
 from service.pipeline.endpointing import Endpointer, Utterance
 from service.pipeline.noise_gate import MARGIN_DB
 from service.pipeline.results import ResultOptions, SpeakerOf, recognize_results
@@ -202,6 +203,11 @@ async def recognize_recording(
     results.sort(key=lambda r: (round(r.start_s * 1e9), r.channel))
     duration_s = cutter.samples / TARGET_RATE
     call = recording_call_metrics(cutter.tags, jobs, transcripts, duration_s, call_metrics)
+    if diarization is not None and not cutter.separate:  # one channel: its speakers are the parties
+        per_speaker = SpeakerMetrics(call_metrics)
+        for r in sorted(results, key=lambda r: r.end_s):
+            per_speaker.words(speaker_words(r))
+        call = dataclasses.replace(call, speakers=per_speaker.snapshot(duration_s))
     metrics.observe_call(call)
     return RecognizeResult(results=tuple(results), duration_s=duration_s, call_metrics=call)
 

@@ -35,7 +35,7 @@ from engine.api import DecodeOptions, EngineOverloaded, EngineStopped, Transcrip
 from service import metrics
 from service.config import ServerConfig
 from service.pipeline.audio import TARGET_RATE, AudioFormatError, StreamDecoder, mixdown
-from service.pipeline.call_metrics import CallMetrics, CallMetricsTracker
+from service.pipeline.call_metrics import CallMetrics, CallMetricsTracker, SpeakerMetrics, speaker_words
 from service.pipeline.context import ChannelContext
 from service.pipeline.endpointing import (
     Endpointer,
@@ -258,6 +258,12 @@ class StreamSession:
             settings.call_metrics,
             interval_s=settings.call_metrics_interval_s if settings.report_call_metrics else 0.0,
         )
+        # a diarized mono stream's speakers as channels (_speakers_spoke)
+        self._speaker_metrics = (
+            SpeakerMetrics(settings.call_metrics)
+            if any(ch.speakers is not None for ch in self.channels)
+            else None
+        )
         # (stream seconds from which they apply, options): update_options' changes, the first the config's
         self._option_changes: collections.deque[tuple[float, DecodeOptions]] = collections.deque(
             [(0.0, settings.options)], maxlen=MAX_HELD_OPTION_CHANGES
@@ -307,7 +313,18 @@ class StreamSession:
 
     def call_metrics(self) -> CallMetrics:
         """The call's metrics so far (the whole call once the stream has ended)."""
-        return self._call_metrics.snapshot()
+        return self._with_speakers(self._call_metrics.snapshot())
+
+    def _with_speakers(self, call: CallMetrics) -> CallMetrics:
+        """A diarized mono stream's metrics with its speakers' (talk time, interruptions, words per
+        minute) beside the channel's."""
+        if self._speaker_metrics is None:
+            return call
+        return dataclasses.replace(call, speakers=self._speaker_metrics.snapshot(self._received_s))
+
+    def _speakers_spoke(self, result: Result) -> None:
+        if self._speaker_metrics is not None:
+            self._speaker_metrics.words(speaker_words(result))
 
     @property
     def heard_s(self) -> float:
@@ -620,7 +637,7 @@ class StreamSession:
             self._endpoint(probs)
             so_far = self._call_metrics.advance(self._received_s)
             if so_far is not None:
-                self._put(CallMetricsReport(so_far, last=False))
+                self._put(CallMetricsReport(self._with_speakers(so_far), last=False))
             self._release_held_finals()
             if self.state.takes_audio:
                 self._check_buffer()
@@ -790,7 +807,7 @@ class StreamSession:
         await asyncio.gather(*self._finalizers, return_exceptions=True)
         if self._become(StreamState.ENDED):
             self._call_metrics.advance(self._received_s)
-            call = self._call_metrics.snapshot()
+            call = self._with_speakers(self._call_metrics.snapshot())
             metrics.observe_call(call)
             if self.settings.report_call_metrics:
                 self._put(CallMetricsReport(call, last=True))  # after every final
@@ -896,6 +913,7 @@ class StreamSession:
                 if outcome == "empty" and self.settings.empty_finals:
                     ready.append((ch.results.empty(t, u, pending.ended_by), None))
             for result, on_sent in ready:
+                self._speakers_spoke(result)
                 self._put(result, on_sent=on_sent)
             if self.state is not StreamState.CLOSED:
                 self._update_buffer()

@@ -77,6 +77,9 @@ class CallMetrics:
     non_talk_s: float
     overlap_s: float
     total_s: float
+    # a diarized mono (or mixed-down) stream: the same figures per speaker (channel_tag: the speaker,
+    # 0-based), from its finals' words; a stereo call's channels are its speakers already
+    speakers: tuple[ChannelMetrics, ...] = ()
 
     @property
     def non_talk_share(self) -> float:

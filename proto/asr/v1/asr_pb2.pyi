@@ -319,16 +319,18 @@ class RecognizeResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[SpeechRecognitionResult, _Mapping]]] = ..., total_audio_duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., call_metrics: _Optional[_Union[CallMetrics, _Mapping]] = ...) -> None: ...
 
 class CallMetrics(_message.Message):
-    __slots__ = ("channels", "non_talk_time", "overlap_time", "total_time")
+    __slots__ = ("channels", "non_talk_time", "overlap_time", "total_time", "speakers")
     CHANNELS_FIELD_NUMBER: _ClassVar[int]
     NON_TALK_TIME_FIELD_NUMBER: _ClassVar[int]
     OVERLAP_TIME_FIELD_NUMBER: _ClassVar[int]
     TOTAL_TIME_FIELD_NUMBER: _ClassVar[int]
+    SPEAKERS_FIELD_NUMBER: _ClassVar[int]
     channels: _containers.RepeatedCompositeFieldContainer[ChannelMetrics]
     non_talk_time: _duration_pb2.Duration
     overlap_time: _duration_pb2.Duration
     total_time: _duration_pb2.Duration
-    def __init__(self, channels: _Optional[_Iterable[_Union[ChannelMetrics, _Mapping]]] = ..., non_talk_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., overlap_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., total_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    speakers: _containers.RepeatedCompositeFieldContainer[ChannelMetrics]
+    def __init__(self, channels: _Optional[_Iterable[_Union[ChannelMetrics, _Mapping]]] = ..., non_talk_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., overlap_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., total_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., speakers: _Optional[_Iterable[_Union[ChannelMetrics, _Mapping]]] = ...) -> None: ...
 
 class ChannelMetrics(_message.Message):
     __slots__ = ("channel_tag", "talk_time", "interruptions", "words_per_minute", "mean_loudness_dbfs")
