@@ -170,14 +170,6 @@ class CallMetricsTracker:
 
     # --- feeding ---
 
-    def add_channel(self, channel_tag: int) -> None:
-        """A channel heard from only now (a diarized stream's new speaker); nothing if known."""
-        if channel_tag in self._index:
-            return
-        self._index[channel_tag] = len(self._channels)
-        self._channels.append(_Channel(channel_tag))
-        self._interruptions.append(0)
-
     def speech_started(self, channel_tag: int, start_s: float) -> None:
         """Speech of a channel began (the Endpointer's SpeechStarted); it counts as it goes on, until
         `speech()` brings the whole segment."""
@@ -347,36 +339,36 @@ class CallMetricsTracker:
 
 
 class SpeakerMetrics:
-    """A diarized mono (or mixed-down) call's figures per speaker, fed with its finals' words: each run of
-    one speaker's timed words is a speech segment of that speaker and a final of its word count (the
-    finals of a channel come in order, and so do their runs). Speakers are its channels, added as they
-    appear; loudness is not known per speaker."""
+    """A diarized mono (or mixed-down) call's figures per speaker, from its finals' words: each run of one
+    speaker's timed words is a speech segment of that speaker and a final of its word count. A speaker
+    can first appear with speech from before what a tracker has settled, so the runs are kept (a few
+    numbers each) and a tracker over every speaker is replayed at each snapshot, in the order the runs
+    end, as a recording's utterances are (recording_call_metrics). Loudness is not known per speaker."""
 
     def __init__(self, settings: CallMetricsSettings | None = None) -> None:
         self._settings = settings
-        self._tracker: CallMetricsTracker | None = None
+        self._runs: list[tuple[int, float, float, int]] = []  # speaker, start, end, words
 
     def words(self, words: Sequence[tuple[int, float, float]]) -> None:
         """A final's words: (speaker, start_s, end_s), in order."""
-        runs: list[tuple[int, float, float, int]] = []  # speaker, start, end, words
+        runs: list[tuple[int, float, float, int]] = []
         for who, start, end in words:
             if runs and runs[-1][0] == who:
                 runs[-1] = (who, runs[-1][1], end, runs[-1][3] + 1)
             else:
                 runs.append((who, start, end, 1))
-        for who, start, end, n in runs:
-            if self._tracker is None:
-                self._tracker = CallMetricsTracker([who], self._settings)
-            self._tracker.add_channel(who)
-            self._tracker.speech(who, start, end)
-            self._tracker.final(who, start, end, n)
+        self._runs += runs
 
     def snapshot(self, now_s: float) -> tuple[ChannelMetrics, ...]:
-        """Each speaker's figures so far, in order of first appearance."""
-        if self._tracker is None:
+        """Each speaker's figures so far, by speaker."""
+        if not self._runs:
             return ()
-        self._tracker.advance(now_s)
-        return tuple(sorted(self._tracker.snapshot().channels, key=lambda c: c.channel_tag))
+        tracker = CallMetricsTracker(sorted({who for who, *_ in self._runs}), self._settings)
+        for who, start, end, n in sorted(self._runs, key=lambda r: r[2]):
+            tracker.speech(who, start, end)
+            tracker.final(who, start, end, n)
+        tracker.advance(now_s)
+        return tracker.snapshot().channels
 
 
 def speaker_words(result: Result) -> list[tuple[int, float, float]]:
