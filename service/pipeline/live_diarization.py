@@ -18,8 +18,11 @@ is dropped, the call's speakers are not changed by it).
 Overlap: a word goes to the speaker of the window that holds its midpoint, and a window's embedding is
 one voice, the one that speaks most of it: overlapped speech goes to whoever holds the turn.
 
-Cost: one CAM++ pass per utterance (per window on long ones), a few tens of ms of one core per second
-of speech, in one thread for the whole process at one torch thread, beside the recorded path's.
+Cost: one CAM++ pass per utterance (per window on long ones): 3-6 CPU s per call minute, 0.05-0.1 s per
+second of audio (scripts/bench_diarization.py --live, a loaded 2-CPU VM), in one thread for the whole
+process at one torch thread, beside the recorded path's. That one thread bounds the live calls one
+frontend can label in time (roughly 10-20 talking at once on that VM); past it finals go out without
+speakers rather than late.
 """
 
 from __future__ import annotations
