@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,10 +46,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """The GPU rehearsal runs in the background from here, if its test is selected (see its module)."""
+    """The GPU rehearsal runs in the background from here, if its test is selected (see its module); under
+    xdist the controller starts it (below), not every worker."""
     global _rehearsal
-    if _rehearsal is None and any(item.nodeid == gpu_rehearsal.NODE_ID for item in session.items):
+    if xdist_worker() or _rehearsal is not None:
+        return
+    if any(item.nodeid == gpu_rehearsal.NODE_ID for item in session.items):
         _rehearsal = gpu_rehearsal.start()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: Any, ids: Sequence[str]) -> None:
+    """xdist's controller collects nothing itself: it starts the rehearsal when a worker has collected its
+    test, in the directory every worker of this run finds (gpu_rehearsal.shared_directory)."""
+    global _rehearsal
+    if _rehearsal is None and gpu_rehearsal.NODE_ID in ids:
+        _rehearsal = gpu_rehearsal.start(gpu_rehearsal.shared_directory(node.workerinput["testrunuid"]))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -55,11 +69,20 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         _rehearsal.discard()
 
 
+def xdist_worker() -> str | None:
+    """This process's xdist worker id (gw0, gw1...), None when pytest runs without xdist."""
+    return os.environ.get("PYTEST_XDIST_WORKER")
+
+
 @pytest.fixture(scope="session")
 def background_gpu_rehearsal() -> gpu_rehearsal.Rehearsal:
     """The rehearsal started at collection (or now, when its test was not collected at the start)."""
     global _rehearsal
     if _rehearsal is None:
+        shared = gpu_rehearsal.shared_directory(os.environ.get("PYTEST_XDIST_TESTRUNUID", ""))
+        if xdist_worker() and shared.is_dir():
+            # the controller's: it discards it at the end of the run (this worker may be over sooner)
+            return gpu_rehearsal.Rehearsal(shared)
         _rehearsal = gpu_rehearsal.start()
     return _rehearsal
 

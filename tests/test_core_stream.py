@@ -6,8 +6,9 @@ the rest through real servers."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import numpy as np
@@ -62,6 +63,20 @@ async def collect(stream: Stream, events: list[CallEvent]) -> None:
         events.append(event)
 
 
+@contextlib.asynccontextmanager
+async def streaming(
+    recognizer: Recognizer, settings: StreamSettings
+) -> AsyncIterator[tuple[Stream, list[CallEvent], asyncio.Task[None]]]:
+    """A stream of `recognizer` whose events a task (awaited by the test) collects; closed at the end."""
+    stream = recognizer.open_stream(settings, door="test")
+    events: list[CallEvent] = []
+    reading = asyncio.create_task(collect(stream, events))
+    try:
+        yield stream, events, reading
+    finally:
+        await stream.close()
+
+
 def finals(events: list[CallEvent]) -> list[Result]:
     return [e for e in events if isinstance(e, Result) and e.is_final]
 
@@ -99,10 +114,7 @@ def recognizer(service_engine: Engine) -> Iterator[Recognizer]:
 async def test_finalize_ends_the_utterance_in_progress_and_the_stream_goes_on(
     recognizer: Recognizer, order: np.ndarray, thanks: np.ndarray
 ) -> None:
-    stream = recognizer.open_stream(PCM16, door="test")
-    events: list[CallEvent] = []
-    reading = asyncio.create_task(collect(stream, events))
-    try:
+    async with streaming(recognizer, PCM16) as (stream, events, reading):
         feed(stream, np.concatenate([silence(0.5), order]))  # no silence after it: nothing ends it but us
         assert stream.finalize(), "an utterance was in progress"
         await wait_for(events, lambda e: isinstance(e, Result) and e.is_final, 60, "the finalized final")
@@ -111,8 +123,6 @@ async def test_finalize_ends_the_utterance_in_progress_and_the_stream_goes_on(
         feed(stream, np.concatenate([silence(0.5), thanks, silence(1.0)]))
         stream.finish()
         await asyncio.wait_for(reading, 120)
-    finally:
-        await stream.close()
     first, second = finals(events)
     assert first.ended_by is EndReason.FINALIZE and "order" in first.transcript.lower()
     assert first.end_s == pytest.approx(0.5 + len(order) / 16000, abs=0.1)
@@ -123,17 +133,12 @@ async def test_finalize_ends_the_utterance_in_progress_and_the_stream_goes_on(
 async def test_clear_drops_the_utterance_in_progress_and_keeps_the_next(
     recognizer: Recognizer, order: np.ndarray, thanks: np.ndarray
 ) -> None:
-    stream = recognizer.open_stream(PCM16, door="test")
-    events: list[CallEvent] = []
-    reading = asyncio.create_task(collect(stream, events))
-    try:
+    async with streaming(recognizer, PCM16) as (stream, events, reading):
         feed(stream, np.concatenate([silence(0.5), order]))
         stream.clear()
         feed(stream, np.concatenate([silence(1.0), thanks, silence(1.0)]))
         stream.finish()
         await asyncio.wait_for(reading, 120)
-    finally:
-        await stream.close()
     (only,) = finals(events)  # none for the cleared utterance
     assert "help" in only.transcript.lower() and "order" not in only.transcript.lower()
     assert only.utterance_index == 1  # the cleared one's index is not given again
@@ -146,10 +151,7 @@ async def test_keyterms_change_from_the_next_utterance_and_bad_ones_change_nothi
     engine = RecordingEngine(service_engine)
     recognizer = Recognizer(ServerConfig(), engine)  # type: ignore[arg-type]
     settings = StreamSettings(RecognitionSettings(AudioFormat("LINEAR16", 16000), keyterms=("Kestoria",)))
-    stream = recognizer.open_stream(settings, door="test")
-    events: list[CallEvent] = []
-    reading = asyncio.create_task(collect(stream, events))
-    try:
+    async with streaming(recognizer, settings) as (stream, events, reading):
         feed(stream, np.concatenate([silence(0.5), order]))
         await wait_for(events, lambda e: isinstance(e, SpeechStarted), 30, "speech of the first utterance")
         with pytest.raises(RecognitionError) as refused:
@@ -160,8 +162,6 @@ async def test_keyterms_change_from_the_next_utterance_and_bad_ones_change_nothi
         feed(stream, np.concatenate([silence(1.0), thanks, silence(1.0)]))
         stream.finish()
         await asyncio.wait_for(reading, 120)
-    finally:
-        await stream.close()
     assert len(finals(events)) == 2
     # each utterance's requests for its final (speculative offers too) carry the list its speech began with
     lists = [o.keyterms for o in engine.submitted if not o.interim]
@@ -178,10 +178,7 @@ async def test_a_keyterm_flood_holds_a_bounded_list_and_the_newest_list_applies(
     that starts after the flood still decodes with the newest list."""
     engine = RecordingEngine(service_engine)
     recognizer = Recognizer(ServerConfig(max_keyterm_updates_per_s=0), engine)  # type: ignore[arg-type]
-    stream = recognizer.open_stream(PCM16, door="test")
-    events: list[CallEvent] = []
-    reading = asyncio.create_task(collect(stream, events))
-    try:
+    async with streaming(recognizer, PCM16) as (stream, events, reading):
         for i in range(500):  # a KeepAlive-only stream: no audio between the updates
             stream.update_keyterms([f"term{i}", "Zentrix"])
         assert stream._session.held_option_changes == 1
@@ -192,8 +189,6 @@ async def test_a_keyterm_flood_holds_a_bounded_list_and_the_newest_list_applies(
         feed(stream, np.concatenate([silence(0.5), thanks, silence(1.0)]))
         stream.finish()
         await asyncio.wait_for(reading, 120)
-    finally:
-        await stream.close()
     assert len(finals(events)) == 1
     assert {o.keyterms for o in engine.submitted if not o.interim} == {("word499", "Moxilar")}
 
@@ -228,18 +223,13 @@ async def test_keyterms_reach_interims_and_speculative_offers_too(
     settings = StreamSettings(
         RecognitionSettings(AudioFormat("LINEAR16", 16000), keyterms=("Kestoria",)), interim_results=True
     )
-    stream = recognizer.open_stream(settings, door="test")
-    events: list[CallEvent] = []
-    reading = asyncio.create_task(collect(stream, events))
-    try:
+    async with streaming(recognizer, settings) as (stream, events, reading):
         data = to_linear16_bytes(np.concatenate([silence(0.3), order, silence(1.0)]))
         for i in range(0, len(data), CHUNK):  # 20 ms at a time, in real time
             stream.audio(data[i : i + CHUNK])
             await asyncio.sleep(0.02)
         stream.finish()
         await asyncio.wait_for(reading, 120)
-    finally:
-        await stream.close()
     assert len(finals(events)) == 1
     assert any(o.interim for o in engine.submitted), "no interim was asked for"
     assert [o.keyterms for o in engine.submitted] == [("Kestoria",)] * len(engine.submitted)
@@ -249,18 +239,13 @@ async def test_without_endpointing_the_client_cuts_each_utterance(
     recognizer: Recognizer, order: np.ndarray, thanks: np.ndarray
 ) -> None:
     manual = StreamSettings(RecognitionSettings(AudioFormat("LINEAR16", 16000)), endpointing=None)
-    stream = recognizer.open_stream(manual, door="test")
-    events: list[CallEvent] = []
-    reading = asyncio.create_task(collect(stream, events))
     first_turn = np.concatenate([silence(0.5), order, silence(1.0)])  # a pause the endpointer would cut at
-    try:
+    async with streaming(recognizer, manual) as (stream, events, reading):
         feed(stream, first_turn)
         stream.finalize()  # the client's commit
         feed(stream, np.concatenate([silence(0.3), thanks]))
         stream.finish()
         await asyncio.wait_for(reading, 120)
-    finally:
-        await stream.close()
     first, second = finals(events)
     assert (first.start_s, first.end_s) == (0.0, pytest.approx(len(first_turn) / 16000, abs=0.02))
     assert first.ended_by is EndReason.FINALIZE and "order" in first.transcript.lower()
@@ -276,19 +261,14 @@ async def test_a_flushed_turn_shorter_than_the_minimum_joins_the_next_turn(
     with endpointing=false) made each sliver a final of its own, one engine decode each. A turn shorter than
     MIN_FLUSHED_TURN_S is not cut: finalize says so (False) and its audio starts the next turn."""
     manual = StreamSettings(RecognitionSettings(AudioFormat("LINEAR16", 16000)), endpointing=None)
-    stream = recognizer.open_stream(manual, door="test")
-    events: list[CallEvent] = []
-    reading = asyncio.create_task(collect(stream, events))
     sliver = int(MIN_FLUSHED_TURN_S * 16000) // 2
-    try:
+    async with streaming(recognizer, manual) as (stream, events, reading):
         feed(stream, silence(0.3)[:sliver])
         assert not stream.finalize()  # too short to be a turn: kept
         feed(stream, np.concatenate([silence(0.3), thanks]))
         assert stream.finalize()
         stream.finish()
         await asyncio.wait_for(reading, 120)
-    finally:
-        await stream.close()
     (turn,) = finals(events)
     assert turn.start_s == 0.0 and turn.ended_by is EndReason.FINALIZE and "help" in turn.transcript.lower()
 
@@ -301,10 +281,7 @@ async def test_empty_finals_answer_every_turn_and_finalize_and_clear_say_what_th
     settings = StreamSettings(
         RecognitionSettings(AudioFormat("LINEAR16", 16000)), endpointing=None, empty_finals=True
     )
-    stream = recognizer.open_stream(settings, door="test")
-    events: list[CallEvent] = []
-    reading = asyncio.create_task(collect(stream, events))
-    try:
+    async with streaming(recognizer, settings) as (stream, events, reading):
         assert not stream.finalize()  # nothing heard yet: no turn
         feed(stream, silence(1.0))
         assert stream.finalize()  # a turn of silence
@@ -314,8 +291,6 @@ async def test_empty_finals_answer_every_turn_and_finalize_and_clear_say_what_th
         assert stream.finalize()
         stream.finish()
         await asyncio.wait_for(reading, 120)
-    finally:
-        await stream.close()
     quiet, spoken_turn = finals(events)
     assert (quiet.transcript, quiet.utterance_index, quiet.ended_by) == ("", 0, EndReason.FINALIZE)
     assert (quiet.start_s, quiet.end_s) == (0.0, pytest.approx(1.0, abs=0.02))
@@ -325,18 +300,13 @@ async def test_empty_finals_answer_every_turn_and_finalize_and_clear_say_what_th
 async def test_with_endpointing_finalize_says_whether_speech_was_in_progress(
     recognizer: Recognizer, order: np.ndarray
 ) -> None:
-    stream = recognizer.open_stream(PCM16, door="test")
-    events: list[CallEvent] = []
-    reading = asyncio.create_task(collect(stream, events))
-    try:
+    async with streaming(recognizer, PCM16) as (stream, events, reading):
         feed(stream, silence(0.5))
         assert not stream.finalize() and not stream.clear()  # silence: no speech to end or drop
         feed(stream, order)
         assert stream.finalize()
         stream.finish()
         await asyncio.wait_for(reading, 120)
-    finally:
-        await stream.close()
     (only,) = finals(events)  # without empty_finals the silence has none
     assert only.ended_by is EndReason.FINALIZE and "order" in only.transcript.lower()
 

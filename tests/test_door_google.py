@@ -107,6 +107,20 @@ def speech_client(
         channel.close()
 
 
+def recognize(
+    target: str, config: speech_v1.RecognitionConfig, content: bytes, metadata: list[tuple[str, str]] = AUTH
+) -> speech_v1.RecognizeResponse:
+    """One Recognize call through the official client (no retry, bounded), with the door's token."""
+    with speech_client(target) as client:
+        return client.recognize(
+            config=config,
+            audio=speech_v1.RecognitionAudio(content=content),
+            retry=None,
+            timeout=CALL_TIMEOUT_S,
+            metadata=metadata,
+        )
+
+
 @dataclass
 class Streamed:
     responses: list[Any] = field(default_factory=list)
@@ -178,6 +192,15 @@ def mulaw_config(**streaming: Any) -> speech_v1.StreamingRecognitionConfig:
             encoding=Encoding.MULAW, sample_rate_hertz=8000, language_code="en-US"
         ),
         **streaming,
+    )
+
+
+def timeout_config(events: bool = True, **timeout: Any) -> speech_v1.StreamingRecognitionConfig:
+    """mu-law streaming with a voice activity timeout (`speech_start_timeout`/`speech_end_timeout` in seconds)."""
+    limits = {name: {"seconds": seconds} for name, seconds in timeout.items()}
+    return mulaw_config(
+        enable_voice_activity_events=events,
+        voice_activity_timeout=speech_v1.StreamingRecognitionConfig.VoiceActivityTimeout(**limits),
     )
 
 
@@ -372,12 +395,7 @@ def test_single_utterance_ends_after_the_first_utterance(
 
 def test_speech_start_timeout_ends_a_silent_stream(google_server: ServerThread) -> None:
     quiet = to_mulaw_8k_bytes(np.concatenate([silence(3.0), speak(AGENT)]))
-    config = mulaw_config(
-        enable_voice_activity_events=True,
-        voice_activity_timeout=speech_v1.StreamingRecognitionConfig.VoiceActivityTimeout(
-            speech_start_timeout={"seconds": 1}
-        ),
-    )
+    config = timeout_config(speech_start_timeout=1)
     call = stream(google_server.target, config, chunked(quiet, 800))
     assert call.error is None, call.error
     (timeout,) = call.events(Event.SPEECH_ACTIVITY_TIMEOUT)
@@ -389,12 +407,7 @@ def test_speech_start_timeout_ends_a_silent_stream(google_server: ServerThread) 
 def test_speech_end_timeout_ends_the_stream_after_the_speech(
     google_server: ServerThread, two_sentences: bytes
 ) -> None:
-    config = mulaw_config(
-        enable_voice_activity_events=True,
-        voice_activity_timeout=speech_v1.StreamingRecognitionConfig.VoiceActivityTimeout(
-            speech_end_timeout={"seconds": 1}
-        ),
-    )
+    config = timeout_config(speech_end_timeout=1)
     call = stream(google_server.target, config, chunked(two_sentences, 800))
     assert call.error is None, call.error
     (timeout,) = call.events(Event.SPEECH_ACTIVITY_TIMEOUT)
@@ -406,11 +419,7 @@ def test_speech_end_timeout_ends_the_stream_after_the_speech(
 def test_voice_activity_timeout_without_events_is_ignored_as_google_does(
     google_server: ServerThread, two_sentences: bytes
 ) -> None:
-    config = mulaw_config(
-        voice_activity_timeout=speech_v1.StreamingRecognitionConfig.VoiceActivityTimeout(
-            speech_end_timeout={"seconds": 1}
-        )
-    )
+    config = timeout_config(events=False, speech_end_timeout=1)
     call = stream(google_server.target, config, chunked(two_sentences, 800))
     assert call.error is None, call.error
     assert not call.events(Event.SPEECH_ACTIVITY_TIMEOUT)
@@ -421,14 +430,11 @@ def test_voice_activity_timeout_without_events_is_ignored_as_google_does(
 
 
 def test_recognize_a_flac_recording_whose_header_says_what_it_is(google_server: ServerThread) -> None:
-    with speech_client(google_server.target) as client:
-        response = client.recognize(
-            config=speech_v1.RecognitionConfig(language_code="en-US", enable_word_time_offsets=True),
-            audio=speech_v1.RecognitionAudio(content=JFK_FLAC.read_bytes()),
-            retry=None,
-            timeout=CALL_TIMEOUT_S,
-            metadata=AUTH,
-        )
+    response = recognize(
+        google_server.target,
+        speech_v1.RecognitionConfig(language_code="en-US", enable_word_time_offsets=True),
+        JFK_FLAC.read_bytes(),
+    )
     text = " ".join(r.alternatives[0].transcript for r in response.results)
     assert corpus_wer([JFK_TEXT], [text]) <= 0.1, text
     ends = [seconds(r.result_end_time) for r in response.results]
@@ -442,19 +448,16 @@ def test_recognize_a_two_channel_wav_per_channel(
 ) -> None:
     wav = tmp_path / "call.wav"
     sf.write(wav, two_party_audio.T, RATE, subtype="PCM_16")
-    with speech_client(google_server.target) as client:
-        response = client.recognize(
-            config=speech_v1.RecognitionConfig(
-                encoding=Encoding.LINEAR16,  # a WAV of LINEAR16 may say so
-                audio_channel_count=2,
-                enable_separate_recognition_per_channel=True,
-                language_code="en-US",
-            ),
-            audio=speech_v1.RecognitionAudio(content=wav.read_bytes()),
-            retry=None,
-            timeout=CALL_TIMEOUT_S,
-            metadata=AUTH,
-        )
+    response = recognize(
+        google_server.target,
+        speech_v1.RecognitionConfig(
+            encoding=Encoding.LINEAR16,  # a WAV of LINEAR16 may say so
+            audio_channel_count=2,
+            enable_separate_recognition_per_channel=True,
+            language_code="en-US",
+        ),
+        wav.read_bytes(),
+    )
     by_channel = {
         tag: " ".join(r.alternatives[0].transcript for r in response.results if r.channel_tag == tag)
         for tag in (1, 2)
@@ -464,22 +467,19 @@ def test_recognize_a_two_channel_wav_per_channel(
 
 
 def diarized_recognize(google_server: ServerThread, audio: bytes, **diarization: Any) -> Any:
-    with speech_client(google_server.target) as client:
-        return client.recognize(
-            config=speech_v1.RecognitionConfig(
-                encoding=Encoding.MULAW,
-                sample_rate_hertz=8000,
-                language_code="en-US",
-                enable_word_time_offsets=True,
-                diarization_config=speech_v1.SpeakerDiarizationConfig(
-                    enable_speaker_diarization=True, **diarization
-                ),
+    return recognize(
+        google_server.target,
+        speech_v1.RecognitionConfig(
+            encoding=Encoding.MULAW,
+            sample_rate_hertz=8000,
+            language_code="en-US",
+            enable_word_time_offsets=True,
+            diarization_config=speech_v1.SpeakerDiarizationConfig(
+                enable_speaker_diarization=True, **diarization
             ),
-            audio=speech_v1.RecognitionAudio(content=audio),
-            retry=None,
-            timeout=CALL_TIMEOUT_S,
-            metadata=AUTH,
-        )
+        ),
+        audio,
+    )
 
 
 def test_recognize_with_diarization_tags_the_speakers_of_a_mono_call(google_server: ServerThread) -> None:
@@ -498,14 +498,11 @@ def test_recognize_with_diarization_tags_the_speakers_of_a_mono_call(google_serv
 
 
 def test_recognize_without_diarization_has_no_speaker_tags(google_server: ServerThread) -> None:
-    with speech_client(google_server.target) as client:
-        response = client.recognize(
-            config=speech_v1.RecognitionConfig(language_code="en-US", enable_word_time_offsets=True),
-            audio=speech_v1.RecognitionAudio(content=JFK_FLAC.read_bytes()),
-            retry=None,
-            timeout=CALL_TIMEOUT_S,
-            metadata=AUTH,
-        )
+    response = recognize(
+        google_server.target,
+        speech_v1.RecognitionConfig(language_code="en-US", enable_word_time_offsets=True),
+        JFK_FLAC.read_bytes(),
+    )
     words = [w for r in response.results for w in r.alternatives[0].words]
     assert words and all(w.speaker_tag == 0 and not w.speaker_label for w in words)
 
@@ -570,19 +567,16 @@ def test_bad_speaker_counts_are_invalid_argument_naming_the_field(
 def test_recognize_raw_two_channels_without_separate_recognition_reads_the_first(
     google_server: ServerThread, two_party_audio: np.ndarray
 ) -> None:
-    with speech_client(google_server.target) as client:
-        response = client.recognize(
-            config=speech_v1.RecognitionConfig(
-                encoding=Encoding.LINEAR16,
-                sample_rate_hertz=RATE,
-                audio_channel_count=2,
-                language_code="en-US",
-            ),
-            audio=speech_v1.RecognitionAudio(content=to_linear16_bytes(two_party_audio)),
-            retry=None,
-            timeout=CALL_TIMEOUT_S,
-            metadata=AUTH,
-        )
+    response = recognize(
+        google_server.target,
+        speech_v1.RecognitionConfig(
+            encoding=Encoding.LINEAR16,
+            sample_rate_hertz=RATE,
+            audio_channel_count=2,
+            language_code="en-US",
+        ),
+        to_linear16_bytes(two_party_audio),
+    )
     text = " ".join(r.alternatives[0].transcript for r in response.results)
     assert {r.channel_tag for r in response.results} == {0}
     assert corpus_wer([AGENT], [text]) <= 0.2, text
@@ -812,12 +806,11 @@ def test_auth_refused_without_a_known_token(
 ) -> None:
     call = stream(google_server.target, mulaw_config(), [b"\xff" * 800], metadata=metadata)
     assert isinstance(call.error, gexc.Unauthenticated) and words in call.error.message
-    with speech_client(google_server.target) as client, pytest.raises(gexc.Unauthenticated):
-        client.recognize(
-            config=speech_v1.RecognitionConfig(language_code="en-US"),
-            audio=speech_v1.RecognitionAudio(content=JFK_FLAC.read_bytes()),
-            retry=None,
-            timeout=CALL_TIMEOUT_S,
+    with pytest.raises(gexc.Unauthenticated):
+        recognize(
+            google_server.target,
+            speech_v1.RecognitionConfig(language_code="en-US"),
+            JFK_FLAC.read_bytes(),
             metadata=metadata,
         )
 

@@ -17,8 +17,9 @@ import time
 import tracemalloc
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import openai
@@ -426,6 +427,25 @@ def multipart_headers(body: bytes | None = None, **extra: str) -> dict[str, str]
     return headers
 
 
+def error_while_sending(
+    sock: socket.socket, send: Callable[[threading.Event], None], join_s: float
+) -> tuple[http.client.HTTPResponse, dict[str, Any]]:
+    """The server's answer (and its OpenAI-shaped error) to a body that `send` writes on `sock` from a
+    thread until the answer comes (then `stop` is set); the socket is closed after."""
+    stop = threading.Event()
+    sender = threading.Thread(target=send, args=(stop,), daemon=True)
+    sender.start()
+    try:
+        response = http.client.HTTPResponse(sock)
+        response.begin()
+        error = json.loads(response.read())["error"]
+    finally:
+        stop.set()
+        sender.join(join_s)
+        sock.close()
+    return response, error
+
+
 @pytest.fixture(scope="module")
 def edge_server(service_engine: Engine) -> Iterator[ServerThread]:
     """Short upload clocks and a small upload bound, so each edge shows in a second or two."""
@@ -517,25 +537,15 @@ def test_an_upload_that_trickles_under_the_minimum_rate_is_408(edge_server: Serv
     head = f"POST {TRANSCRIPTIONS} HTTP/1.1\r\nHost: {HOST}\r\n"
     head += "".join(f"{k}: {v}\r\n" for k, v in multipart_headers(body).items())
     sock.sendall(head.encode() + b"\r\n")
-    stop = threading.Event()
 
-    def trickle() -> None:
+    def trickle(stop: threading.Event) -> None:
         for offset in range(0, len(body), 500):
             if stop.wait(0.5):
                 return
             with contextlib.suppress(OSError):
                 sock.sendall(body[offset : offset + 500])
 
-    sender = threading.Thread(target=trickle, daemon=True)
-    sender.start()
-    try:
-        response = http.client.HTTPResponse(sock)
-        response.begin()
-        error = json.loads(response.read())["error"]
-    finally:
-        stop.set()
-        sender.join(5)
-        sock.close()
+    response, error = error_while_sending(sock, trickle, join_s=5)
     assert response.status == 408, error
     assert "http_min_upload_rate" in error["message"] and "65536 bytes/s" in error["message"], error
 
@@ -549,9 +559,8 @@ def test_a_chunked_upload_is_size_checked_as_it_streams(edge_server: ServerThrea
     head = f"POST {TRANSCRIPTIONS} HTTP/1.1\r\nHost: {HOST}\r\nTransfer-Encoding: chunked\r\n"
     head += "".join(f"{k}: {v}\r\n" for k, v in multipart_headers().items())
     sock.sendall(head.encode() + b"\r\n")
-    stop = threading.Event()
 
-    def send_forever() -> None:
+    def send_forever(stop: threading.Event) -> None:
         # small fields that never end, each one well under any per-field bound: only a bound on the whole
         # stream stops them (a 64 KiB text field or a 64 MiB file part would each be accepted)
         nonlocal sent
@@ -561,16 +570,7 @@ def test_a_chunked_upload_is_size_checked_as_it_streams(edge_server: ServerThrea
                 sock.sendall(b"%x\r\n%s\r\n" % (len(part), part))
                 sent += len(part)
 
-    sender = threading.Thread(target=send_forever, daemon=True)
-    sender.start()
-    try:
-        response = http.client.HTTPResponse(sock)
-        response.begin()
-        error = json.loads(response.read())["error"]
-    finally:
-        stop.set()
-        sender.join(30)
-        sock.close()
+    response, error = error_while_sending(sock, send_forever, join_s=30)
     assert response.status == 413, error
     assert f"limit of {limit} bytes (max_recognize_bytes)" in error["message"], error
     assert sent < 64 * limit, "the server read the whole never-ending field"

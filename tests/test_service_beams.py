@@ -3,9 +3,7 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import grpc
 import pytest
@@ -18,7 +16,7 @@ from engine import Engine, EngineConfig
 from engine.hooks import EngineHooks
 from service.config import ServerConfig
 from tests.support.audio import make_conversation, to_linear16_bytes
-from tests.support.calls import Outcome, Request, audio_requests, config_request, run_stream
+from tests.support.calls import Outcome, paced, run_stream
 from tests.support.server import ServerThread
 
 SENTENCES = [
@@ -34,17 +32,6 @@ def beam_engine() -> Iterator[Engine]:
     engine.start()
     yield engine
     engine.stop()
-
-
-async def paced(data: bytes) -> AsyncIterator[Request]:
-    """A live call with interims: the config, then 100 ms of audio every 100 ms."""
-    config = config_request()
-    config.streaming_config.interim_results = True
-    yield config
-    start = time.monotonic()
-    for n, request in enumerate(audio_requests(data, 3200)):
-        await asyncio.sleep(max(0.0, start + n * 0.1 - time.monotonic()))
-        yield request
 
 
 async def test_finals_interims_and_recordings_search_their_own_beams(beam_engine: Engine) -> None:

@@ -15,7 +15,6 @@ import math
 from typing import Any
 
 import grpc
-import numpy as np
 import pytest
 from asr.v1 import asr_pb2, asr_pb2_grpc
 from google.protobuf.duration_pb2 import Duration
@@ -24,10 +23,11 @@ from prometheus_client import REGISTRY
 
 from service.pipeline.call_metrics import CallMetricsTracker
 from service.vocabulary.call_metrics import CallMetrics
-from tests.support.audio import RATE, silence, stereo, to_mulaw_8k_bytes
+from tests.support.audio import stereo, to_mulaw_8k_bytes
 from tests.support.calls import Outcome, audio_requests, run_stream
 from tests.support.server import ServerThread
-from tests.test_call_metrics import AGENT, CUSTOMER, _place, _speech, feed_in_report_order
+from tests.test_call_metrics import feed_in_report_order
+from tests.test_call_metrics import laid_out_call as call_layout
 
 pytestmark = pytest.mark.slow
 
@@ -41,25 +41,13 @@ def s(d: Any) -> float:
 
 @functools.cache
 def laid_out_call() -> tuple[bytes, CallMetrics, dict[int, float]]:
-    """Agent (en-us) and customer (en-gb, 10 dB quieter): agent, 3 s of silence, customer, 1 s, agent, and
-    the customer cuts in 1.5 s into the agent's second sentence; 3 s of silence at the end. Returns the
-    call as stereo mu-law, its exact metrics, and each channel's true loudness."""
-    a1, a2 = _speech(AGENT[0], "en-us"), _speech(AGENT[1], "en-us")
-    c1, c2 = (0.316 * _speech(t, "en-gb") for t in CUSTOMER)
-    total = 0.5 + len(a1) / RATE + 3.0 + len(c1) / RATE + 1.0 + len(a2) / RATE + len(c2) / RATE + 3.0
-    agent, customer = silence(total), silence(total)
-    s_a1 = _place(agent, a1, 0.5)
-    s_c1 = _place(customer, c1, s_a1[1] + 3.0)
-    s_a2 = _place(agent, a2, s_c1[1] + 1.0)
-    s_c2 = _place(customer, c2, s_a2[0] + 1.5)
+    """test_call_metrics' laid out call as stereo mu-law, its exact metrics, and each channel's true
+    loudness."""
+    laid = call_layout()
     exact = CallMetricsTracker([1, 2])
-    feed_in_report_order(exact, {1: [s_a1, s_a2], 2: [s_c1, s_c2]})
-    exact.advance(total)
-    loud = {
-        tag: 10 * math.log10(float(np.mean(np.concatenate(parts) ** 2)))
-        for tag, parts in ((1, [a1, a2]), (2, [c1, c2]))
-    }
-    return to_mulaw_8k_bytes(stereo(agent, customer)), exact.snapshot(), loud
+    feed_in_report_order(exact, laid.truth)
+    exact.advance(laid.total_s)
+    return to_mulaw_8k_bytes(stereo(laid.agent, laid.customer)), exact.snapshot(), laid.loudness_dbfs
 
 
 def recognition_config(**fields: Any) -> asr_pb2.RecognitionConfig:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import grpc
 import pytest
@@ -19,7 +19,7 @@ from engine.hooks import EngineHooks
 from engine.request import Priority
 from service.config import ServerConfig
 from tests.support.audio import make_conversation, to_linear16_bytes
-from tests.support.calls import Outcome, Request, audio_requests, config_request, run_stream
+from tests.support.calls import Outcome, audio_requests, config_request, paced, run_stream
 from tests.support.server import ServerThread
 
 pytestmark = pytest.mark.slow
@@ -40,17 +40,6 @@ RECORDED = [
     "Have a nice evening.",
 ]
 WER_BOUND = 0.2
-
-
-async def paced(data: bytes, interim: bool) -> AsyncIterator[Request]:
-    """A live call: the config, then 100 ms of audio every 100 ms."""
-    config = config_request()
-    config.streaming_config.interim_results = interim
-    yield config
-    start = time.monotonic()
-    for n, request in enumerate(audio_requests(data, 3200)):
-        await asyncio.sleep(max(0.0, start + n * 0.1 - time.monotonic()))
-        yield request
 
 
 HOOKS = EngineHooks()  # small_engine's test seams

@@ -233,18 +233,23 @@ def telephone(name: str) -> bytes:
     return to_mulaw_8k_bytes(audio)
 
 
+async def pci_redacted_mulaw_stream(target: str, data: bytes) -> tuple[Outcome, list[str]]:
+    """8 kHz mu-law `data` streamed with PCI redaction on (100 ms a request); the call ends OK."""
+    async with aio.insecure_channel(target) as channel:
+        requests = [
+            stream_config([asr_pb2.PCI], rate=8000, encoding=asr_pb2.MULAW),
+            *audio_requests(data, 1600),
+        ]
+        outcome = await run_stream(channel, requests)
+    assert outcome.code == grpc.StatusCode.OK, outcome.details
+    return outcome, [r.alternatives[0].transcript for r in outcome.finals]
+
+
 @pytest.mark.parametrize("name", list(TELEPHONE_CALLS))
 async def test_misheard_card_numbers_on_telephone_audio_never_leave_the_server(
     asr_server: ServerThread, name: str
 ) -> None:
-    async with aio.insecure_channel(asr_server.target) as channel:
-        requests = [
-            stream_config([asr_pb2.PCI], rate=8000, encoding=asr_pb2.MULAW),
-            *audio_requests(telephone(name), 1600),
-        ]
-        outcome = await run_stream(channel, requests)
-    assert outcome.code == grpc.StatusCode.OK, outcome.details
-    finals = [r.alternatives[0].transcript for r in outcome.finals]
+    outcome, finals = await pci_redacted_mulaw_stream(asr_server.target, telephone(name))
     print(name, finals)
     assert any("[PCI]" in f for f in finals), finals
     assert any(w.word.startswith("[PCI]") for r in outcome.finals for w in r.alternatives[0].words), finals
@@ -334,14 +339,7 @@ def real_digits() -> np.ndarray:
 
 async def test_real_read_out_digits_split_in_three_utterances_are_masked(asr_server: ServerThread) -> None:
     data = to_mulaw_8k_bytes(real_digits())
-    async with aio.insecure_channel(asr_server.target) as channel:
-        requests = [
-            stream_config([asr_pb2.PCI], rate=8000, encoding=asr_pb2.MULAW),
-            *audio_requests(data, 1600),
-        ]
-        outcome = await run_stream(channel, requests)
-    assert outcome.code == grpc.StatusCode.OK, outcome.details
-    finals = [r.alternatives[0].transcript for r in outcome.finals]
+    outcome, finals = await pci_redacted_mulaw_stream(asr_server.target, data)
     assert len(finals) == 3 and all("[PCI]" in f for f in finals), finals
     for text in texts(outcome):
         assert not leaks(text), (text, finals)

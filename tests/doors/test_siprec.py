@@ -274,6 +274,17 @@ def status_of(response: str) -> int:
     return int(match.group(1))
 
 
+async def second_invite_refused_503(server: ServerThread, tmp_path: Path, offer: str, names: str) -> str:
+    """The same INVITE twice: the first is answered 200 (returned), the second 503 with Retry-After, naming
+    what is full (`names`: the flag or field)."""
+    first = await request(server, tmp_path, "INVITE", MULTIPART, offer)
+    assert status_of(first) == 200, first
+    second = await request(server, tmp_path, "INVITE", MULTIPART, offer)
+    assert status_of(second) == 503 and names in second, second
+    assert re.search(r"^\s*Retry-After: \d+", second, re.M), second
+    return first
+
+
 @pytest.mark.parametrize("transport", ["u1", "t1"])
 async def test_options_is_answered_200_with_what_the_door_takes(
     server: ServerThread, tmp_path: Path, transport: str
@@ -351,11 +362,8 @@ async def test_an_invite_past_max_streams_gets_503_with_retry_after(
     server.start()
     try:
         offer = multipart(SDP_OFFER.format(formats="8 0"))
-        first = await request(server, tmp_path, "INVITE", MULTIPART, offer)
-        assert status_of(first) == 200 and re.search(r"^\s*m=audio \d+ RTP/AVP 8\s*$", first, re.M), first
-        second = await request(server, tmp_path, "INVITE", MULTIPART, offer)
-        assert status_of(second) == 503 and "max_streams" in second, second
-        assert re.search(r"^\s*Retry-After: \d+", second, re.M), second
+        first = await second_invite_refused_503(server, tmp_path, offer, "max_streams")
+        assert re.search(r"^\s*m=audio \d+ RTP/AVP 8\s*$", first, re.M), first
     finally:
         await asyncio.to_thread(server.stop)
 
@@ -499,11 +507,8 @@ async def test_an_invite_when_the_rtp_ports_are_taken_gets_503_naming_the_flag(
         SDP_OFFER.format(formats="0") + "m=audio 7002 RTP/AVP 0\r\na=label:2\r\na=sendonly\r\n"
     )
     try:
-        first = await request(server, tmp_path, "INVITE", MULTIPART, two_legs)
-        assert status_of(first) == 200 and answered_ports(first) == [41100, 41102], first
-        second = await request(server, tmp_path, "INVITE", MULTIPART, two_legs)
-        assert status_of(second) == 503 and "--siprec-rtp-ports" in second, second
-        assert re.search(r"^\s*Retry-After: \d+", second, re.M), second
+        first = await second_invite_refused_503(server, tmp_path, two_legs, "--siprec-rtp-ports")
+        assert answered_ports(first) == [41100, 41102], first
     finally:
         await asyncio.to_thread(server.stop)
 

@@ -8,6 +8,7 @@ test (AudioSocket, or Dial over chan_websocket)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -20,12 +21,19 @@ CHROOT = Path(os.environ.get("ASTERISK_CHROOT", "/var/cache/callcenter-asr/aster
 
 
 def ensure_chroot() -> Path:
-    """The chroot, built on first use (a few minutes: ~640 MB from Debian's mirror) and kept."""
-    if not (CHROOT / ".ready").exists():
-        subprocess.run([str(REPO / "scripts" / "asterisk_chroot.sh"), str(CHROOT)], check=True, timeout=1800)
-    proc = CHROOT / "proc"
-    if not (proc / "self").exists():
-        subprocess.run(["mount", "-t", "proc", "proc", str(proc)], check=True)
+    """The chroot, built on first use (a few minutes: ~640 MB from Debian's mirror) and kept. One machine
+    has one: pytest-xdist workers (and other checkouts) take a lock, so that one builds it and mounts its
+    /proc while the others wait."""
+    CHROOT.parent.mkdir(parents=True, exist_ok=True)
+    with open(CHROOT.parent / f".{CHROOT.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (CHROOT / ".ready").exists():
+            subprocess.run(
+                [str(REPO / "scripts" / "asterisk_chroot.sh"), str(CHROOT)], check=True, timeout=1800
+            )
+        proc = CHROOT / "proc"
+        if not (proc / "self").exists():
+            subprocess.run(["mount", "-t", "proc", "proc", str(proc)], check=True)
     return CHROOT
 
 

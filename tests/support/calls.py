@@ -70,6 +70,17 @@ def audio_requests(data: bytes, chunk_bytes: int = 640) -> list[Request]:
     return [Request(audio_content=data[i : i + chunk_bytes]) for i in range(0, len(data), chunk_bytes)]
 
 
+async def paced(data: bytes, interim: bool = True) -> AsyncIterator[Request]:
+    """A live call: the config (interim results as asked), then 100 ms of audio every 100 ms."""
+    config = config_request()
+    config.streaming_config.interim_results = interim
+    yield config
+    start = time.monotonic()
+    for n, request in enumerate(audio_requests(data, 3200)):
+        await asyncio.sleep(max(0.0, start + n * 0.1 - time.monotonic()))
+        yield request
+
+
 async def _write(call: Any, request: Request) -> bool:
     """False once the call has ended (its status then tells why)."""
     if call.done():
