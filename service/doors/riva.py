@@ -15,12 +15,12 @@ in the `asr-hints` initial metadata (docs/operations.md, "The Riva door").
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 import re
 import struct
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import grpc
 import numpy as np
@@ -31,8 +31,14 @@ from riva.client.proto import riva_audio_pb2 as raudio
 from riva.client.proto import riva_common_pb2
 
 from service.doors.shared.auth import bearer_token, identity
-from service.doors.shared.grpc_calls import StreamCall, first_request
-from service.doors.shared.grpc_status import core_code, grpc_code
+from service.doors.shared.grpc_calls import (
+    SECOND_CONFIG,
+    StreamCall,
+    first_request,
+    read_requests,
+    serve_stream,
+)
+from service.doors.shared.grpc_status import grpc_code
 from service.recognizer.recognizer import Recognizer, Stream, validate_stream_format
 from service.vocabulary.endpointing import EndpointingError
 from service.vocabulary.errors import Code, RecognitionError
@@ -51,7 +57,8 @@ from service.vocabulary.types import (
     Word,
 )
 
-log = logging.getLogger("service.doors.riva")
+A = TypeVar("A")
+T = TypeVar("T")
 
 SERVICE_NAME = rasr.DESCRIPTOR.services_by_name["RivaSpeechRecognition"].full_name
 DOOR = "riva"  # the core's `door` metrics label
@@ -491,7 +498,6 @@ _STREAM_NAMES = {
     "diarization.max_speakers": "diarization_config.max_speaker_count",
 }
 _RECOGNIZE_NAMES = {**_STREAM_NAMES, "audio_content": "audio"}
-_SECOND_CONFIG = "streaming_config may only be sent in the first request; later requests carry audio_content"
 _KEYTERM_INDEX = re.compile(r"\bkeyterms\[(\d+)\]")
 _ENDPOINTING_FIELDS = {
     "endpointing.min_silence_duration": (
@@ -691,54 +697,54 @@ class RivaServicer(rasr_grpc.RivaSpeechRecognitionServicer):
         request_iterator: AsyncIterator[rasr.StreamingRecognizeRequest],
         context: aio.ServicerContext,
     ) -> AsyncIterator[rasr.StreamingRecognizeResponse]:
-        code = grpc.StatusCode.OK  # how the stream ended for the core's metrics (a drain's is OK)
-        call: StreamCall | None = None
+        async def refuse(e: RecognitionError) -> None:
+            await context.abort(grpc_code(e.code), e.message)  # in Riva's names already (see _respond)
 
-        try:
-            requests = aiter(request_iterator)
-            opening = await self._opening(requests)
-            built: list[tuple[StreamSettings, RivaRequest, _AudioIn, int]] = []
+        # an async generator itself: grpc.aio runs any other handler as a synchronous one
+        async for out in serve_stream(
+            context, lambda call: self._respond(request_iterator, context, call), refuse
+        ):
+            yield out
 
-            def settings() -> StreamSettings:
-                built.append(self._stream_settings(opening))
-                return built[0][0]
+    async def _respond(
+        self,
+        request_iterator: AsyncIterator[rasr.StreamingRecognizeRequest],
+        context: aio.ServicerContext,
+        call: StreamCall,
+    ) -> AsyncGenerator[rasr.StreamingRecognizeResponse, None]:
+        requests = aiter(request_iterator)
+        opening = await self._opening(requests)
+        built: list[tuple[StreamSettings, RivaRequest, _AudioIn, int]] = []
 
-            try:  # translated once admitted: a loading, draining or full server says so first
-                stream = self.recognizer.open_stream(settings, door=DOOR, identity=_caller(context))
-            except RecognitionError as e:
-                raise RecognitionError(e.code, riva_error(e, _STREAM_NAMES, _fields(built)), e.field) from e
-            call = StreamCall(context, stream)
-            _, request, feed, offset = built[0]
-            await context.send_initial_metadata(_metadata(stream.id, self.recognizer, request))
-            call.read(self._read(requests, opening, offset, feed, stream))
-            reconnect: Reconnect | None = None
-            async for event in stream.events():
-                if isinstance(event, Reconnect):
-                    reconnect = event
-                    continue
-                if not isinstance(event, Result) or not (event.is_final or event.transcript.strip()):
-                    continue  # Riva has no speech events; an empty interim says nothing
-                yield _streaming_response(event, stream.heard_s, opening.request_id)
-            if reconnect is not None:  # Riva's clients know no in-band reconnect: gRPC's "go elsewhere"
-                await context.abort(
-                    grpc.StatusCode.UNAVAILABLE,
-                    f"server is draining: the finals of all {reconnect.offset_s:.2f} s of audio heard were "
-                    "sent; continue the call on another replica from there",
-                )
+        def settings() -> StreamSettings:
+            built.append(self._stream_settings(opening))
+            return built[0][0]
+
+        try:  # translated once admitted: a loading, draining or full server says so first
+            stream = call.attach(self.recognizer.open_stream(settings, door=DOOR, identity=_caller(context)))
         except RecognitionError as e:
-            code = grpc_code(e.code)
-            await context.abort(code, e.message)  # in Riva's names already (open_stream's refusals)
-        except asyncio.CancelledError:
-            code = grpc.StatusCode.CANCELLED
-            raise
-        except aio.AbortError:
-            raise
-        except Exception:
-            code = grpc.StatusCode.UNKNOWN
-            raise
-        finally:
-            if call is not None:
-                await call.close(core_code(code))
+            raise RecognitionError(e.code, riva_error(e, _STREAM_NAMES, _fields(built)), e.field) from e
+        _, request, feed, offset = built[0]
+        await context.send_initial_metadata(_metadata(stream.id, self.recognizer, request))
+        call.read(
+            read_requests(
+                stream, _after_opening(requests, opening, offset, feed, stream), _taker(feed, stream)
+            )
+        )
+        reconnect: Reconnect | None = None
+        async for event in stream.events():
+            if isinstance(event, Reconnect):
+                reconnect = event
+                continue
+            if not isinstance(event, Result) or not (event.is_final or event.transcript.strip()):
+                continue  # Riva has no speech events; an empty interim says nothing
+            yield _streaming_response(event, stream.heard_s, opening.request_id)
+        if reconnect is not None:  # Riva's clients know no in-band reconnect: gRPC's "go elsewhere"
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                f"server is draining: the finals of all {reconnect.offset_s:.2f} s of audio heard were "
+                "sent; continue the call on another replica from there",
+            )
 
     async def _opening(self, requests: AsyncIterator[rasr.StreamingRecognizeRequest]) -> _Opening:
         """The config (the first request), and for LINEAR_PCM or no encoding the first audio up to a
@@ -786,47 +792,11 @@ class RivaServicer(rasr_grpc.RivaSpeechRecognitionServicer):
                 return bytes(head), True
             kind = request.WhichOneof("streaming_request")
             if kind == "streaming_config":
-                error = RecognitionError(Code.INVALID_ARGUMENT, _SECOND_CONFIG)
+                error = RecognitionError(Code.INVALID_ARGUMENT, SECOND_CONFIG)
                 self.recognizer.refused(DOOR, error)
                 raise error
             if kind == "audio_content":
                 head += request.audio_content
-
-    async def _read(
-        self,
-        requests: AsyncIterator[rasr.StreamingRecognizeRequest],
-        opening: _Opening,
-        offset: int,
-        feed: _AudioIn,
-        stream: Stream,
-    ) -> None:
-        """The audio (what the opening read first) into the stream, the half-close as its end."""
-        try:
-            if opening.head[offset:]:
-                stream.audio(feed.frames(opening.head[offset:]))
-            if not opening.ended:
-                async for request in requests:
-                    kind = request.WhichOneof("streaming_request")
-                    if kind == "streaming_config":
-                        stream.fail(RecognitionError(Code.INVALID_ARGUMENT, _SECOND_CONFIG))
-                        return
-                    if request.runtime_config:
-                        check_runtime_config(request)
-                    if kind == "audio_content":
-                        chunk = feed.frames(request.audio_content)
-                        if chunk:
-                            stream.audio(chunk)
-                            await stream.pace()
-            stream.finish()  # the client half-closed
-        except RivaFieldError as e:
-            stream.fail(RecognitionError(Code.INVALID_ARGUMENT, str(e), e.field))
-        except RecognitionError as e:
-            stream.fail(e)
-        except aio.AbortError:
-            pass  # the call was already ended with its status: nothing is left to read
-        except Exception as e:  # a bug of ours: fail this stream only, loudly
-            log.exception("stream reader failed", extra={"fields": {"stream_id": stream.id}})
-            stream.fail(RecognitionError(Code.INTERNAL, f"internal error: {type(e).__name__}: {e}"))
 
     # --- Recognize ---
 
@@ -882,6 +852,46 @@ class RivaServicer(rasr_grpc.RivaSpeechRecognitionServicer):
             ],
             **_request_id(request.id.value if request.HasField("id") else None),
         )
+
+
+async def _after_opening(
+    requests: AsyncIterator[rasr.StreamingRecognizeRequest],
+    opening: _Opening,
+    offset: int,
+    feed: _AudioIn,
+    stream: Stream,
+) -> AsyncIterator[rasr.StreamingRecognizeRequest]:
+    """The requests after what the opening read: its audio goes into the stream first."""
+    if opening.head[offset:]:
+        stream.audio(_field_checked(feed.frames, opening.head[offset:]))
+    if not opening.ended:
+        async for request in requests:
+            yield request
+
+
+def _taker(feed: _AudioIn, stream: Stream) -> Callable[[rasr.StreamingRecognizeRequest], Awaitable[None]]:
+    async def take(request: rasr.StreamingRecognizeRequest) -> None:
+        """One request after the config into the stream."""
+        kind = request.WhichOneof("streaming_request")
+        if kind == "streaming_config":
+            raise RecognitionError(Code.INVALID_ARGUMENT, SECOND_CONFIG)
+        if request.runtime_config:
+            _field_checked(check_runtime_config, request)
+        if kind == "audio_content":
+            chunk = _field_checked(feed.frames, request.audio_content)
+            if chunk:
+                stream.audio(chunk)
+                await stream.pace()
+
+    return take
+
+
+def _field_checked(check: Callable[[A], T], value: A) -> T:
+    """`check(value)`, a RivaFieldError from it as the refusal of the stream naming the field."""
+    try:
+        return check(value)
+    except RivaFieldError as e:
+        raise RecognitionError(Code.INVALID_ARGUMENT, str(e), e.field) from e
 
 
 def _fields(built: Sequence[tuple[StreamSettings, RivaRequest, _AudioIn, int]]) -> tuple[str, ...]:
