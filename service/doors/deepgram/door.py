@@ -37,6 +37,7 @@ from service.doors.deepgram import messages
 from service.doors.deepgram.options import ListenOptions, OptionError, parse_listen_options
 from service.doors.deepgram.utterance_end import UtteranceEndTracker
 from service.doors.shared.auth import TOKEN_SYNTAX, TokenStore, identity
+from service.doors.shared.http_body import BodyError, BoundedBody
 from service.doors.shared.ws_deadline import Outbox
 from service.recognizer.framing import Reframer, container_of
 from service.recognizer.rate_limit import TokenBucket
@@ -95,6 +96,10 @@ def _version() -> str:
 
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+# shared/http_body.py's statuses, as Deepgram names them
+BODY_ERRORS = {400: "Bad Request", 408: "Request Timeout", 413: "Payload Too Large"}
 
 
 class DeepgramError(Exception):
@@ -293,41 +298,21 @@ class DeepgramDoor:
             return response
 
     async def _read_body(self, request: web.Request) -> bytearray:
-        """The body, at most --max-recognize-bytes (413 as soon as it is over), each read within
-        --http-read-timeout and the whole at --http-min-upload-rate on average after that grace (408), as
-        the other HTTP doors bound an upload."""
+        """The body, within the bounds every HTTP door puts on an upload (shared/http_body.py):
+        --max-recognize-bytes, --http-read-timeout, --http-min-upload-rate."""
         c = self.config
         limit = c.max_recognize_bytes
-        too_large = DeepgramError(
-            413, "Payload Too Large", f"the audio is over the limit of {limit} bytes (max_recognize_bytes)"
-        )
-        if request.content_length is not None and request.content_length > limit:
-            raise too_large
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        data = bytearray()
-        while True:
-            idle_at = loop.time() + c.http_read_timeout
-            rate_at = (
-                start + c.http_read_timeout + len(data) / c.http_min_upload_rate
-                if c.http_min_upload_rate
-                else idle_at
+        try:
+            body = BoundedBody(
+                request,
+                limit,
+                lambda _: f"the audio is over the limit of {limit} bytes (max_recognize_bytes)",
+                c.http_read_timeout,
+                c.http_min_upload_rate,
             )
-            try:
-                async with asyncio.timeout_at(min(idle_at, rate_at)):
-                    chunk = await request.content.readany()
-            except TimeoutError:
-                raise DeepgramError(
-                    408,
-                    "Request Timeout",
-                    f"the upload sent nothing for {c.http_read_timeout:g} s (http_read_timeout) or arrived "
-                    f"under {c.http_min_upload_rate} bytes/s (http_min_upload_rate); send it again, faster",
-                ) from None
-            if not chunk:
-                return data
-            data += chunk
-            if len(data) > limit:
-                raise too_large
+            return await body.read_all()
+        except BodyError as e:
+            raise DeepgramError(e.status, BODY_ERRORS[e.status], e.message) from e
 
     async def _transcribe(
         self, data: bytearray, options: ListenOptions, encoding_given: bool, request_id: str, caller: Identity
