@@ -66,7 +66,8 @@ OPERATIONS_SERVICE = "google.longrunning.Operations"
 def _describe_service() -> None:
     """google-cloud-speech carries Speech's messages (proto-plus puts them in the default descriptor pool)
     but not the service itself, so server reflection (buf curl, grpcurl) could list it yet not describe it:
-    a file declaring it over those messages goes into the pool once."""
+    a file declaring it over those messages goes into the pool once, when the door is registered on a
+    server (GoogleSpeechDoor.handlers): importing the module changes no process-wide pool."""
     pool = descriptor_pool.Default()
     try:
         pool.FindServiceByName(SERVICE)
@@ -98,7 +99,6 @@ def _describe_service() -> None:
     )
 
 
-_describe_service()
 DOOR = "google"
 
 # The raw protobuf classes the door serves (google-cloud-speech's proto-plus types wrap these).
@@ -525,6 +525,7 @@ class GoogleSpeechDoor:
         self._prefix = f"{os.getpid():x}"
 
     def handlers(self) -> list[grpc.GenericRpcHandler]:
+        _describe_service()  # for server reflection, now that the service is served
         speech = grpc.method_handlers_generic_handler(
             SERVICE,
             {
