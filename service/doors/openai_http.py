@@ -38,10 +38,10 @@ from typing import Any, TypeVar
 from aiohttp import BodyPartReader, web
 from asr.subtitles import Cue, srt, vtt
 
-from service.config import ServerConfig
-from service.doors.shared.auth import TokenStore, bearer_token, identity
+from service.doors.shared.auth import bearer_token, identity
 from service.doors.shared.http_body import BODY_OVERHEAD_BYTES, BodyError, BoundedBody
-from service.recognizer.recognizer import Recognizer, whisper_language
+from service.doors.shared.http_door import HttpDoor
+from service.recognizer.recognizer import whisper_language
 from service.vocabulary.errors import Code, RecognitionError
 from service.vocabulary.types import AudioFormat, Identity, RecognitionSettings, RecognizeResult, Redaction
 
@@ -353,13 +353,8 @@ def _sse(event: dict[str, Any]) -> bytes:
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-class OpenAIHttpDoor:
+class OpenAIHttpDoor(HttpDoor):
     """The door's routes, registered on the HTTP port's application (runtime/http_server.py)."""
-
-    def __init__(self, config: ServerConfig, recognizer: Recognizer, tokens: TokenStore) -> None:
-        self.config = config
-        self.recognizer = recognizer
-        self.tokens = tokens
 
     def register(self, app: web.Application) -> None:
         app.router.add_post(TRANSCRIPTIONS_PATH, self._errors(self.transcriptions))

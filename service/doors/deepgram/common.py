@@ -10,11 +10,10 @@ import importlib.metadata
 
 from aiohttp import web
 
-from service.config import ServerConfig
 from service.doors.deepgram import messages
 from service.doors.deepgram.options import ListenOptions, OptionError, parse_listen_options
-from service.doors.shared.auth import TOKEN_SYNTAX, TokenStore, identity
-from service.recognizer.recognizer import Recognizer
+from service.doors.shared.auth import TOKEN_SYNTAX, identity
+from service.doors.shared.http_door import HttpDoor
 from service.vocabulary.errors import Code, RecognitionError
 from service.vocabulary.types import (
     AudioFormat,
@@ -159,13 +158,8 @@ def span(r: Result, words: tuple[messages.Word, ...]) -> tuple[float, float]:
     return min([r.start_s] + [w.start for w in words[:1]]), max([r.end_s] + [w.end for w in words[-1:]])
 
 
-class Listen:
+class Listen(HttpDoor):
     """The door's state and the checks each request passes first (credentials, then the query)."""
-
-    def __init__(self, config: ServerConfig, recognizer: Recognizer, tokens: TokenStore) -> None:
-        self.config = config
-        self.recognizer = recognizer
-        self.tokens = tokens
 
     def model_card(self) -> messages.ModelCard:
         model = self.recognizer.model
