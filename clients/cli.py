@@ -278,21 +278,22 @@ async def run(args: argparse.Namespace, printer: Printer) -> None:
             if any(o.status == "failed" for o in outcomes):
                 raise BulkFailed(sum(o.status == "failed" for o in outcomes))
             return
+        # what a recording and a stream of it are both asked with
+        asked: dict[str, Any] = {
+            "encoding": args.encoding,
+            "rate": args.rate,
+            "channels": args.channels,
+            "separate_channels": args.separate_channels,
+            "prompt": args.prompt,
+            "language": args.language,
+            "segment_offsets": args.segments,
+            "deadline_s": args.timeout,
+            "redact": args.redact,
+            "keyterms": args.keyterms,
+            "formatting": _formatting(args.formatting),
+        }
         if args.recognize:
-            response = await client.recognize_file(
-                args.file,
-                encoding=args.encoding,
-                rate=args.rate,
-                channels=args.channels,
-                separate_channels=args.separate_channels,
-                prompt=args.prompt,
-                language=args.language,
-                segment_offsets=args.segments,
-                deadline_s=args.timeout,
-                redact=args.redact,
-                keyterms=args.keyterms,
-                formatting=_formatting(args.formatting),
-            )
+            response = await client.recognize_file(args.file, **asked)
             for res in response.results:
                 printer.result(
                     "final", res.alternatives[0], _s(res.start_offset), _s(res.end_offset), res.channel_tag
@@ -302,21 +303,11 @@ async def run(args: argparse.Namespace, printer: Printer) -> None:
             return
         async for response in client.stream_file(
             args.file,
-            encoding=args.encoding,
-            rate=args.rate,
-            channels=args.channels,
             chunk_ms=args.chunk_ms,
             realtime=args.realtime,
             interim=args.interim,
-            separate_channels=args.separate_channels,
             single_utterance=args.single_utterance,
-            prompt=args.prompt,
-            language=args.language,
-            segment_offsets=args.segments,
-            deadline_s=args.timeout,
-            redact=args.redact,
-            keyterms=args.keyterms,
-            formatting=_formatting(args.formatting),
+            **asked,
         ):
             printer.stream_response(response)
 

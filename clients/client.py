@@ -60,6 +60,27 @@ _G711_SUFFIXES = {".ulaw": "MULAW", ".mulaw": "MULAW", ".mu": "MULAW", ".alaw": 
 _RAW_PCM_SUFFIXES = {".raw", ".pcm", ".s16", ".l16"}
 
 
+def _options(
+    separate_channels: bool,
+    language: str | None,
+    prompt: str | None,
+    segment_offsets: bool,
+    redact: Sequence[int],
+    keyterms: Sequence[str],
+    formatting: int,
+) -> dict[str, Any]:
+    """The RecognitionConfig fields a stream and a whole recording are both asked with."""
+    return {
+        "enable_separate_recognition_per_channel": separate_channels,
+        "language_code": language or "",
+        "prompt": prompt or "",
+        "enable_segment_time_offsets": segment_offsets,
+        "redact": redact,
+        "keyterms": keyterms,
+        "formatting": formatting,
+    }
+
+
 @dataclass(frozen=True)
 class Tls:
     """TLS settings: the CA that signed the server (None: system roots) and an optional client pair (mTLS)."""
@@ -299,13 +320,9 @@ class RecognizerClient:
                 encoding=audio.encoding,  # type: ignore[arg-type]
                 sample_rate_hertz=audio.sample_rate_hertz,
                 audio_channel_count=audio.channels,
-                enable_separate_recognition_per_channel=separate_channels,
-                language_code=language or "",
-                prompt=prompt or "",
-                enable_segment_time_offsets=segment_offsets,
-                redact=redact,  # type: ignore[arg-type]
-                keyterms=keyterms,
-                formatting=formatting,  # type: ignore[arg-type]
+                **_options(
+                    separate_channels, language, prompt, segment_offsets, redact, keyterms, formatting
+                ),
             ),
             single_utterance=single_utterance,
             interim_results=interim,
@@ -353,13 +370,7 @@ class RecognizerClient:
             encoding=enc,  # type: ignore[arg-type]
             sample_rate_hertz=rate or 0,
             audio_channel_count=channels or 0,
-            enable_separate_recognition_per_channel=separate_channels,
-            language_code=language or "",
-            prompt=prompt or "",
-            enable_segment_time_offsets=segment_offsets,
-            redact=redact,  # type: ignore[arg-type]
-            keyterms=keyterms,
-            formatting=formatting,  # type: ignore[arg-type]
+            **_options(separate_channels, language, prompt, segment_offsets, redact, keyterms, formatting),
         )
         return await self.recognize(data, config, deadline_s=deadline_s)
 

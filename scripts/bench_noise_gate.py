@@ -38,8 +38,9 @@ from engine import DecodeOptions, Engine  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from service import metrics  # noqa: E402
 from service.pipeline.audio import StreamDecoder  # noqa: E402
-from service.pipeline.endpointing import WINDOW, Endpointer, Utterance  # noqa: E402
+from service.pipeline.endpointing import Endpointer, Utterance  # noqa: E402
 from service.pipeline.noise_gate import MARGIN_DB  # noqa: E402
+from service.pipeline.vad import WINDOW  # noqa: E402
 
 G711_RATE = 8000
 

@@ -45,7 +45,8 @@ from clients.client import RecognizerClient  # noqa: E402
 from harness.server import ServerProcess, checkout  # noqa: E402
 from harness.usage import Stopwatch  # noqa: E402
 from service.pipeline.audio import StreamDecoder  # noqa: E402
-from service.pipeline.endpointing import Endpointer, Utterance, load_vad  # noqa: E402
+from service.pipeline.endpointing import Endpointer, Utterance  # noqa: E402
+from service.pipeline.vad import load_vad  # noqa: E402
 from tests.support.audio import make_conversation, to_mulaw_8k_bytes, white_noise  # noqa: E402
 from tests.test_vad_batch import CALL, cut, jfk_16k, pocketsphinx_16k, telephone  # noqa: E402
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -916,3 +918,25 @@ def test_a_drained_stream_counts_as_ended_normally(
         assert counted() == (1, 0)
     finally:
         server.stop()
+
+
+def test_the_speech_service_is_described_when_the_door_is_registered_not_at_import() -> None:
+    """Importing the door leaves the process's descriptor pool as it was; registering it on a server adds
+    the Speech service that reflection describes (buf curl, grpcurl). In a fresh process: this one's pool
+    already holds it once any test has started a server."""
+    code = (
+        "from google.protobuf import descriptor_pool\n"
+        "from service.doors import google_speech\n"
+        "pool = descriptor_pool.Default()\n"
+        "try:\n"
+        "    pool.FindServiceByName(google_speech.SERVICE)\n"
+        "    raise SystemExit('the Speech service was added to the pool at import')\n"
+        "except KeyError:\n"
+        "    pass\n"
+        "google_speech.GoogleSpeechDoor(None).handlers()\n"
+        "assert pool.FindServiceByName(google_speech.SERVICE).full_name == google_speech.SERVICE\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr

@@ -11,14 +11,8 @@ import numpy as np
 import pytest
 
 from service.pipeline.audio import StreamDecoder
-from service.pipeline.endpointing import (
-    Endpointer,
-    Event,
-    SpeechEnded,
-    SpeechStarted,
-    Utterance,
-    load_vad,
-)
+from service.pipeline.endpointing import Endpointer, Event, SpeechEnded, SpeechStarted, Utterance
+from service.pipeline.vad import load_vad
 from service.vocabulary.endpointing import EndpointingError, EndpointSettings
 from tests.support.audio import (
     RATE,

@@ -11,7 +11,7 @@ from prometheus_client import REGISTRY
 
 from engine import Engine
 from service.config import ServerConfig
-from service.pipeline.endpointing import RATE, WINDOW, Endpointer, SileroVad, Utterance, load_vad
+from service.pipeline.endpointing import Endpointer, Utterance
 from service.pipeline.noise_gate import (
     FLOOR_MIN_DB,
     GATE_AFTER_WINDOWS,
@@ -19,6 +19,7 @@ from service.pipeline.noise_gate import (
     NoiseFloor,
     levels_db,
 )
+from service.pipeline.vad import RATE, WINDOW, SileroVad, load_vad
 from tests.support.audio import to_mulaw_8k_bytes, white_noise
 from tests.support.server import ServerThread, sync_stream
 from tests.test_vad_batch import jfk_16k, pocketsphinx_16k, telephone, windows_of

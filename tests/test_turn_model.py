@@ -12,9 +12,10 @@ import torch
 
 from engine.features import LogMel
 from service.config import ServerConfig, validate
-from service.pipeline.endpointing import RATE, Endpointer, SpeechEnded, TurnJudging, Utterance
+from service.pipeline.endpointing import Endpointer, SpeechEnded, TurnJudging, Utterance
 from service.pipeline.session import turn_judging
 from service.pipeline.turn_model import N_SAMPLES, TurnBatcher, TurnModel, features, load_turn_model
+from service.pipeline.vad import RATE
 from service.vocabulary.endpointing import EndpointingError, EndpointSettings
 
 LIBRIVOX = "/usr/share/pocketsphinx/test/data/librivox"

@@ -16,7 +16,8 @@ from prometheus_client import REGISTRY
 
 from clients.client import RecognizerClient
 from service.pipeline.audio import StreamDecoder
-from service.pipeline.endpointing import RATE, WINDOW, Endpointer, SileroVad, Utterance, load_vad
+from service.pipeline.endpointing import Endpointer, Utterance
+from service.pipeline.vad import RATE, WINDOW, SileroVad, load_vad
 from service.pipeline.vad_batch import VadBatcher
 from tests.support.audio import JFK_FLAC, make_conversation, to_mulaw_8k_bytes, white_noise
 from tests.support.server import ServerThread

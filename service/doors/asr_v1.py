@@ -7,9 +7,7 @@ whose message names the field and the limit; nothing one call does can fail anot
 
 from __future__ import annotations
 
-import asyncio
-import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any
 
 import grpc
@@ -18,8 +16,14 @@ from google.protobuf.duration_pb2 import Duration
 from grpc import aio
 
 from service.doors.shared.auth import bearer_token, identity
-from service.doors.shared.grpc_calls import StreamCall, first_request
-from service.doors.shared.grpc_status import core_code, grpc_code
+from service.doors.shared.grpc_calls import (
+    SECOND_CONFIG,
+    StreamCall,
+    first_request,
+    read_requests,
+    serve_stream,
+)
+from service.doors.shared.grpc_status import grpc_code
 from service.recognizer.call_hub import EVERY_CALL, SubscriberLagged
 from service.recognizer.recognizer import Recognizer, Stream
 from service.vocabulary.errors import Code, RecognitionError
@@ -44,8 +48,6 @@ from service.vocabulary.types import (
     SpeechStarted,
     StreamSettings,
 )
-
-log = logging.getLogger("service.doors.asr_v1")
 
 DOOR = "asr.v1"
 STREAM_ID_HEADER = "asr-stream-id"  # initial metadata of an accepted stream (see StreamingRecognize)
@@ -295,6 +297,21 @@ def _caller(context: aio.ServicerContext) -> Identity:
     return identity(bearer_token(context.invocation_metadata()), context.peer())
 
 
+async def _take(request: asr_pb2.StreamingRecognizeRequest, stream: Stream) -> None:
+    """One request after the config into the stream."""
+    kind = request.WhichOneof("streaming_request")
+    if kind == "streaming_config":
+        raise RecognitionError(Code.INVALID_ARGUMENT, SECOND_CONFIG)
+    if kind == "audio_content":
+        stream.audio(request.audio_content)
+        await stream.pace()
+    elif kind == "keyterms_update":
+        try:
+            stream.update_keyterms(request.keyterms_update.keyterms)
+        except RecognitionError as e:
+            raise RecognitionError(e.code, e.message_for(UPDATE_NAMES), e.field) from e
+
+
 # --- the servicer ---
 
 
@@ -307,67 +324,33 @@ class RecognizerServicer(asr_pb2_grpc.RecognizerServicer):
         request_iterator: AsyncIterator[asr_pb2.StreamingRecognizeRequest],
         context: aio.ServicerContext,
     ) -> AsyncIterator[asr_pb2.StreamingRecognizeResponse]:
-        code = grpc.StatusCode.OK
-        call: StreamCall | None = None
+        async def refuse(e: RecognitionError) -> None:
+            await context.abort(grpc_code(e.code), e.message_for(CONFIG_NAMES))
 
-        try:
-            first = await first_request(request_iterator, self.recognizer, DOOR)
-            # translated once admitted: a loading, draining or full server says so first
-            stream = self.recognizer.open_stream(
-                lambda: first_settings(first), door=DOOR, identity=_caller(context)
-            )
-            call = StreamCall(context, stream)
-            # Headers now, not with the first result: they tell the client its stream was accepted, so it
-            # starts sending audio only then. A client still writing when a refusal arrives gets INTERNAL
-            # instead of the refusal from grpc.aio (grpc/grpc#36066); RecognizerClient waits for this.
-            await context.send_initial_metadata(((STREAM_ID_HEADER, stream.id),))
-            call.read(self._read(request_iterator, stream))
-            async for event in stream.events():
-                yield response(event)
-        except RecognitionError as e:
-            code = grpc_code(e.code)
-            await context.abort(code, e.message_for(CONFIG_NAMES))
-        except asyncio.CancelledError:
-            code = grpc.StatusCode.CANCELLED
-            raise
-        except Exception:
-            code = grpc.StatusCode.UNKNOWN
-            raise
-        finally:
-            if call is not None:
-                await call.close(core_code(code))
+        # an async generator itself: grpc.aio runs any other handler as a synchronous one
+        async for out in serve_stream(
+            context, lambda call: self._respond(request_iterator, context, call), refuse
+        ):
+            yield out
 
-    async def _read(self, requests: AsyncIterator[asr_pb2.StreamingRecognizeRequest], stream: Stream) -> None:
-        """The requests after the config: their audio into the stream, the half-close as its end."""
-        try:
-            async for request in requests:
-                kind = request.WhichOneof("streaming_request")
-                if kind == "streaming_config":
-                    stream.fail(
-                        RecognitionError(
-                            Code.INVALID_ARGUMENT,
-                            "streaming_config may only be sent in the first request; later requests carry "
-                            "audio_content",
-                        )
-                    )
-                    return
-                if kind == "audio_content":
-                    stream.audio(request.audio_content)
-                    await stream.pace()
-                elif kind == "keyterms_update":
-                    try:
-                        stream.update_keyterms(request.keyterms_update.keyterms)
-                    except RecognitionError as e:
-                        stream.fail(RecognitionError(e.code, e.message_for(UPDATE_NAMES), e.field))
-                        return
-            stream.finish()  # the client half-closed
-        except RecognitionError as e:  # a request refused before it was parsed (runtime/message_limit.py)
-            stream.fail(e)
-        except aio.AbortError:
-            pass  # the call was already ended with its status: nothing is left to read
-        except Exception as e:  # a bug of ours: fail this stream only, loudly
-            log.exception("stream reader failed", extra={"fields": {"stream_id": stream.id}})
-            stream.fail(RecognitionError(Code.INTERNAL, f"internal error: {type(e).__name__}: {e}"))
+    async def _respond(
+        self,
+        requests: AsyncIterator[asr_pb2.StreamingRecognizeRequest],
+        context: aio.ServicerContext,
+        call: StreamCall,
+    ) -> AsyncGenerator[asr_pb2.StreamingRecognizeResponse, None]:
+        first = await first_request(requests, self.recognizer, DOOR)
+        # translated once admitted: a loading, draining or full server says so first
+        stream = call.attach(
+            self.recognizer.open_stream(lambda: first_settings(first), door=DOOR, identity=_caller(context))
+        )
+        # Headers now, not with the first result: they tell the client its stream was accepted, so it
+        # starts sending audio only then. A client still writing when a refusal arrives gets INTERNAL
+        # instead of the refusal from grpc.aio (grpc/grpc#36066); RecognizerClient waits for this.
+        await context.send_initial_metadata(((STREAM_ID_HEADER, stream.id),))
+        call.read(read_requests(stream, requests, lambda request: _take(request, stream)))
+        async for event in stream.events():
+            yield response(event)
 
     async def Recognize(
         self, request: asr_pb2.RecognizeRequest, context: aio.ServicerContext

@@ -44,6 +44,7 @@ from http_message_signatures import (
 
 from service.config import ServerConfig
 from service.doors.shared.auth import TokenStore, bearer_token, read_secret
+from service.doors.shared.http_door import HttpDoor
 from service.doors.shared.telephony_socket import TelephonySockets, refusal
 from service.doors.shared.ws_deadline import write_within
 from service.recognizer.framing import Reframer
@@ -128,11 +129,9 @@ class Timeline:
         return core_s + (self.shift[i - 1] if i else 0.0)
 
 
-class AudioHookDoor:
+class AudioHookDoor(HttpDoor):
     def __init__(self, config: ServerConfig, recognizer: Recognizer, tokens: TokenStore) -> None:
-        self.config = config
-        self.recognizer = recognizer
-        self.tokens = tokens
+        super().__init__(config, recognizer, tokens)
         self.api_key = read_secret(config.audiohook_api_key_file, API_KEY_ENV)
         secret = read_secret(config.audiohook_client_secret_file, CLIENT_SECRET_ENV)
         try:

@@ -23,12 +23,11 @@ import logging
 
 from aiohttp import web
 
-from service.config import ServerConfig
-from service.doors.shared.auth import TokenStore, bearer_token
+from service.doors.shared.auth import bearer_token
+from service.doors.shared.http_door import HttpDoor
 from service.doors.shared.telephony_socket import refusal
 from service.doors.shared.ws_deadline import write_within
 from service.recognizer.call_hub import CALL_ID_SYNTAX, EVERY_CALL, SubscriberLagged
-from service.recognizer.recognizer import Recognizer
 
 log = logging.getLogger("service.doors.call_transcripts")
 
@@ -36,12 +35,7 @@ CALL_PATH = "/v1/calls/{call_id}/transcripts"
 EVERY_CALL_PATH = "/v1/calls/transcripts"
 
 
-class CallTranscriptsDoor:
-    def __init__(self, config: ServerConfig, recognizer: Recognizer, tokens: TokenStore) -> None:
-        self.config = config
-        self.recognizer = recognizer
-        self.tokens = tokens
-
+class CallTranscriptsDoor(HttpDoor):
     def register(self, app: web.Application) -> None:
         app.router.add_get(EVERY_CALL_PATH, self.every_call)
         app.router.add_get(CALL_PATH, self.one_call)

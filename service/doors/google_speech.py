@@ -16,11 +16,9 @@ no operation to look up later (GetOperation: NOT_FOUND, saying so).
 
 from __future__ import annotations
 
-import asyncio
 import itertools
-import logging
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,8 +30,14 @@ from google.protobuf import any_pb2, descriptor_pb2, descriptor_pool, duration_p
 from grpc import aio
 
 from service.doors.shared.auth import bearer_token, identity
-from service.doors.shared.grpc_calls import StreamCall, first_request
-from service.doors.shared.grpc_status import core_code, grpc_code
+from service.doors.shared.grpc_calls import (
+    SECOND_CONFIG,
+    StreamCall,
+    first_request,
+    read_requests,
+    serve_stream,
+)
+from service.doors.shared.grpc_status import grpc_code
 from service.recognizer.recognizer import RECOGNIZE, Recognizer, Stream
 from service.vocabulary.errors import Code, RecognitionError
 from service.vocabulary.types import (
@@ -55,8 +59,6 @@ from service.vocabulary.types import (
     StreamSettings,
 )
 
-log = logging.getLogger("service.doors.google_speech")
-
 SERVICE = "google.cloud.speech.v1.Speech"
 OPERATIONS_SERVICE = "google.longrunning.Operations"
 
@@ -64,7 +66,8 @@ OPERATIONS_SERVICE = "google.longrunning.Operations"
 def _describe_service() -> None:
     """google-cloud-speech carries Speech's messages (proto-plus puts them in the default descriptor pool)
     but not the service itself, so server reflection (buf curl, grpcurl) could list it yet not describe it:
-    a file declaring it over those messages goes into the pool once."""
+    a file declaring it over those messages goes into the pool once, when the door is registered on a
+    server (GoogleSpeechDoor.handlers): importing the module changes no process-wide pool."""
     pool = descriptor_pool.Default()
     try:
         pool.FindServiceByName(SERVICE)
@@ -96,7 +99,6 @@ def _describe_service() -> None:
     )
 
 
-_describe_service()
 DOOR = "google"
 
 # The raw protobuf classes the door serves (google-cloud-speech's proto-plus types wrap these).
@@ -517,6 +519,7 @@ class GoogleSpeechDoor:
         self._prefix = f"{os.getpid():x}"
 
     def handlers(self) -> list[grpc.GenericRpcHandler]:
+        _describe_service()  # for server reflection, now that the service is served
         speech = grpc.method_handlers_generic_handler(
             SERVICE,
             {
@@ -552,8 +555,18 @@ class GoogleSpeechDoor:
     async def StreamingRecognize(
         self, request_iterator: AsyncIterator[Any], context: aio.ServicerContext
     ) -> AsyncIterator[Any]:
-        code = grpc.StatusCode.OK  # how the stream ended for the core's metrics (a drain's is OK)
-        call: StreamCall | None = None
+        async def refuse(e: RecognitionError) -> None:
+            await _abort(context, e, STREAM_FIELDS)
+
+        # an async generator itself: grpc.aio runs any other handler as a synchronous one
+        async for out in serve_stream(
+            context, lambda call: self._respond(request_iterator, context, call), refuse
+        ):
+            yield out
+
+    async def _respond(
+        self, requests: AsyncIterator[Any], context: aio.ServicerContext, call: StreamCall
+    ) -> AsyncGenerator[Any, None]:
         translated: list[StreamingCall] = []
 
         def settings() -> StreamSettings:
@@ -561,77 +574,45 @@ class GoogleSpeechDoor:
             translated.append(c)
             return c.settings
 
-        try:
-            first = await first_request(request_iterator, self.recognizer, DOOR)
-            # translated once admitted: a loading, draining or full server says so first
-            stream = self.recognizer.open_stream(settings, door=DOOR, identity=_caller(context))
-            call = StreamCall(context, stream)
-            (c,) = translated
-            call.read(self._read(request_iterator, stream, c))
-            drained: Reconnect | None = None
-            async for event in stream.events():
-                if isinstance(event, Reconnect):
-                    drained = event
-                    continue
-                out = streaming_response(event, c)
-                if out is not None:
-                    yield out
-            # "total_billed_time: When available, billed audio seconds for the stream. Set only if this
-            # is the last response in the stream."
-            yield StreamingRecognizeResponse(total_billed_time=duration(stream.heard_s))
-            if drained is not None:
-                # Google has no reconnect message: the finals of what was heard came; UNAVAILABLE is what
-                # Google's clients retry, on another replica. The server ended the call in order: OK to
-                # its metrics, so that a rolling deploy is no server error to the alert.
-                drain = RecognitionError(
-                    Code.UNAVAILABLE,
-                    f"server is draining: every final of the {drained.offset_s:.2f} s heard was sent; "
-                    "continue the call on a new stream (another replica)",
-                )
-                await _abort(context, drain, STREAM_FIELDS)
-        except RecognitionError as e:
-            code = grpc_code(e.code)
-            await _abort(context, e, STREAM_FIELDS)
-        except asyncio.CancelledError:
-            code = grpc.StatusCode.CANCELLED
-            raise
-        except aio.AbortError:  # the status is already sent, and `code` says what it meant
-            raise
-        except Exception:
-            code = grpc.StatusCode.UNKNOWN
-            raise
-        finally:
-            if call is not None:
-                await call.close(core_code(code))
+        first = await first_request(requests, self.recognizer, DOOR)
+        # translated once admitted: a loading, draining or full server says so first
+        stream = call.attach(self.recognizer.open_stream(settings, door=DOOR, identity=_caller(context)))
+        (c,) = translated
+        call.read(read_requests(stream, requests, lambda request: self._take(request, stream, c)))
+        drained: Reconnect | None = None
+        async for event in stream.events():
+            if isinstance(event, Reconnect):
+                drained = event
+                continue
+            out = streaming_response(event, c)
+            if out is not None:
+                yield out
+        # "total_billed_time: When available, billed audio seconds for the stream. Set only if this
+        # is the last response in the stream."
+        yield StreamingRecognizeResponse(total_billed_time=duration(stream.heard_s))
+        if drained is not None:
+            # Google has no reconnect message: the finals of what was heard came; UNAVAILABLE is what
+            # Google's clients retry, on another replica. The server ended the call in order: OK to
+            # its metrics, so that a rolling deploy is no server error to the alert.
+            drain = RecognitionError(
+                Code.UNAVAILABLE,
+                f"server is draining: every final of the {drained.offset_s:.2f} s heard was sent; "
+                "continue the call on a new stream (another replica)",
+            )
+            await _abort(context, drain, STREAM_FIELDS)
 
-    async def _read(self, requests: AsyncIterator[Any], stream: Stream, c: StreamingCall) -> None:
-        """The requests after the config: their audio into the stream, the half-close as its end."""
-        encoding, pick = c.settings.recognition.format.encoding, c.call.pick_first_of
-        try:
-            async for request in requests:
-                kind = request.WhichOneof("streaming_request")
-                if kind == "streaming_config":
-                    stream.fail(
-                        _invalid(
-                            "streaming_config may only be sent in the first request; later requests carry "
-                            "audio_content"
-                        )
-                    )
-                    return
-                if kind == "audio_content":
-                    chunk = request.audio_content
-                    if pick > 1 and len(chunk) <= self.recognizer.config.max_chunk_bytes:
-                        chunk = first_channel(chunk, encoding, pick)
-                    stream.audio(chunk)
-                    await stream.pace()
-            stream.finish()  # the client half-closed
-        except RecognitionError as e:
-            stream.fail(e)
-        except aio.AbortError:
-            pass  # the call was already ended with its status: nothing is left to read
-        except Exception as e:  # a bug of ours: fail this stream only, loudly
-            log.exception("stream reader failed", extra={"fields": {"stream_id": stream.id}})
-            stream.fail(RecognitionError(Code.INTERNAL, f"internal error: {type(e).__name__}: {e}"))
+    async def _take(self, request: Any, stream: Stream, c: StreamingCall) -> None:
+        """One request after the config into the stream."""
+        kind = request.WhichOneof("streaming_request")
+        if kind == "streaming_config":
+            raise _invalid(SECOND_CONFIG)
+        if kind == "audio_content":
+            chunk = request.audio_content
+            pick = c.call.pick_first_of
+            if pick > 1 and len(chunk) <= self.recognizer.config.max_chunk_bytes:
+                chunk = first_channel(chunk, c.settings.recognition.format.encoding, pick)
+            stream.audio(chunk)
+            await stream.pace()
 
     async def _recognize(self, request: Any, context: aio.ServicerContext) -> tuple[RecognizeResult, Call]:
         translated: list[Call] = []

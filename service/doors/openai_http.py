@@ -27,7 +27,6 @@ Form fields (multipart/form-data, as OpenAI's SDKs send them):
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import math
@@ -39,10 +38,10 @@ from typing import Any, TypeVar
 from aiohttp import BodyPartReader, web
 from asr.subtitles import Cue, srt, vtt
 
-from service.config import ServerConfig
-from service.doors.shared.auth import TokenStore, bearer_token, identity
-from service.doors.shared.http_body import BODY_OVERHEAD_BYTES
-from service.recognizer.recognizer import Recognizer, whisper_language
+from service.doors.shared.auth import bearer_token, identity
+from service.doors.shared.http_body import BODY_OVERHEAD_BYTES, BodyError, BoundedBody
+from service.doors.shared.http_door import HttpDoor
+from service.recognizer.recognizer import whisper_language
 from service.vocabulary.errors import Code, RecognitionError
 from service.vocabulary.types import AudioFormat, Identity, RecognitionSettings, RecognizeResult, Redaction
 
@@ -130,76 +129,10 @@ def _on_off(name: str, value: str) -> bool:
     raise ApiError(400, f"{name} must be true or false, got {value!r}", name)
 
 
-class _Body:
-    """One request body as it arrives: every read of it is bounded in time and in total size.
-
-    A slow upload cannot hold a handler (and what it has read) for ever: each read must arrive within
-    --http-read-timeout, and the body as a whole at --http-min-upload-rate on average once that much grace
-    is spent (deadline: start + grace + received / rate). Whatever the framing (Content-Length or chunked),
-    the bytes that have arrived, all parts counted, may not pass `max_body`."""
-
-    def __init__(
-        self, request: web.Request, max_body: int, limit_note: str, read_timeout: float, min_rate: int
-    ) -> None:
-        self.content = request.content
-        self.max_body, self.limit_note = max_body, limit_note
-        self.read_timeout, self.min_rate = read_timeout, min_rate
-        self.loop = asyncio.get_running_loop()
-        self.start = self.loop.time()
-
-    async def read(self, step: Awaitable[T]) -> T:
-        received = self.content.total_bytes
-        idle_deadline = self.loop.time() + self.read_timeout
-        rate_deadline = (
-            self.start + self.read_timeout + received / self.min_rate if self.min_rate else math.inf
-        )
-        try:
-            async with asyncio.timeout_at(min(idle_deadline, rate_deadline)):
-                value = await step
-        except TimeoutError:
-            raise self._too_slow(idle_deadline <= rate_deadline) from None
-        except (ValueError, LookupError, RuntimeError, AssertionError, web.RequestPayloadError) as e:
-            # aiohttp's multipart parser says what is wrong with a body in these (a bad or missing
-            # boundary, an unknown transfer encoding, a truncated chunk)
-            raise ApiError(400, f"malformed multipart/form-data body: {e}") from e
-        if self.content.total_bytes > self.max_body:
-            raise ApiError(
-                413,
-                f"file: the request is over {self.limit_note} plus {FORM_OVERHEAD_BYTES} bytes for the rest "
-                "of the form",
-                "file",
-            )
-        return value
-
-    def _too_slow(self, idle: bool) -> ApiError:
-        if idle:
-            why = f"the upload sent nothing for {self.read_timeout:g} s (http_read_timeout)"
-        else:
-            elapsed = self.loop.time() - self.start
-            rate = self.content.total_bytes / elapsed if elapsed > 0 else 0.0
-            why = (
-                f"the upload arrived at {rate:.0f} bytes/s, under the minimum of {self.min_rate} bytes/s "
-                f"(http_min_upload_rate) after {self.read_timeout:g} s of grace"
-            )
-        return ApiError(408, why + "; send the request again, faster", code="request_timeout")
-
-
-async def read_form(
-    request: web.Request, max_file_bytes: int, read_timeout: float = 30.0, min_rate: int = 0
-) -> TranscriptionRequest:
-    """Read the multipart form as it streams: an upload over `max_file_bytes` is refused as soon as it is
-    (413), a slow one once it is too slow (408), a malformed one at once (400). The file is read into one
-    buffer, which the Recognize core reads in place (no copy)."""
-    limit_note = f"the limit of {max_file_bytes} bytes (max_recognize_bytes)"
-    if request.content_length is not None and request.content_length > max_file_bytes + FORM_OVERHEAD_BYTES:
-        raise ApiError(
-            413, f"file: the request of {request.content_length} bytes is over {limit_note}", "file"
-        )
-    if not request.content_type.startswith("multipart/"):
-        raise ApiError(
-            400, f"send multipart/form-data with a 'file' field (got Content-Type {request.content_type})"
-        )
-    body = _Body(request, max_file_bytes + FORM_OVERHEAD_BYTES, limit_note, read_timeout, min_rate)
+async def _read_parts(
+    request: web.Request, body: BoundedBody, max_file_bytes: int, limit_note: str
+) -> tuple[TranscriptionRequest, bool]:
+    """The form's fields, each read within the body's bounds; the file at most `max_file_bytes`."""
     form = TranscriptionRequest()
     seen_file = False
     reader = await body.read(request.multipart())
@@ -238,6 +171,35 @@ async def read_form(
         elif name in ("redact", "redact[]"):
             form.redact.extend(r.strip().lower() for r in value.split(",") if r.strip())
         # anything else (temperature, include[], chunking_strategy, ...) is ignored, as documented
+    return form, seen_file
+
+
+async def read_form(
+    request: web.Request, max_file_bytes: int, read_timeout: float = 30.0, min_rate: int = 0
+) -> TranscriptionRequest:
+    """Read the multipart form as it streams: an upload over `max_file_bytes` is refused as soon as it is
+    (413), a slow one once it is too slow (408), a malformed one at once (400). The file is read into one
+    buffer, which the Recognize core reads in place (no copy)."""
+    limit_note = f"the limit of {max_file_bytes} bytes (max_recognize_bytes)"
+
+    def too_large(declared: int | None) -> str:
+        if declared is not None:
+            return f"file: the request of {declared} bytes is over {limit_note}"
+        return f"file: the request is over {limit_note} plus {FORM_OVERHEAD_BYTES} bytes for the rest of the form"
+
+    try:
+        body = BoundedBody(request, max_file_bytes + FORM_OVERHEAD_BYTES, too_large, read_timeout, min_rate)
+        if not request.content_type.startswith("multipart/"):
+            raise ApiError(
+                400, f"send multipart/form-data with a 'file' field (got Content-Type {request.content_type})"
+            )
+        form, seen_file = await _read_parts(request, body, max_file_bytes, limit_note)
+    except BodyError as e:
+        if e.status == 413:
+            raise ApiError(413, e.message, "file") from e
+        if e.status == 408:
+            raise ApiError(408, e.message, code="request_timeout") from e
+        raise ApiError(400, f"malformed multipart/form-data body: {e.message}") from e
     if not seen_file or not form.audio:
         raise ApiError(400, "file is required: a WAV or FLAC recording in the 'file' form field", "file")
     if form.response_format not in RESPONSE_FORMATS:
@@ -391,13 +353,8 @@ def _sse(event: dict[str, Any]) -> bytes:
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-class OpenAIHttpDoor:
+class OpenAIHttpDoor(HttpDoor):
     """The door's routes, registered on the HTTP port's application (runtime/http_server.py)."""
-
-    def __init__(self, config: ServerConfig, recognizer: Recognizer, tokens: TokenStore) -> None:
-        self.config = config
-        self.recognizer = recognizer
-        self.tokens = tokens
 
     def register(self, app: web.Application) -> None:
         app.router.add_post(TRANSCRIPTIONS_PATH, self._errors(self.transcriptions))

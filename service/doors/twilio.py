@@ -33,6 +33,7 @@ from twilio.request_validator import RequestValidator
 
 from service.config import ServerConfig
 from service.doors.shared.auth import TokenStore, bearer_token, identity, read_secret
+from service.doors.shared.http_door import HttpDoor
 from service.doors.shared.telephony_socket import TelephonySockets, refusal
 from service.doors.shared.ws_deadline import write_within
 from service.recognizer.rate_limit import TokenBucket
@@ -166,11 +167,9 @@ def stream_settings(start: dict[str, Any]) -> StreamSettings:
     )
 
 
-class TwilioDoor:
+class TwilioDoor(HttpDoor):
     def __init__(self, config: ServerConfig, recognizer: Recognizer, tokens: TokenStore) -> None:
-        self.config = config
-        self.recognizer = recognizer
-        self.tokens = tokens
+        super().__init__(config, recognizer, tokens)
         auth_token = read_secret(config.twilio_auth_token_file, AUTH_TOKEN_ENV)
         self.validator = RequestValidator(auth_token) if auth_token else None
         self.sockets = TelephonySockets(PATH)

@@ -43,7 +43,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from service.pipeline.endpointing import RATE, Utterance
+from service.pipeline.endpointing import Utterance
+from service.pipeline.vad import RATE
 from service.vocabulary.call_metrics import (
     CallMetrics,
     CallMetricsSettings,

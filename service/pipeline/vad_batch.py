@@ -3,7 +3,7 @@
 A stream's reader pushes each chunk's audio into its channels' endpointers and asks for a pass; the first
 request of a tick schedules one VAD_GATHER_S later, so that the chunks of every stream that arrive
 meanwhile share it. The pass scores the new windows of every channel that asked in one
-batched model call per window depth (service/pipeline/endpointing.py SileroVad.score), and hands each stream its
+batched model call per window depth (service/pipeline/vad.py SileroVad.score), and hands each stream its
 probabilities. The stream's endpointers then run their state machines (Endpointer.advance).
 """
 
@@ -19,7 +19,7 @@ from typing import Protocol
 import numpy as np
 
 from service import metrics
-from service.pipeline.endpointing import SileroVad, VadState, load_vad
+from service.pipeline.vad import SileroVad, VadState, load_vad
 
 log = logging.getLogger("service.pipeline.vad_batch")
 

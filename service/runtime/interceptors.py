@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -22,6 +22,7 @@ from grpc import aio
 
 from service import metrics
 from service.doors.shared.auth import Refusal
+from service.doors.shared.grpc_interceptor import HandlerInterceptor
 
 # Messages a call counts before it adds them to grpc_server_msg_{received,sent}_total: about a second of
 # 20 ms audio chunks, so a long stream's counters still move while it runs.
@@ -65,6 +66,18 @@ class CallMetrics:
         self.received = 0  # messages not yet added to the counters
         self.sent = 0
         metrics.GRPC_STARTED.labels(*self.labels).inc()
+
+    @classmethod
+    def begin(
+        cls, labels: tuple[str, str, str], request_streaming: bool, request_or_iterator: Any
+    ) -> tuple[CallMetrics, Any]:
+        """A call's bookkeeping, begun: a streaming call's requests counted as they are read (the
+        iterator returned stands for the one given), a unary call's one request at once."""
+        call = cls(*labels)
+        if request_streaming:
+            return call, call.count_requests(request_or_iterator)
+        call.count_received()
+        return call, request_or_iterator
 
     def count_received(self) -> None:
         self.received += 1
@@ -138,15 +151,12 @@ def _wrap(
     the method's label (they differ for an auth refusal, which reads no request whatever the method)."""
     assert behavior is not None, "the handler lacks the behavior its streaming flags promise"
     request_streaming, response_streaming = shape
+    labels = (grpc_type, service, method)
 
     if response_streaming:
 
         async def streaming(request_or_iterator: Any, context: aio.ServicerContext) -> AsyncIterator[Any]:
-            call = CallMetrics(grpc_type, service, method)
-            if request_streaming:
-                request_or_iterator = call.count_requests(request_or_iterator)
-            else:
-                call.count_received()
+            call, request_or_iterator = CallMetrics.begin(labels, request_streaming, request_or_iterator)
             exc: BaseException | None = None
             try:
                 result = behavior(request_or_iterator, _CountingContext(context, call))
@@ -165,11 +175,7 @@ def _wrap(
         return streaming
 
     async def unary(request_or_iterator: Any, context: aio.ServicerContext) -> Any:
-        call = CallMetrics(grpc_type, service, method)
-        if request_streaming:
-            request_or_iterator = call.count_requests(request_or_iterator)
-        else:
-            call.count_received()
+        call, request_or_iterator = CallMetrics.begin(labels, request_streaming, request_or_iterator)
         exc: BaseException | None = None
         try:
             result = behavior(request_or_iterator, context)
@@ -186,15 +192,10 @@ def _wrap(
     return unary
 
 
-class MetricsInterceptor(aio.ServerInterceptor):
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
+class MetricsInterceptor(HandlerInterceptor):
+    def intercept_handler(
+        self, handler: grpc.RpcMethodHandler, handler_call_details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return handler  # unknown method: gRPC answers UNIMPLEMENTED itself
         service, method = _split(handler_call_details.method)
         shape = (handler.request_streaming, handler.response_streaming)
         grpc_type = _TYPES[handler.method_shape if isinstance(handler, Refusal) else shape]

@@ -19,6 +19,7 @@ import grpc
 from grpc import aio
 
 from service import metrics
+from service.doors.shared.grpc_interceptor import HandlerInterceptor
 from service.vocabulary.errors import Code, RecognitionError
 
 # Beside the audio, what one streaming request may carry: the first request's config (phrase hints
@@ -31,19 +32,16 @@ class _Oversized:
     size: int
 
 
-class StreamMessageLimit(aio.ServerInterceptor):
+class StreamMessageLimit(HandlerInterceptor):
     """Refuses, unparsed, a streaming request longer than `max_chunk_bytes` + CONFIG_SLACK_BYTES."""
 
     def __init__(self, max_chunk_bytes: int) -> None:
         self.limit = max_chunk_bytes + CONFIG_SLACK_BYTES
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
+    def intercept_handler(
+        self, handler: grpc.RpcMethodHandler, handler_call_details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        if handler is None or not handler.request_streaming:
+        if not handler.request_streaming:
             return handler
         parse = handler.request_deserializer
         limit = self.limit

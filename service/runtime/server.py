@@ -39,8 +39,8 @@ from service.doors.call_transcripts import CallTranscriptsDoor
 from service.doors.deepgram.door import DeepgramDoor
 from service.doors.openai_http import OpenAIHttpDoor
 from service.doors.openai_realtime.door import OpenAIRealtimeDoor
-from service.doors.riva import SERVICE_NAME as RIVA_SERVICE_NAME
-from service.doors.riva import RivaServicer
+from service.doors.riva.servicer import SERVICE_NAME as RIVA_SERVICE_NAME
+from service.doors.riva.servicer import RivaServicer
 from service.doors.shared.auth import ENV_VAR, AuthInterceptor, TokenStore, read_secret
 from service.doors.siprec.door import SiprecDoor
 from service.doors.twilio import TwilioDoor

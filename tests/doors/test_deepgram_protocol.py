@@ -20,7 +20,7 @@ from deepgram.listen.v1.types import (
 from deepgram.types import ListenV1Response
 
 from service.doors.deepgram import messages
-from service.doors.deepgram.door import stream_settings
+from service.doors.deepgram.common import stream_settings
 from service.doors.deepgram.options import (
     MAX_ENDPOINTING_MS,
     MIN_ENDPOINTING_MS,

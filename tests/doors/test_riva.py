@@ -31,7 +31,8 @@ from clients.scoring import corpus_wer
 from engine import Engine
 from scripts.keyterm_clips import KEYTERMS, name_clips, said, telephone_audio
 from service.config import ServerConfig
-from service.doors.riva import Endpointing, endpointing, sniff_container, wav_header
+from service.doors.riva.audio import sniff_container, wav_header
+from service.doors.riva.settings import Endpointing, endpointing
 from tests.support.audio import (
     JFK_FLAC,
     make_conversation,

@@ -29,6 +29,7 @@ from aiohttp import WSMsgType, web
 
 from service.config import ServerConfig
 from service.doors.shared.auth import TOKEN_SYNTAX, TokenStore, bearer_token, identity
+from service.doors.shared.http_door import HttpDoor
 from service.doors.shared.telephony_socket import TelephonySockets, refusal
 from service.doors.shared.ws_deadline import write_within
 from service.recognizer.call_hub import CALL_ID_SYNTAX
@@ -83,11 +84,9 @@ def audio_format(name: str) -> AudioFormat:
     )
 
 
-class AsteriskWebSocketDoor:
+class AsteriskWebSocketDoor(HttpDoor):
     def __init__(self, config: ServerConfig, recognizer: Recognizer, tokens: TokenStore) -> None:
-        self.config = config
-        self.recognizer = recognizer
-        self.tokens = tokens
+        super().__init__(config, recognizer, tokens)
         self.sockets = TelephonySockets(PATH)
 
     def register(self, app: web.Application) -> None:

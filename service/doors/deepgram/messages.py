@@ -18,7 +18,7 @@ import string
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NotRequired, TypedDict, Unpack
 
 from deepgram.listen.v1.types import (
     ListenV1CloseStream,
@@ -158,40 +158,33 @@ def _warnings(warnings: Sequence[OptionWarning]) -> list[dict[str, str]]:
     return [{"parameter": w.parameter, "type": w.type, "message": w.message} for w in warnings]
 
 
-def metadata(
-    *,
-    request_id: str,
-    created: str,
-    duration: float,
-    channels: int,
-    sha256: str,
-    model: ModelCard,
-    warnings: Sequence[OptionWarning] = (),
-    tags: Sequence[str] = (),
-) -> ListenV1Metadata:
-    """The `Metadata` a live stream ends with (after CloseStream): the audio it received, the model."""
-    body = _metadata_fields(request_id, created, duration, channels, sha256, model, warnings, tags)
-    return ListenV1Metadata.model_validate({"type": "Metadata", **body})
-
-
-def _metadata_fields(
-    request_id: str,
-    created: str,
-    duration: float,
-    channels: int,
-    sha256: str,
-    model: ModelCard,
-    warnings: Sequence[OptionWarning],
-    tags: Sequence[str],
-) -> dict[str, Any]:
+class MetadataFields(TypedDict):
     """What a live stream's `Metadata` and a pre-recorded answer's `metadata` both say."""
+
+    request_id: str
+    created: str
+    duration: float
+    channels: int
+    sha256: str
+    model: ModelCard
+    warnings: NotRequired[Sequence[OptionWarning]]
+    tags: NotRequired[Sequence[str]]
+
+
+def metadata(**fields: Unpack[MetadataFields]) -> ListenV1Metadata:
+    """The `Metadata` a live stream ends with (after CloseStream): the audio it received, the model."""
+    return ListenV1Metadata.model_validate({"type": "Metadata", **_metadata_fields(fields)})
+
+
+def _metadata_fields(fields: MetadataFields) -> dict[str, Any]:
+    model, warnings, tags = fields["model"], fields.get("warnings", ()), fields.get("tags", ())
     body: dict[str, Any] = {
         "transaction_key": "deprecated",
-        "request_id": request_id,
-        "sha256": sha256,
-        "created": created,
-        "duration": round(duration, 3),
-        "channels": channels,
+        "request_id": fields["request_id"],
+        "sha256": fields["sha256"],
+        "created": fields["created"],
+        "duration": round(fields["duration"], 3),
+        "channels": fields["channels"],
         "models": [model.uuid],
         "model_info": {model.uuid: model.info()},
     }
@@ -321,7 +314,18 @@ def prerecorded(
             "words": [_word(w, punctuated) for w in words],
         }
 
-    metadata = _metadata_fields(request_id, created, duration, channels, sha256, model, warnings, tags)
+    metadata = _metadata_fields(
+        MetadataFields(
+            request_id=request_id,
+            created=created,
+            duration=duration,
+            channels=channels,
+            sha256=sha256,
+            model=model,
+            warnings=warnings,
+            tags=tags,
+        )
+    )
     body: dict[str, Any] = {
         "metadata": metadata,
         "results": {"channels": [{"alternatives": [alternative(us)]} for us in per_channel]},

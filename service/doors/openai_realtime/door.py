@@ -44,13 +44,13 @@ from aiohttp import WSMsgType, web
 from prometheus_client import Counter
 
 from service import metrics
-from service.config import ServerConfig
 from service.doors.openai_realtime import protocol as rt
 from service.doors.openai_realtime.protocol import ProtocolError, Session, TurnText
-from service.doors.shared.auth import TokenStore, bearer_token, identity
+from service.doors.shared.auth import bearer_token, identity
+from service.doors.shared.http_door import HttpDoor
 from service.doors.shared.ws_deadline import Outbox
 from service.recognizer.rate_limit import TokenBucket
-from service.recognizer.recognizer import Recognizer, Stream
+from service.recognizer.recognizer import Stream
 from service.vocabulary.errors import Code, RecognitionError
 from service.vocabulary.types import (
     AudioFormat,
@@ -117,13 +117,8 @@ def _error_code(code: Code) -> tuple[str, str]:
     return "server_error", code.name.lower()
 
 
-class OpenAIRealtimeDoor:
+class OpenAIRealtimeDoor(HttpDoor):
     """The door's route, registered on the HTTP port's application."""
-
-    def __init__(self, config: ServerConfig, recognizer: Recognizer, tokens: TokenStore) -> None:
-        self.config = config
-        self.recognizer = recognizer
-        self.tokens = tokens
 
     def register(self, app: web.Application) -> None:
         app.router.add_get(PATH, self.handle)

@@ -31,6 +31,7 @@ from typing import Any
 import grpc
 from grpc import aio
 
+from service.doors.shared.grpc_interceptor import HandlerInterceptor
 from service.vocabulary.types import Identity
 
 log = logging.getLogger("service.doors.shared.auth")
@@ -198,7 +199,7 @@ def _refusal(handler: grpc.RpcMethodHandler, message: str) -> Refusal:
     )
 
 
-class AuthInterceptor(aio.ServerInterceptor):
+class AuthInterceptor(HandlerInterceptor):
     """Lets a call through only with a known bearer token (health exempt when `health_open`)."""
 
     def __init__(self, store: TokenStore, *, health_open: bool = True) -> None:
@@ -220,14 +221,9 @@ class AuthInterceptor(aio.ServerInterceptor):
             return "invalid bearer token"
         return None
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
+    def intercept_handler(
+        self, handler: grpc.RpcMethodHandler, handler_call_details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return handler  # unknown method: UNIMPLEMENTED, as without auth
         method = handler_call_details.method
         reason = self.refusal(method, handler_call_details.invocation_metadata)
         if reason is None:

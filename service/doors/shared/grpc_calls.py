@@ -1,21 +1,33 @@
 """What every gRPC door's streaming call does the same way: wait for its first request (the config) only
-so long, end its core stream and its request reader when the RPC ends, and close them however the door's
-handler ends."""
+so long, read the later requests into its core stream, end that stream and its request reader when the
+RPC ends, and turn however the door's handler ends into a status and the code the core counts.
+
+A door keeps only its protocol's own mapping: which request carries what, its responses, and how a
+refusal is worded."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Coroutine
+import contextlib
+import logging
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
+import grpc
 from grpc import aio
 
+from service.doors.shared.grpc_status import core_code, grpc_code
 from service.recognizer.recognizer import Recognizer, Stream
 from service.vocabulary.errors import Code, RecognitionError
 
+log = logging.getLogger("service.doors.grpc_calls")
+
 FIRST_REQUEST_TIMEOUT_S = 10.0  # a stream that sends no config is not kept waiting for it
+# What asr.v1, Google and Riva all answer to a config after the first request.
+SECOND_CONFIG = "streaming_config may only be sent in the first request; later requests carry audio_content"
 
 R = TypeVar("R")
+T = TypeVar("T")
 
 
 async def first_request(requests: AsyncIterator[R], recognizer: Recognizer, door: str) -> R | None:
@@ -43,10 +55,16 @@ class StreamCall:
     garbage-collected, and until then the stream would hold its place and its engine work. The RPC's
     done callback frees them at once."""
 
-    def __init__(self, context: aio.ServicerContext, stream: Stream) -> None:
-        self.stream = stream
+    def __init__(self, context: aio.ServicerContext) -> None:
+        self._context = context
+        self.stream: Stream | None = None
         self.reader: asyncio.Task[None] | None = None
-        context.add_done_callback(self._rpc_done)  # type: ignore[arg-type]
+
+    def attach(self, stream: Stream) -> Stream:
+        """The core stream the door opened (once admitted), from now on tied to the RPC."""
+        self.stream = stream
+        self._context.add_done_callback(self._rpc_done)  # type: ignore[arg-type]
+        return stream
 
     def read(self, reading: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Runs the door's reader (requests -> stream) as a task, cancelled when the RPC ends."""
@@ -58,11 +76,62 @@ class StreamCall:
         ended, for the core's metrics)."""
         if self.reader is not None:
             self.reader.cancel()
-        await self.stream.close(code)
+        if self.stream is not None:
+            await self.stream.close(code)
 
     def _rpc_done(self, context: aio.ServicerContext) -> None:
         remaining = context.time_remaining()
         expired = remaining is not None and remaining <= 0
         if self.reader is not None:
             self.reader.cancel()
-        self.stream.cancel(Code.DEADLINE_EXCEEDED if expired else Code.CANCELLED)
+        if self.stream is not None:
+            self.stream.cancel(Code.DEADLINE_EXCEEDED if expired else Code.CANCELLED)
+
+
+async def serve_stream(
+    context: aio.ServicerContext,
+    respond: Callable[[StreamCall], AsyncGenerator[T, None]],
+    refuse: Callable[[RecognitionError], Awaitable[None]],
+) -> AsyncIterator[T]:
+    """A streaming RPC's responses: `respond` (the door's: open the stream, attach it to the call, start its
+    reader, yield the door's responses), with the same ending for every door. A refusal becomes the door's
+    status (`refuse` aborts the call in its protocol's words); the core's stream closes with how the call
+    ended (a drain's abort, sent by `respond`, counts as OK)."""
+    code = grpc.StatusCode.OK
+    call = StreamCall(context)
+    try:
+        async with contextlib.aclosing(respond(call)) as responses:
+            async for response in responses:
+                yield response
+    except RecognitionError as e:
+        code = grpc_code(e.code)
+        await refuse(e)
+    except asyncio.CancelledError:
+        code = grpc.StatusCode.CANCELLED
+        raise
+    except aio.AbortError:  # the status is already sent, and `code` says what it meant
+        raise
+    except Exception:
+        code = grpc.StatusCode.UNKNOWN
+        raise
+    finally:
+        await call.close(core_code(code))
+
+
+async def read_requests(
+    stream: Stream, requests: AsyncIterable[R], take: Callable[[R], Awaitable[None]]
+) -> None:
+    """The requests after the config into the stream (`take`: one request's audio, the door's own), the
+    half-close as its end. A RecognitionError from `take` fails this stream with it; a bug of ours fails
+    this stream only, loudly."""
+    try:
+        async for request in requests:
+            await take(request)
+        stream.finish()  # the client half-closed
+    except RecognitionError as e:  # also a request refused before it was parsed (runtime/message_limit.py)
+        stream.fail(e)
+    except aio.AbortError:
+        pass  # the call was already ended with its status: nothing is left to read
+    except Exception as e:
+        log.exception("stream reader failed", extra={"fields": {"stream_id": stream.id}})
+        stream.fail(RecognitionError(Code.INTERNAL, f"internal error: {type(e).__name__}: {e}"))
