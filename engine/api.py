@@ -21,14 +21,20 @@ import numpy as np
 
 from engine.config import EngineConfig, default_cache_dir
 from engine.constants import SAMPLE_RATE
+from engine.decoding.prompt import check_prompt_chars
 from engine.errors import EngineOverloaded, EngineStopped, ModelInfo
 from engine.hooks import EngineHooks
 from engine.metrics import TIME_BUCKETS
-from engine.prompt import check_prompt_chars
-from engine.request import DecodeOptions, Priority, Request, Transcript, check_keyterm_tokens
+from engine.scheduling.request import (
+    DecodeOptions,
+    Priority,
+    Request,
+    Transcript,
+    check_keyterm_tokens,
+)
 
 if TYPE_CHECKING:
-    from engine.runner import ModelRunner
+    from engine.model.runner import ModelRunner
 
 # what service/ may import of the engine, all from here (the `service-meets-engine-in-api` contract):
 # the engine, its options and answers, the priority classes, the prompt and keyterm checks a request is

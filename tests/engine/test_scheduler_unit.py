@@ -1,4 +1,4 @@
-"""The scheduler (engine/scheduler.py) alone: admission, KV-cache rows, the request lifecycle, cancels at
+"""The scheduler (engine/scheduling/scheduler.py) alone: admission, KV-cache rows, the request lifecycle, cancels at
 each status, fallback and next-window decisions, priority classes. No model, no torch, no thread: each
 case builds a Scheduler, moves requests through it as the core loop would, and asserts its decisions.
 (That the loop executes them on a real model: tests/engine/test_scheduler.py and test_failures.py.)"""
@@ -17,8 +17,15 @@ from prometheus_client import REGISTRY
 
 from engine.config import EngineConfig
 from engine.errors import EngineOverloaded, EngineStopped
-from engine.request import DecodeOptions, Priority, Request, RequestStatus, Transcript, UtteranceStats
-from engine.scheduler import Scheduler
+from engine.scheduling.request import (
+    DecodeOptions,
+    Priority,
+    Request,
+    RequestStatus,
+    Transcript,
+    UtteranceStats,
+)
+from engine.scheduling.scheduler import Scheduler
 
 EOT = 50256
 FULL_CTX = 1500
@@ -31,7 +38,7 @@ class Vocab:
 
 
 class Rules:
-    """What the scheduler needs of the decoding rules (engine/outcome.py TextRules): the end-of-text token,
+    """What the scheduler needs of the decoding rules (engine/scheduling/outcome.py TextRules): the end-of-text token,
     and text (here each token's number, so that repeats compress as text would)."""
 
     vocab = Vocab()
@@ -102,10 +109,10 @@ def sample(name: str, **labels: str) -> float:
 @pytest.mark.parametrize(
     ("module", "loads_torch"),
     [
-        ("engine.scheduler", False),
+        ("engine.scheduling.scheduler", False),
         ("engine.isolation", False),
         ("engine.hooks", False),
-        ("engine.runner", True),
+        ("engine.model.runner", True),
     ],
 )
 def test_the_scheduler_imports_no_torch(module: str, loads_torch: bool) -> None:

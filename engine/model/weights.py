@@ -59,7 +59,7 @@ class ModelLoadError(RuntimeError):
 
 @dataclass
 class LoadedWeights:
-    """A checkpoint as the engine builds its model from it (engine/model.py `from_hf`): read straight
+    """A checkpoint as the engine builds its model from it (engine/model/model.py `from_hf`): read straight
     from the files, so an engine start never imports transformers' model code (seconds of every pod
     start); `hf_model()` builds transformers' model for what needs it (reference decodes)."""
 
@@ -501,7 +501,7 @@ _random_models: dict[tuple[str, int], Any] = {}
 def _random_model(config: Any, seed: int) -> Any:
     """One model per size and seed per process: initialising large-v3's 1.55 B parameters takes
     a while, and a benchmark starts several engines (batching off, then on). Engines copy the
-    weights (engine/model.py from_hf), so sharing this one is safe."""
+    weights (engine/model/model.py from_hf), so sharing this one is safe."""
     from transformers import WhisperForConditionalGeneration  # type: ignore[attr-defined]
 
     key = (config.to_json_string(), seed)

@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from engine.constants import N_SAMPLES, SAMPLE_RATE
-from engine.prompt import check_prompt_chars
+from engine.decoding.prompt import check_prompt_chars
 
 
 class Priority(enum.IntEnum):
-    """Who is served first (engine/policy.py): a class per kind of work, lower first."""
+    """Who is served first (engine/scheduling/policy.py): a class per kind of work, lower first."""
 
     LIVE = 0  # a live call's final: a caller is waiting for it
     BEST_EFFORT = 1  # a live call's interim or speculative offer: a preview, refused first
@@ -30,7 +30,7 @@ class Priority(enum.IntEnum):
 
 
 if TYPE_CHECKING:
-    from engine.keyterms import KeytermState, TermTrie
+    from engine.decoding.keyterms import KeytermState, TermTrie
 
 # Keyterm bounds: what one utterance's list may hold (the trie and the prompt grow with it).
 MAX_KEYTERMS = 100
@@ -48,10 +48,10 @@ class DecodeOptions:
     timestamps: bool = False  # segment-level timestamps
     max_new_tokens: int | None = None  # None: as many as the slot holds
     interim: bool = False  # a partial hypothesis: never returned as silence-dropped, lower priority
-    word_timestamps: bool = False  # per-word times and probabilities (engine/timing.py)
+    word_timestamps: bool = False  # per-word times and probabilities (engine/model/timing.py)
     priority: Priority = Priority.LIVE  # an interim is BEST_EFFORT whatever this says (unless RECORDED)
     # A BEST_EFFORT request that becomes LIVE at this time.monotonic(): a speculative offer ranks as a final
-    # from when its end would be confirmed (engine/policy.py); None: never.
+    # from when its end would be confirmed (engine/scheduling/policy.py); None: never.
     promote_at: float | None = None
     # Whose work this is (a live stream's id): the engine's live finals take turns by caller.
     caller: str = ""
@@ -63,14 +63,14 @@ class DecodeOptions:
             return Priority.BEST_EFFORT
         return self.priority
 
-    # Names and jargon the caller may say, boosted in decoding (engine/keyterms.py); bounds above.
+    # Names and jargon the caller may say, boosted in decoding (engine/decoding/keyterms.py); bounds above.
     keyterms: tuple[str, ...] = ()
     # Beams searched at once (1: greedy). Each beam is a KV-cache row, so a request of n beams takes n of
     # the engine's rows; bounded by --max-beam-size (the engine checks it: validate_beam_size).
     beam_size: int = 1
     # The same channel's earlier final text, set by the server (never a client): conditioned on after the
     # prompt, as Whisper's long-form decoding conditions each window on the text before it. Only its tail
-    # is kept, within what the prompt bound leaves after the caller's own prompt (engine/prompt.py).
+    # is kept, within what the prompt bound leaves after the caller's own prompt (engine/decoding/prompt.py).
     context: str | None = None
 
 
@@ -186,7 +186,7 @@ class Transcript:
 
 
 class RequestStatus(enum.Enum):
-    """Where an utterance is in the engine. The scheduler (engine/scheduler.py) moves it along:
+    """Where an utterance is in the engine. The scheduler (engine/scheduling/scheduler.py) moves it along:
 
     WAITING -> ENCODING -> DECODING -> FINISHED, and back from DECODING to WAITING when a window
     ends and another pass is due (the next 30 s window, or a full-context fallback). Any state but
@@ -242,9 +242,9 @@ class Request:
     future: Future[Transcript]
     ready_time: float = field(default_factory=time.monotonic)
     submitted: float = 0.0  # when the engine accepted it (opens the micro-batching window)
-    # Filled in by the engine (engine/scheduler.py, engine/core.py):
+    # Filled in by the engine (engine/scheduling/scheduler.py, engine/core.py):
     priority: Priority = Priority.LIVE  # its class (options.work_class), fixed at submit
-    prompt_ids: tuple[int, ...] = ()  # options.prompt tokenized once, at submit (engine/prompt.py)
+    prompt_ids: tuple[int, ...] = ()  # options.prompt tokenized once, at submit (engine/decoding/prompt.py)
     status: RequestStatus = RequestStatus.WAITING
     prompt_tokens: list[int] = field(default_factory=list)
     sot_index: int = 0  # where <|startoftranscript|> sits in the prompt (no-speech probability)
@@ -262,7 +262,7 @@ class Request:
     rows: list[int] = field(default_factory=list)
     beams: list[Beam] = field(default_factory=list)  # this window's live beams (beam search only)
     beam_finished: dict[tuple[int, ...], float] = field(default_factory=dict)  # ended beams: summed logprob
-    window_done: bool = False  # a beam search ended this window (engine/beam.py finish)
+    window_done: bool = False  # a beam search ended this window (engine/decoding/beam.py finish)
     length: int = 0  # tokens written to this row's self-attention cache
     max_new: int = 0
     generated: list[int] = field(default_factory=list)  # this window's tokens, forced ones included
@@ -274,12 +274,14 @@ class Request:
     encode_start: float | None = None  # its first encoder pass began (None: never admitted yet)
     encoder_batch_size: int = 0
     decode_steps: int = 0
-    keyterm: KeytermState | None = None  # the keyterm bias's place in this window (engine/keyterms.py)
-    keyterm_trie: TermTrie | None = None  # its keyterm list compiled, at submit (engine/keyterms.py)
+    keyterm: KeytermState | None = (
+        None  # the keyterm bias's place in this window (engine/decoding/keyterms.py)
+    )
+    keyterm_trie: TermTrie | None = None  # its keyterm list compiled, at submit (engine/decoding/keyterms.py)
 
     @property
     def width(self) -> int:
-        """KV-cache rows this request decodes in: one per beam (engine/beam.py)."""
+        """KV-cache rows this request decodes in: one per beam (engine/decoding/beam.py)."""
         return self.options.beam_size if self.searches_beams else 1
 
     @property

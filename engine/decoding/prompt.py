@@ -88,7 +88,7 @@ class PromptEncoder:
 
     def text_tokens(self, text: str) -> int:
         """How many tokens the model's tokenizer spells `text` in, as it is (the keyterm bound's measure:
-        engine/request.py check_keyterm_tokens)."""
+        engine/scheduling/request.py check_keyterm_tokens)."""
         return len(self._backend().encode(text, add_special_tokens=False).ids)
 
     def _encode(self, prompt: str) -> tuple[int, ...]:

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from engine.kv_cache import KVCache
+from engine.model.kv_cache import KVCache
 
 
 @dataclass(frozen=True)
