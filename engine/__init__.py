@@ -7,7 +7,8 @@ from engine.api import Engine, UtteranceHandle
 from engine.config import EngineConfig
 from engine.constants import CHUNK_SECONDS, N_SAMPLES, SAMPLE_RATE
 from engine.errors import EngineOverloaded, EngineStopped, ModelInfo
-from engine.scheduling.request import DecodeOptions, Segment, Transcript, WordTiming
+from engine.outputs import Segment, Transcript, WordTiming
+from engine.parameters import DecodeOptions
 
 __all__ = [
     "CHUNK_SECONDS",

@@ -21,17 +21,12 @@ import numpy as np
 
 from engine.config import EngineConfig, default_cache_dir
 from engine.constants import SAMPLE_RATE
-from engine.decoding.prompt import check_prompt_chars
 from engine.errors import EngineOverloaded, EngineStopped, ModelInfo
 from engine.hooks import EngineHooks
 from engine.metrics import TIME_BUCKETS
-from engine.scheduling.request import (
-    DecodeOptions,
-    Priority,
-    Request,
-    Transcript,
-    check_keyterm_tokens,
-)
+from engine.outputs import Transcript
+from engine.parameters import DecodeOptions, Priority, check_keyterm_tokens, check_prompt_chars
+from engine.scheduling.request import Request
 
 if TYPE_CHECKING:
     from engine.model.runner import ModelRunner

@@ -37,8 +37,9 @@ from engine.decoding import beam
 from engine.errors import EngineStopped, ModelInfo
 from engine.hooks import EngineHooks
 from engine.isolation import Stages, leaves_engine_unknown
+from engine.parameters import DecodeOptions
 from engine.scheduling import outcome
-from engine.scheduling.request import DecodeOptions, Request, RequestStatus
+from engine.scheduling.request import Request, RequestStatus
 from engine.scheduling.scheduler import Scheduler, SchedulerOutput, WindowEnd
 
 if TYPE_CHECKING:

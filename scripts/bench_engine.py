@@ -243,7 +243,8 @@ def old_modules(ref: str, where: Path) -> tuple[ModuleType, ModuleType]:
 def decode_step_bench(args: argparse.Namespace) -> None:
     from engine.model.kv_cache import KVCache
     from engine.model.step import DecodeStepper
-    from engine.scheduling.request import DecodeOptions, Request
+    from engine.parameters import DecodeOptions
+    from engine.scheduling.request import Request
 
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     slots = max(sizes)

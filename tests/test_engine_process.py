@@ -30,9 +30,9 @@ from prometheus_client import REGISTRY, CollectorRegistry, multiprocess
 
 from engine import DecodeOptions, Engine, EngineConfig, EngineOverloaded
 from engine.api import EngineStopped, ModelInfo
+from engine.outputs import Transcript, UtteranceStats
 from engine.process import ipc
 from engine.process.client import EngineClient
-from engine.scheduling.request import Transcript, UtteranceStats
 from service.config import ServerConfig
 from service.runtime.supervisor import engine_main, start_child, tell_to_stop
 from tests.support.audio import make_conversation, to_linear16_bytes

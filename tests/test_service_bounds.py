@@ -14,8 +14,8 @@ from asr.v1 import asr_pb2, asr_pb2_grpc
 from grpc import aio
 
 from engine import Engine
-from engine.decoding.prompt import MAX_PROMPT_CHARS
 from engine.hooks import EngineHooks
+from engine.parameters import MAX_PROMPT_CHARS
 from service.config import ServerConfig
 from tests.support.audio import JFK_FLAC, make_conversation, to_linear16_bytes
 from tests.support.calls import Outcome, alongside_good_stream, audio_requests, config_request, run_stream

@@ -16,7 +16,7 @@ from clients.client import RecognizerClient
 from clients.scoring import corpus_wer
 from engine import Engine, EngineConfig
 from engine.hooks import EngineHooks
-from engine.scheduling.request import Priority
+from engine.parameters import Priority
 from service.config import ServerConfig
 from tests.support.audio import make_conversation, to_linear16_bytes
 from tests.support.calls import Outcome, Request, audio_requests, config_request, run_stream

@@ -45,7 +45,7 @@ import torch
 from torch import Tensor
 
 from engine.decoding.logits import NEG_INF, RowInputs, StepRows
-from engine.scheduling.request import MAX_KEYTERMS
+from engine.parameters import MAX_KEYTERMS
 
 if TYPE_CHECKING:
     from engine.scheduling.request import Request

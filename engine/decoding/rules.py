@@ -26,15 +26,9 @@ from engine.decoding.logits import (
     SuppressBlank,
     SuppressTokens,
 )
-from engine.scheduling.request import (
-    Beam,
-    DecodeOptions,
-    Request,
-    Segment,
-    check_keyterm_tokens,
-    validate_beam_size,
-    validate_options,
-)
+from engine.outputs import Segment
+from engine.parameters import DecodeOptions, check_keyterm_tokens, validate_beam_size, validate_options
+from engine.scheduling.request import Beam, Request
 
 NO_SPEECH_THRESHOLD = 0.6  # openai/whisper's defaults for dropping silent windows
 LOGPROB_THRESHOLD = -1.0

@@ -25,7 +25,8 @@ from torch import Tensor
 from engine.decoding.rules import DecodingRules
 from engine.model.kv_cache import KVCache
 from engine.model.model import Whisper
-from engine.scheduling.request import Request, WordTiming
+from engine.outputs import WordTiming
+from engine.scheduling.request import Request
 
 FRAMES_PER_SECOND = 50  # encoder positions: 20 ms each
 SAMPLES_PER_FRAME = 320  # at 16 kHz

@@ -38,8 +38,9 @@ from zmq.utils.monitor import recv_monitor_message
 
 from engine.api import EngineStopped, ModelInfo, UtteranceHandle
 from engine.metrics import IPC_MALFORMED, IPC_REPLIES_LOST, IPC_SECONDS
+from engine.outputs import Transcript
+from engine.parameters import DecodeOptions, validate_beam_size, validate_options
 from engine.process import ipc
-from engine.scheduling.request import DecodeOptions, Transcript, validate_beam_size, validate_options
 
 log = logging.getLogger("engine.client")
 

@@ -40,8 +40,8 @@ import zmq
 from engine import metrics as m
 from engine.api import Engine, EngineStopped
 from engine.config import EngineConfig
+from engine.outputs import Transcript
 from engine.process import ipc
-from engine.scheduling.request import Transcript
 
 log = logging.getLogger("engine.core_process")
 

@@ -9,7 +9,8 @@ import zlib
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from engine.constants import CHUNK_SECONDS
-from engine.scheduling.request import Request, Transcript, UtteranceStats
+from engine.outputs import Transcript, UtteranceStats
+from engine.scheduling.request import Request
 
 if TYPE_CHECKING:
     from engine.decoding.rules import DecodingRules

@@ -38,9 +38,11 @@ from engine import metrics as m
 from engine.config import EngineConfig
 from engine.constants import SAMPLE_RATE
 from engine.errors import EngineOverloaded
+from engine.outputs import Transcript
+from engine.parameters import Priority
 from engine.scheduling import outcome
 from engine.scheduling.policy import Policy, Snapshot, Waiting, encoder_positions
-from engine.scheduling.request import Priority, Request, RequestStatus, Transcript
+from engine.scheduling.request import Request, RequestStatus
 
 TRIMMED_TOKENS_PER_SECOND = 12
 TRIMMED_TOKENS_MIN = 16

@@ -19,7 +19,8 @@ import torch
 from engine import DecodeOptions, Engine, EngineConfig
 from engine.decoding.keyterms import CompiledTries, KeytermSettings, TermTrie, spellings
 from engine.decoding.rules import DecodingRules
-from engine.scheduling.request import MAX_KEYTERM_CHARS, MAX_KEYTERM_TOKENS, MAX_KEYTERMS, Request
+from engine.parameters import MAX_KEYTERM_CHARS, MAX_KEYTERM_TOKENS, MAX_KEYTERMS
+from engine.scheduling.request import Request
 from scripts.keyterm_clips import (
     HELDOUT_KEYTERMS,
     KEYTERMS,

@@ -16,9 +16,10 @@ import torch
 from engine.config import EngineConfig
 from engine.constants import SAMPLE_RATE
 from engine.decoding.rules import DecodingRules
+from engine.parameters import DecodeOptions, Priority
 from engine.scheduling.outcome import loop_reason, repeats_at_end, window_ended
 from engine.scheduling.policy import IDLE_POLL_S, MAX_REORDER_S, Policy, Snapshot, Waiting, encoder_positions
-from engine.scheduling.request import DecodeOptions, Priority, Request, RequestStatus
+from engine.scheduling.request import Request, RequestStatus
 
 FULL_CTX = 1500
 NOW = 1000.0  # an arbitrary monotonic instant

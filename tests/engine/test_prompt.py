@@ -13,15 +13,10 @@ import pytest
 import tokenizers
 
 from engine import DecodeOptions, Engine, EngineConfig
-from engine.decoding.prompt import (
-    MAX_PROMPT_CHARS,
-    WHISPER_MAX_PROMPT_TOKENS,
-    PromptEncoder,
-    max_prompt_tokens,
-)
+from engine.decoding.prompt import WHISPER_MAX_PROMPT_TOKENS, PromptEncoder, max_prompt_tokens
 from engine.hooks import EngineHooks
 from engine.model.runner import ModelRunner
-from engine.scheduling.request import validate_options
+from engine.parameters import MAX_PROMPT_CHARS, validate_options
 
 
 @pytest.fixture(scope="module")

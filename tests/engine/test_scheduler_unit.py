@@ -17,14 +17,9 @@ from prometheus_client import REGISTRY
 
 from engine.config import EngineConfig
 from engine.errors import EngineOverloaded, EngineStopped
-from engine.scheduling.request import (
-    DecodeOptions,
-    Priority,
-    Request,
-    RequestStatus,
-    Transcript,
-    UtteranceStats,
-)
+from engine.outputs import Transcript, UtteranceStats
+from engine.parameters import DecodeOptions, Priority
+from engine.scheduling.request import Request, RequestStatus
 from engine.scheduling.scheduler import Scheduler
 
 EOT = 50256
