@@ -107,12 +107,16 @@ def sample(name: str, **labels: str) -> float:
         ("engine.scheduling.scheduler", False),
         ("engine.isolation", False),
         ("engine.hooks", False),
+        # what a frontend process imports to reach the engine process (import-linter's
+        # process-without-torch contract says the same of the import graph)
+        ("engine.process.client", False),
+        ("engine.process.core_process", False),
         ("engine.model.runner", True),
     ],
 )
 def test_the_scheduler_imports_no_torch(module: str, loads_torch: bool) -> None:
     """In a fresh interpreter: importing the scheduler (and the isolation helper and hooks it is tested
-    with) leaves torch unloaded; the runner, the control case, loads it."""
+    with, and the engine process's modules) leaves torch unloaded; the runner, the control case, loads it."""
     probe = f"import sys, {module}; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, check=True, capture_output=True, text=True)
     assert out.stdout.strip() == str(loads_torch)
