@@ -24,11 +24,12 @@ from engine.constants import SAMPLE_RATE
 from engine.errors import EngineOverloaded, EngineStopped, ModelInfo
 from engine.hooks import EngineHooks
 from engine.metrics import TIME_BUCKETS
-from engine.prompt import check_prompt_chars
-from engine.request import DecodeOptions, Priority, Request, Transcript, check_keyterm_tokens
+from engine.outputs import Transcript
+from engine.parameters import DecodeOptions, Priority, check_keyterm_tokens, check_prompt_chars
+from engine.scheduling.request import Request
 
 if TYPE_CHECKING:
-    from engine.runner import ModelRunner
+    from engine.model.runner import ModelRunner
 
 # what service/ may import of the engine, all from here (the `service-meets-engine-in-api` contract):
 # the engine, its options and answers, the priority classes, the prompt and keyterm checks a request is

@@ -20,7 +20,7 @@ def default_cache_dir() -> Path:
 EncoderContext = Literal["full", "trim"]
 CudaGraphs = Literal["auto", "on", "off"]
 DTYPES = ("auto", "float32", "float16", "bfloat16")
-# --quantize: auto resolves per device and CPU (engine/quantize.py).
+# --quantize: auto resolves per device and CPU (engine/model/quantize.py).
 QUANTIZE_MODES = ("auto", "off", "int8", "int8-per-batch", "int8-per-tensor", "fp16")
 QUANTIZE_PARTS = ("encoder", "decoder", "projection")
 WHISPER_TEXT_POSITIONS = 448  # every Whisper size's decoder context
@@ -208,7 +208,7 @@ class EngineConfig:
     keyterm_bias: bool = field(
         default=True,
         metadata={
-            "help": "keyterms: bias the decode step toward an utterance's keyterms (engine/keyterms.py)"
+            "help": "keyterms: bias the decode step toward an utterance's keyterms (engine/decoding/keyterms.py)"
         },
     )
     keyterm_bonus: float = field(
@@ -269,7 +269,7 @@ class EngineConfig:
     debug_drop_replies: int = field(
         default=0,
         metadata={
-            "hidden": True,  # test only (engine/core_process.py): a lost reply, for the frontend's bound
+            "hidden": True,  # test only (engine/process/core_process.py): a lost reply, for the frontend's bound
             "help": "TEST ONLY: the engine process sends no reply for its first N utterances (0: off)",
         },
     )
@@ -305,13 +305,13 @@ class EngineConfig:
         check("trim_floor_s", 0, MAX_TRIM_MARGIN_S, " s")
         check("max_encoder_batch_while_decoding", 0, 1024)  # 0: no bound beyond --max-batch
         check("encoder_budget_while_decoding_ms", 0, 60_000, " ms")  # 0: off
-        check("threads", 0, 1024)  # 0: the CPUs this process may use (engine/cpus.py)
+        check("threads", 0, 1024)  # 0: the CPUs this process may use (engine/process/cpus.py)
         check("keyterm_bonus", 0, 30)  # nats; 30: every first piece of a term starts a match
         check("keyterm_max_gap", 0, 100)
         check("keyterm_cache_bytes", 0, 1 << 40, " bytes")  # 0: keep only the newest list
         check("debug_crash_scheduler_after", 0, 1_000_000)  # test seam (engine/faults.py); 0: off
         check("debug_hang_scheduler_after", 0, 1_000_000)  # test seam (engine/faults.py); 0: off
-        check("debug_drop_replies", 0, 1_000_000)  # test seam (engine/core_process.py); 0: off
+        check("debug_drop_replies", 0, 1_000_000)  # test seam (engine/process/core_process.py); 0: off
         check("debug_slow_encoder_s", 0, 600, " s")  # test seam (engine/faults.py); 0: off
         if self.dtype not in DTYPES:
             problems.append(f"--dtype must be one of {', '.join(DTYPES)} (got {self.dtype!r})")

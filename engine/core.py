@@ -2,9 +2,9 @@
 
 One thread runs `step()` over and over: schedule -> execute -> update.
 
-    schedule  the scheduler (engine/scheduler.py, no model) turns the policy's plan into a
+    schedule  the scheduler (engine/scheduling/scheduler.py, no model) turns the policy's plan into a
               SchedulerOutput: cancelled requests leave, an encoder batch takes its KV-cache rows
-    execute   the model runner (engine/runner.py) runs it: ONE encoder pass (or, with encoder batching
+    execute   the model runner (engine/model/runner.py) runs it: ONE encoder pass (or, with encoder batching
               off, the baseline loop of per-utterance calls), the window prompts, their prefill and
               first-token rules, then one decode step for every decoding sequence, each followed by the
               choice of the next tokens through the decoding rules' logit processors
@@ -17,7 +17,7 @@ run again request by request to find them) and the engine goes on; an error that
 unknown stops it. Test seams come in as one EngineHooks object (engine/hooks.py).
 
 Apart from the decisions: the thread, its inbox (submits and cancels from any thread, taken at the top
-of each turn) and the stop. `loop_iterations` is the engine process's heartbeat (engine/core_process.py):
+of each turn) and the stop. `loop_iterations` is the engine process's heartbeat (engine/process/core_process.py):
 it grows while the loop runs, idle (it wakes every IDLE_POLL_S) or busy; a hung loop stops it.
 """
 
@@ -31,20 +31,22 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from engine import beam, outcome
 from engine import metrics as m
 from engine.config import EngineConfig
+from engine.decoding import beam
 from engine.errors import EngineStopped, ModelInfo
 from engine.hooks import EngineHooks
 from engine.isolation import Stages, leaves_engine_unknown
-from engine.request import DecodeOptions, Request, RequestStatus
-from engine.scheduler import Scheduler, SchedulerOutput, WindowEnd
+from engine.parameters import DecodeOptions
+from engine.scheduling import outcome
+from engine.scheduling.request import Request, RequestStatus
+from engine.scheduling.scheduler import Scheduler, SchedulerOutput, WindowEnd
 
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from engine.decoding import Choice
-    from engine.runner import FirstTokens, ModelRunner
+    from engine.decoding.rules import Choice
+    from engine.model.runner import FirstTokens, ModelRunner
 
 log = logging.getLogger("engine.core")
 
@@ -52,7 +54,7 @@ log = logging.getLogger("engine.core")
 class EngineCore:
     def __init__(self, config: EngineConfig, hooks: EngineHooks, runner: ModelRunner | None = None) -> None:
         if runner is None:
-            from engine.runner import ModelRunner  # torch and the weights: only when an engine is built
+            from engine.model.runner import ModelRunner  # torch and the weights: only when an engine is built
 
             runner = ModelRunner.load(config)
         self.config = config
@@ -106,7 +108,7 @@ class EngineCore:
     def submit(self, req: Request) -> None:
         if self._dead is not None or self._stopping.is_set():
             raise EngineStopped("the engine is not running")
-        # On the caller's thread, once per distinct prompt (engine/prompt.py), never per window or fallback.
+        # On the caller's thread, once per distinct prompt (engine/decoding/prompt.py), never per window or fallback.
         prompts = self.runner.prompts
         prompt_ids = self.rules.previous_text(req.options, prompts.encode(req.options.prompt))
         req.prompt_ids = prompts.with_context(prompt_ids, req.options.context)  # the channel's text after it
@@ -170,7 +172,9 @@ class EngineCore:
     def _run(self) -> None:
         try:
             while not self._stopping.is_set():
-                self.loop_iterations += 1  # the engine process's heartbeat reads it (engine/core_process.py)
+                self.loop_iterations += (
+                    1  # the engine process's heartbeat reads it (engine/process/core_process.py)
+                )
                 self._take_inbox(block=self.scheduler.idle_wait(time.monotonic()))
                 self.step()
         except BaseException as exc:
@@ -375,7 +379,7 @@ class EngineCore:
         self.stages.run("rules", searching, search, together=False)  # a failed search fails its request alone
 
     def _search(self, req: Request, logits: Tensor, rows: list[int]) -> None:
-        """One step of req's beam search (engine/beam.py) over its rows of `logits`."""
+        """One step of req's beam search (engine/decoding/beam.py) over its rows of `logits`."""
         beams = req.beams if req.beams else beam.begin(req)
         rows = rows[: len(beams)]
         values, tokens = self.runner.beam_candidates(logits[rows], beams, req.options.beam_size + 1)

@@ -28,7 +28,7 @@ from engine.config import EngineConfig
 from engine.hooks import EngineHooks
 
 if TYPE_CHECKING:
-    from engine.request import Request
+    from engine.scheduling.request import Request
 
 log = logging.getLogger("engine.faults")
 T = TypeVar("T")

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from engine.request import Request
+    from engine.scheduling.request import Request
 
 FaultHook = Callable[["Request"], None]
 StageHook = Callable[[str, Sequence[Any]], None]

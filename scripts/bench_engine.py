@@ -50,8 +50,8 @@ import torch
 from docs_section import write_section  # beside this script
 
 from engine.config import EngineConfig  # in the --throughput-json child these may be --before's
-from engine.runner import ModelRunner
-from engine.weights import load
+from engine.model.runner import ModelRunner
+from engine.model.weights import load
 from harness.server import source_tree
 from harness.usage import Stopwatch, interleaved_median_wall_s, median_wall_s
 
@@ -225,7 +225,7 @@ def against(args: argparse.Namespace) -> None:
 
 
 def old_modules(ref: str, where: Path) -> tuple[ModuleType, ModuleType]:
-    """engine/model.py and engine/decoding.py as they were at `ref`, as modules beside today's engine."""
+    """engine/model/model.py and engine/decoding/rules.py as they were at `ref`, as modules beside today's engine."""
     modules = []
     for name in ("model", "decoding"):
         path = where / f"old_{name}.py"
@@ -241,9 +241,10 @@ def old_modules(ref: str, where: Path) -> tuple[ModuleType, ModuleType]:
 
 
 def decode_step_bench(args: argparse.Namespace) -> None:
-    from engine.kv_cache import KVCache
-    from engine.request import DecodeOptions, Request
-    from engine.step import DecodeStepper
+    from engine.model.kv_cache import KVCache
+    from engine.model.step import DecodeStepper
+    from engine.parameters import DecodeOptions
+    from engine.scheduling.request import Request
 
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     slots = max(sizes)

@@ -9,10 +9,10 @@ appends it to --md.
   engine   the engine end to end (public API) with encoder batching off vs on, C callers
            each submitting one utterance after another (starts staggered over --ramp-s),
            each utterance decoding a fixed number of tokens drawn from a call-center-like
-           distribution (random weights suppress end of text: load_random in engine/weights.py);
+           distribution (random weights suppress end of text: load_random in engine/model/weights.py);
            throughput, p50/p95 latency from the futures, scheduler-blocked fraction and the
            encoder's share of the scheduler's busy time from the engine's Prometheus metrics
-  step     the decode step with CUDA graphs off vs on (one graph per batch bucket, engine/step.py) at
+  step     the decode step with CUDA graphs off vs on (one graph per batch bucket, engine/model/step.py) at
            each batch size, on real weights, and whether the greedy tokens agree; on a CPU (the
            rehearsal) the "on" rows run the same static bucketed shapes without the capture
   sanity   real weights (a CTranslate2 tiny.en folder) on real clips: tokens per dtype on
@@ -84,8 +84,8 @@ def noise(seconds: float, rng: np.random.Generator) -> np.ndarray:
 
 
 def step_encoder(args: argparse.Namespace) -> None:
-    from engine.runner import ModelRunner
-    from engine.weights import load
+    from engine.model.runner import ModelRunner
+    from engine.model.weights import load
 
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     weights = load(args.model, args.cache_dir or None)
@@ -256,9 +256,9 @@ def step_engine(args: argparse.Namespace) -> None:
 
 
 def step_decode(args: argparse.Namespace) -> None:
-    from engine.runner import ModelRunner
-    from engine.step import DecodeStepper
-    from engine.weights import load
+    from engine.model.runner import ModelRunner
+    from engine.model.step import DecodeStepper
+    from engine.model.weights import load
 
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     slots = max(sizes)

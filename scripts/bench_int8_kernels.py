@@ -10,7 +10,7 @@ one call of:
 - fp16 weights: torch.ao's dynamic fp16 Linear (fbgemm), the default before int8-per-row;
 - int8 torch.ao: torch.ao's dynamic int8 Linear, per-channel weights and ONE activation scale per
   input tensor (fbgemm): the batch-dependent scheme;
-- int8 per-row: engine/quantize.py's Int8Linear (one scale per input row, `torch._int_mm`);
+- int8 per-row: engine/model/quantize.py's Int8Linear (one scale per input row, `torch._int_mm`);
 - int8 weight-only: `torch.ops.aten._weight_int8pack_mm` (int8 weights, float32 activations), at
   decode rows only (M <= 16): 10-40x slower than fp32 already there on this CPU (its AVX-512 path is
   not built into this torch), so the larger shapes would only cost minutes.
@@ -40,7 +40,7 @@ from docs_section import write_section  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils import benchmark  # noqa: E402
 
-from engine.quantize import Int8Linear  # noqa: E402
+from engine.model.quantize import Int8Linear  # noqa: E402
 from harness.server import short_commit  # noqa: E402
 from harness.usage import cpu_model  # noqa: E402
 

@@ -178,9 +178,9 @@ def step_cost(batches: Sequence[int], repeats: int = 50) -> str:
     import torch
 
     from engine import DecodeOptions, EngineConfig
-    from engine.request import Request
-    from engine.runner import ModelRunner
-    from engine.weights import load
+    from engine.model.runner import ModelRunner
+    from engine.model.weights import load
+    from engine.scheduling.request import Request
 
     torch.set_num_threads(1)
     runner = ModelRunner(load("tiny.en"), EngineConfig(model="tiny.en", kv_slots=max(batches)))

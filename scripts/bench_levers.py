@@ -42,7 +42,7 @@ from clients.manifest import build_manifest, load_manifest  # noqa: E402
 from clients.scoring import corpus_wer, normalize  # noqa: E402
 from engine import Engine, EngineConfig  # noqa: E402
 from engine.config import QUANTIZE_PARTS, parse_quantize_parts  # noqa: E402
-from engine.quantize import describe, resolve_plan, tokens_can_follow_company  # noqa: E402
+from engine.model.quantize import describe, resolve_plan, tokens_can_follow_company  # noqa: E402
 from harness.server import short_commit  # noqa: E402
 from harness.usage import cpu_model  # noqa: E402
 from service.pipeline.audio import decode_file  # noqa: E402
@@ -145,7 +145,7 @@ def choose_default(
 
 
 def tokens_can_follow(overrides: dict[str, Any]) -> bool:
-    """Whether a row's scheme lets tokens depend on batch company (engine/quantize.py)."""
+    """Whether a row's scheme lets tokens depend on batch company (engine/model/quantize.py)."""
     parts = parse_quantize_parts(str(overrides.get("quantize_parts", "all")))
     return tokens_can_follow_company(resolve_plan(str(overrides["quantize"]), parts, CPU, torch.float32))
 

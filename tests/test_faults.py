@@ -36,8 +36,8 @@ from prometheus_client import REGISTRY
 from clients.scoring import corpus_wer
 from engine import Engine
 from engine.hooks import EngineHooks
-from engine.request import Request as EngineRequest
-from engine.weights import ModelLoadError
+from engine.model.weights import ModelLoadError
+from engine.scheduling.request import Request as EngineRequest
 from service.config import ServerConfig
 from service.runtime.server import AsrServer
 from tests.support.audio import JFK_FLAC, make_conversation, to_linear16_bytes

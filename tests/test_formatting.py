@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import Engine
-from engine.request import DecodeOptions
+from engine.parameters import DecodeOptions
 from service.pipeline.audio import StreamDecoder
 from service.pipeline.formatting import format_text, format_transcript, format_words, split_word
 from service.pipeline.redaction import Word, join, redact_words, words_of_text

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine import Engine
-from engine.prompt import PromptEncoder
+from engine.decoding.prompt import PromptEncoder
 from service.config import ServerConfig
 from tests.support.audio import make_conversation, to_linear16_bytes
 from tests.support.calls import GoodStreamThread, Outcome, Request, run_stream

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from engine import DecodeOptions, Engine, EngineConfig
-from engine.weights import ModelLoadError, load, random_config
+from engine.model.weights import ModelLoadError, load, random_config
 
 
 def test_large_v3_has_the_production_dimensions(tmp_path) -> None:

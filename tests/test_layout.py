@@ -30,6 +30,15 @@ def test_the_service_layers_are_in_the_issue_s_order_and_every_package_has_its_p
     assert layers["exhaustive"] is True  # a package added under service/ breaks the contract until placed
 
 
+def test_the_engine_packages_are_layered_and_scheduling_and_process_import_no_torch() -> None:
+    # the engine's paths show its torch boundary (issue 27): these contracts are what keep it there
+    assert contracts()["engine-layers"]["layers"] == ["api", "core", "model", "decoding", "scheduling"]
+    for source in ("scheduling", "process"):
+        contract = contracts()[f"{source}-without-torch"]
+        assert contract["source_modules"] == [f"engine.{source}"] and "torch" in contract["forbidden_modules"]
+        assert not contract.get("allow_indirect_imports", False)  # torch through anything they import, too
+
+
 def test_every_door_is_independent_of_the_others_and_only_shared_is_below_them() -> None:
     doors = contracts()["doors-independent"]
     assert doors["exhaustive"] is True and doors["layers"][1:] == ["shared"]

@@ -15,7 +15,7 @@ from grpc import aio
 
 from engine import Engine
 from engine.hooks import EngineHooks
-from engine.prompt import MAX_PROMPT_CHARS
+from engine.parameters import MAX_PROMPT_CHARS
 from service.config import ServerConfig
 from tests.support.audio import JFK_FLAC, make_conversation, to_linear16_bytes
 from tests.support.calls import Outcome, alongside_good_stream, audio_requests, config_request, run_stream

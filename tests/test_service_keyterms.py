@@ -17,7 +17,7 @@ import pytest
 from asr.v1 import asr_pb2, asr_pb2_grpc
 from grpc import aio
 
-from engine.request import MAX_KEYTERM_CHARS, MAX_KEYTERMS
+from engine.parameters import MAX_KEYTERM_CHARS, MAX_KEYTERMS
 from scripts.keyterm_clips import KEYTERMS, Clip, control_clips, name_clips, real_clips, said, telephone_audio
 from tests.support.audio import RATE, silence, speak, speech_bounds, to_linear16_bytes, to_mulaw_8k_bytes
 from tests.support.calls import Outcome, audio_requests, run_stream

@@ -16,7 +16,7 @@ from clients.client import RecognizerClient
 from clients.scoring import corpus_wer
 from engine import Engine, EngineConfig
 from engine.hooks import EngineHooks
-from engine.request import Priority
+from engine.parameters import Priority
 from service.config import ServerConfig
 from tests.support.audio import make_conversation, to_linear16_bytes
 from tests.support.calls import Outcome, audio_requests, config_request, paced, run_stream

@@ -10,7 +10,7 @@ import pytest
 import soundfile as sf
 import torch
 
-from engine.features import LogMel
+from engine.model.features import LogMel
 from service.config import ServerConfig, validate
 from service.pipeline.endpointing import Endpointer, SpeechEnded, TurnJudging, Utterance
 from service.pipeline.session import turn_judging

@@ -45,7 +45,7 @@ def carried(t: Transcript) -> bool:
 
 @dataclass
 class ChannelContext:
-    """One channel's carried text. `tail(text, n)`: text's last n tokens (engine/prompt.py
+    """One channel's carried text. `tail(text, n)`: text's last n tokens (engine/decoding/prompt.py
     PromptEncoder.tail, the engine's own tokenizer); `max_tokens` 0: nothing is carried."""
 
     max_tokens: int

@@ -188,7 +188,7 @@ class StreamSession:
         config: ServerConfig,
     ) -> None:
         self.id = stream_id
-        # the engine's live finals take turns by caller (engine/policy.py): this stream is one
+        # the engine's live finals take turns by caller (engine/scheduling/policy.py): this stream is one
         settings = dataclasses.replace(
             settings, options=dataclasses.replace(settings.options, caller=stream_id)
         )

@@ -10,7 +10,7 @@ It is submitted to the engine at once as a final; its result is held here, never
 An engine that refuses the speculative request (or fails it) costs nothing: the utterance is submitted
 again when it is confirmed, exactly as without speculation.
 
-In the engine an offer is best effort (engine/policy.py): it is admitted only in the room live finals
+In the engine an offer is best effort (engine/scheduling/policy.py): it is admitted only in the room live finals
 leave, so it can never get a live call refused, and it ranks after live finals until the moment its end
 would be confirmed (`confirm_after_s` after the offer), from which it ranks as the live final it then is.
 """

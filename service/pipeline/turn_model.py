@@ -69,7 +69,7 @@ def _slaney_hz(mel: np.ndarray) -> np.ndarray:
 @functools.cache
 def _mel_filters() -> np.ndarray:
     """[n_mels, 201]: transformers' mel_filter_bank(norm="slaney", mel_scale="slaney"), the bank
-    engine/features.py uses for Whisper, computed without importing transformers into the frontend."""
+    engine/model/features.py uses for Whisper, computed without importing transformers into the frontend."""
     bins = np.linspace(0, RATE // 2, N_FFT // 2 + 1)
     edges = _slaney_hz(np.linspace(_slaney_mel(np.array(0.0)), _slaney_mel(np.array(RATE / 2)), N_MELS + 2))
     diff = np.diff(edges)

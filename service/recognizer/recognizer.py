@@ -540,7 +540,7 @@ class Recognizer:
             settings = settings()
         f = settings.format
         try:
-            # Recorded work: served after live calls, in its own share of the engine (engine/policy.py).
+            # Recorded work: served after live calls, in its own share of the engine (engine/scheduling/policy.py).
             options = decode_options(settings, engine, Priority.RECORDED, c.beam_size_recorded)
             result_opts = result_options(settings)
             settings.call_metrics.validate()

@@ -27,7 +27,7 @@ from grpc_reflection.v1alpha import reflection
 from riva.client.proto import riva_asr_pb2_grpc
 
 from engine.api import Engine
-from engine.client import EngineClient
+from engine.process.client import EngineClient
 from service import metrics
 from service.config import CALL_WEBHOOK_SECRET_ENV, ServerConfig
 from service.doors import google_speech

@@ -17,7 +17,7 @@ the ceiling (issue 12); frontends scale across cores and the scheduler keeps its
 - The engine process dies: each frontend sees its socket close, reports NOT_SERVING, ends its open
   streams UNAVAILABLE and exits; the supervisor exits 1 (the pod restarts; no model, no service).
 - The engine process hangs without dying (a stuck device call, a deadlocked scheduler thread): it
-  publishes a heartbeat into shared memory (engine/core_process.py); when its scheduler loop makes no
+  publishes a heartbeat into shared memory (engine/process/core_process.py); when its scheduler loop makes no
   progress for --engine-heartbeat-timeout with utterances pending, or it publishes nothing at all for
   that long, the supervisor kills it (SIGKILL: a hung process may not heed SIGTERM) and the death path
   above follows: NOT_SERVING, open streams UNAVAILABLE, exit 1.
@@ -67,8 +67,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from engine.api import EngineConfig
-from engine.core_process import HEARTBEAT_PENDING, HEARTBEAT_PROGRESS, HEARTBEAT_PUBLISHED, HEARTBEAT_SLOTS
-from engine.cpus import usable_cpus
+from engine.process.core_process import (
+    HEARTBEAT_PENDING,
+    HEARTBEAT_PROGRESS,
+    HEARTBEAT_PUBLISHED,
+    HEARTBEAT_SLOTS,
+)
+from engine.process.cpus import usable_cpus
 from service.config import ServerConfig
 from service.recognizer.call_hub import CallHubForwarder, HubAddresses, ZmqCallHub
 from service.recognizer.stream_limit import SharedStreamCounts, SharedStreamLimit, caller_buckets
@@ -170,10 +175,10 @@ def engine_main(
     log_format: str,
     heartbeat: MutableSequence[float] | None = None,
 ) -> None:
-    """The engine process (see engine/core_process.py); stops on CONTROL_SIGNAL."""
+    """The engine process (see engine/process/core_process.py); stops on CONTROL_SIGNAL."""
     _die_with_parent(parent_pid)
     setup_logging(log_level, log_format)
-    from engine.core_process import serve
+    from engine.process.core_process import serve
 
     sys.exit(serve(config, address, ready, heartbeat, stop_signal=CONTROL_SIGNAL))
 
@@ -210,7 +215,7 @@ async def _serve_frontend(
 ) -> int:
     # Here, in the frontend process only: the supervisor holds no server (nor the service's metrics,
     # whose gauges would then count the supervisor as a frontend).
-    from engine.client import EngineClient
+    from engine.process.client import EngineClient
     from service.runtime.server import AsrServer, init_metrics
 
     init_metrics()
@@ -271,7 +276,7 @@ def metrics_registry(
 
 
 class HeartbeatWatch:
-    """Tells a hung engine process from a slow one, from what it publishes (engine/core_process.py):
+    """Tells a hung engine process from a slow one, from what it publishes (engine/process/core_process.py):
     hung when its scheduler loop made no progress for `timeout_s` while utterances were pending (the
     clock starts at the later of the last progress and the moment work became pending: an idle loop
     owes no progress), or when it published nothing for `timeout_s` (the whole process is stuck)."""
@@ -532,7 +537,7 @@ class Supervisor:
 def preflight_model(config: EngineConfig) -> None:
     """Refuse a --model that names no loadable folder before any port opens: a typo'd path must not
     leave a half-started server behind (the full load, which can fail later, runs behind NOT_SERVING)."""
-    from engine.weights import (
+    from engine.model.weights import (
         BUNDLED,
         ModelLoadError,
         default_cache_dir,

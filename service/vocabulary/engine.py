@@ -1,6 +1,6 @@
 """The engine as service/ sees it: one narrow interface, whatever runs the model.
 
-`engine.Engine` (in-process: tests, benchmarks, embedding) and `engine.client.EngineClient` (the engine
+`engine.Engine` (in-process: tests, benchmarks, embedding) and `engine.process.client.EngineClient` (the engine
 process over IPC: asr-server's frontends) both provide it; service/ types its engine as this Protocol,
 so that nothing here can reach past it into either one's internals.
 """
@@ -16,7 +16,7 @@ from engine.api import DecodeOptions, ModelInfo, UtteranceHandle
 
 if TYPE_CHECKING:
     from engine.api import Engine
-    from engine.client import EngineClient
+    from engine.process.client import EngineClient
 
 
 class RecognitionEngine(Protocol):

@@ -115,8 +115,10 @@ class RecognitionSettings:
     separate_channels: bool = False
     # BCP-47 ("en-US") or Whisper's code ("en"); "" the model's own (English-only) or detection
     language: str = ""
-    prompt: str = ""  # previous text for Whisper: names, products, jargon (bounded: engine/prompt.py)
-    # names and jargon the caller may say, boosted in decoding (bounded: engine/request.py)
+    prompt: str = (
+        ""  # previous text for Whisper: names, products, jargon (bounded: engine/decoding/prompt.py)
+    )
+    # names and jargon the caller may say, boosted in decoding (bounded: engine/scheduling/request.py)
     keyterms: tuple[str, ...] = ()
     # a stream's channels carry their earlier finals into their next utterances (pipeline/context.py);
     # None: the server's --context-carry

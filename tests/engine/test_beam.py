@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from clients.scoring import normalize
-from engine import DecodeOptions, Engine, EngineConfig, beam
-from engine.request import Request
+from engine import DecodeOptions, Engine, EngineConfig
+from engine.decoding import beam
+from engine.scheduling.request import Request
 from tests.engine.test_scheduler import noise, running
 from tests.support.engine import jfk_16k
 from tests.support.wait import wait_until

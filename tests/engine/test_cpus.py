@@ -1,4 +1,4 @@
-"""The engine's threads follow the CPUs the process may really use (engine/cpus.py): its affinity mask,
+"""The engine's threads follow the CPUs the process may really use (engine/process/cpus.py): its affinity mask,
 capped by a cgroup CPU quota, which torch's own default ignores."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from engine import EngineConfig
-from engine.cpus import usable_cpus
-from engine.runner import ModelRunner, engine_threads
+from engine.model.runner import ModelRunner, engine_threads
+from engine.process.cpus import usable_cpus
 
 
 def test_a_cgroup_quota_caps_the_usable_cpus(tmp_path: Path) -> None:

@@ -12,7 +12,8 @@ from prometheus_client import REGISTRY
 from transformers import WhisperFeatureExtractor
 
 from clients.scoring import corpus_wer, normalize
-from engine import DecodeOptions, Engine, EngineConfig, weights
+from engine import DecodeOptions, Engine, EngineConfig
+from engine.model import weights
 from tests.support.audio import silence, speak, white_noise
 from tests.support.engine import jfk_16k
 from tests.support.wait import wait_until

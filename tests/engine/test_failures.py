@@ -14,7 +14,7 @@ from prometheus_client import REGISTRY
 
 from engine import Engine, EngineConfig, EngineStopped, Transcript
 from engine.hooks import EngineHooks
-from engine.request import Request
+from engine.scheduling.request import Request
 from tests.support.audio import speak
 
 SENTENCES = [

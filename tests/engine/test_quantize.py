@@ -1,4 +1,4 @@
-"""Quantization (engine/quantize.py) on the real bundled tiny.en weights: which layers get which
+"""Quantization (engine/model/quantize.py) on the real bundled tiny.en weights: which layers get which
 scales, that int8 with a scale per row makes each row's result its own (batched equals alone, on real
 speech, with utterances joining and leaving) while torch.ao's per-batch int8 does not, what
 --quantize accepts where, and what the CPU default does to jfk's tokens."""
@@ -18,11 +18,11 @@ from torch import nn
 from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 
 from engine import Engine, EngineConfig
-from engine import quantize as quantize_module
 from engine.config import QUANTIZE_PARTS
-from engine.features import LogMel
-from engine.model import Whisper, from_hf
-from engine.quantize import (
+from engine.model import quantize as quantize_module
+from engine.model.features import LogMel
+from engine.model.model import Whisper, from_hf
+from engine.model.quantize import (
     Int8Linear,
     QuantizeMode,
     cpu_has_int8_dot_product,
@@ -32,7 +32,7 @@ from engine.quantize import (
     resolve_mode,
     resolve_plan,
 )
-from engine.weights import LoadedWeights, load
+from engine.model.weights import LoadedWeights, load
 from service.config import parse_args
 from tests.support.engine import jfk_16k
 

@@ -17,7 +17,7 @@ from prometheus_client import REGISTRY
 from engine import DecodeOptions, Engine, EngineConfig, EngineOverloaded
 from engine.api import EngineStopped
 from engine.hooks import EngineHooks
-from engine.request import Priority
+from engine.parameters import Priority
 from tests.support.wait import wait_until
 
 ONE_SECOND = np.zeros(16000, dtype=np.float32)

@@ -1,4 +1,4 @@
-"""The scheduler (engine/scheduler.py) alone: admission, KV-cache rows, the request lifecycle, cancels at
+"""The scheduler (engine/scheduling/scheduler.py) alone: admission, KV-cache rows, the request lifecycle, cancels at
 each status, fallback and next-window decisions, priority classes. No model, no torch, no thread: each
 case builds a Scheduler, moves requests through it as the core loop would, and asserts its decisions.
 (That the loop executes them on a real model: tests/engine/test_scheduler.py and test_failures.py.)"""
@@ -17,8 +17,10 @@ from prometheus_client import REGISTRY
 
 from engine.config import EngineConfig
 from engine.errors import EngineOverloaded, EngineStopped
-from engine.request import DecodeOptions, Priority, Request, RequestStatus, Transcript, UtteranceStats
-from engine.scheduler import Scheduler
+from engine.outputs import Transcript, UtteranceStats
+from engine.parameters import DecodeOptions, Priority
+from engine.scheduling.request import Request, RequestStatus
+from engine.scheduling.scheduler import Scheduler
 
 EOT = 50256
 FULL_CTX = 1500
@@ -31,7 +33,7 @@ class Vocab:
 
 
 class Rules:
-    """What the scheduler needs of the decoding rules (engine/outcome.py TextRules): the end-of-text token,
+    """What the scheduler needs of the decoding rules (engine/scheduling/outcome.py TextRules): the end-of-text token,
     and text (here each token's number, so that repeats compress as text would)."""
 
     vocab = Vocab()
@@ -102,15 +104,19 @@ def sample(name: str, **labels: str) -> float:
 @pytest.mark.parametrize(
     ("module", "loads_torch"),
     [
-        ("engine.scheduler", False),
+        ("engine.scheduling.scheduler", False),
         ("engine.isolation", False),
         ("engine.hooks", False),
-        ("engine.runner", True),
+        # what a frontend process imports to reach the engine process (import-linter's
+        # process-without-torch contract says the same of the import graph)
+        ("engine.process.client", False),
+        ("engine.process.core_process", False),
+        ("engine.model.runner", True),
     ],
 )
 def test_the_scheduler_imports_no_torch(module: str, loads_torch: bool) -> None:
     """In a fresh interpreter: importing the scheduler (and the isolation helper and hooks it is tested
-    with) leaves torch unloaded; the runner, the control case, loads it."""
+    with, and the engine process's modules) leaves torch unloaded; the runner, the control case, loads it."""
     probe = f"import sys, {module}; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, check=True, capture_output=True, text=True)
     assert out.stdout.strip() == str(loads_torch)

@@ -1,4 +1,4 @@
-"""The decode step as a static graph (engine/step.py), on the real bundled tiny.en and real audio.
+"""The decode step as a static graph (engine/model/step.py), on the real bundled tiny.en and real audio.
 
 What a CUDA graph needs of the step: one graph for the whole function (`torch.compile(fullgraph=True)`
 fails on value-dependent control flow) and no read of the device from the host inside it (which
@@ -20,9 +20,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine import DecodeOptions, Engine, EngineConfig
-from engine.request import Request
-from engine.runner import ModelRunner
-from engine.step import DecodeStepper, StepShape
+from engine.model.runner import ModelRunner
+from engine.model.step import DecodeStepper, StepShape
+from engine.scheduling.request import Request
 from tests.support.audio import speak
 from tests.support.engine import jfk_16k
 from tests.support.wait import wait_until
@@ -142,7 +142,7 @@ def test_the_decode_step_compiles_as_one_graph_and_never_reads_the_device(runner
 
 
 HOST_READ_VARIANTS = {
-    # What engine/model.py's `decode` did before: keys sized by int(start.max()), the cross mask
+    # What engine/model/model.py's `decode` did before: keys sized by int(start.max()), the cross mask
     # skipped when bool((cross_len != n).any()).
     "int(start.max())": lambda positions, cross_len: (positions[: int(positions.max()) + 1], cross_len),
     "bool(cross_len.any())": lambda positions, cross_len: (

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from engine import weights
-from engine.weights import ModelLoadError
+from engine.model import weights
+from engine.model.weights import ModelLoadError
 
 
 def test_ct2_conversion_matches_ctranslate2_shapes_and_loads_strictly() -> None:
@@ -66,14 +66,14 @@ def test_bad_model_path_fails_with_a_message_naming_it(tmp_path: Path, make: str
 
 def test_the_engine_loads_real_weights_without_transformers_model_code() -> None:
     """Pod start time: importing transformers' Whisper model code costs seconds of every engine start,
-    and the engine runs its own model (engine/model.py). The weights are read from the checkpoint."""
+    and the engine runs its own model (engine/model/model.py). The weights are read from the checkpoint."""
     import subprocess
     import sys
 
     code = (
         "import sys\n"
-        "from engine.model import from_hf\n"
-        "from engine.weights import load\n"
+        "from engine.model.model import from_hf\n"
+        "from engine.model.weights import load\n"
         "w = load('tiny.en')\n"
         "from_hf(w.config, w.state)\n"
         "print(sorted(m for m in sys.modules if m.startswith('transformers.models.whisper.modeling')))\n"
@@ -83,7 +83,7 @@ def test_the_engine_loads_real_weights_without_transformers_model_code() -> None
 
 
 def test_the_engine_model_from_the_checkpoint_equals_the_one_from_transformers() -> None:
-    from engine.model import from_hf, from_transformers
+    from engine.model.model import from_hf, from_transformers
 
     loaded = weights.load("tiny.en")
     ours, theirs = (

@@ -1,4 +1,4 @@
-"""Word timings (engine/timing.py) on the real tiny.en: jfk.flac's words where a listener hears them,
+"""Word timings (engine/model/timing.py) on the real tiny.en: jfk.flac's words where a listener hears them,
 batched the same as alone, through a real server as WordInfo offsets. The comparison with faster-whisper
 on telephone audio is scripts/bench_word_timings.py."""
 
@@ -17,7 +17,7 @@ from asr.v1 import asr_pb2, asr_pb2_grpc
 from grpc import aio
 
 from engine import DecodeOptions, Engine
-from engine.timing import dtw, median_filter
+from engine.model.timing import dtw, median_filter
 from service.config import ServerConfig
 from tests.support.audio import JFK_FLAC, make_conversation, speak
 from tests.support.calls import Outcome, audio_requests, config_request, run_stream

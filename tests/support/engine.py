@@ -11,7 +11,7 @@ import numpy as np
 import soundfile as sf
 import soxr
 
-from engine import weights
+from engine.model import weights
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"
 JFK_FLAC = SHARED / "data" / "jfk.flac"

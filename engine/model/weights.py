@@ -59,7 +59,7 @@ class ModelLoadError(RuntimeError):
 
 @dataclass
 class LoadedWeights:
-    """A checkpoint as the engine builds its model from it (engine/model.py `from_hf`): read straight
+    """A checkpoint as the engine builds its model from it (engine/model/model.py `from_hf`): read straight
     from the files, so an engine start never imports transformers' model code (seconds of every pod
     start); `hf_model()` builds transformers' model for what needs it (reference decodes)."""
 
@@ -266,6 +266,12 @@ def _ct2_to_hf_state_dict(
         linear(f"{src}/linear_1", f"{dst}.fc2")
         norm(f"{src}/layer_norm", f"{dst}.final_layer_norm")
 
+    def self_attention(src: str, dst: str) -> None:
+        # the same in encoder and decoder layers
+        fused(f"{src}/linear_0", [f"{dst}.self_attn.{p}_proj" for p in "qkv"])
+        linear(f"{src}/linear_1", f"{dst}.self_attn.out_proj")
+        norm(f"{src}/layer_norm", f"{dst}.self_attn_layer_norm")
+
     enc, dec = "model.encoder", "model.decoder"
     for i in (1, 2):
         linear(f"encoder/conv{i}", f"{enc}.conv{i}")
@@ -273,9 +279,7 @@ def _ct2_to_hf_state_dict(
     norm("encoder/layer_norm", f"{enc}.layer_norm")
     for n in range(enc_layers):
         s, d = f"encoder/layer_{n}", f"{enc}.layers.{n}"
-        fused(f"{s}/self_attention/linear_0", [f"{d}.self_attn.{p}_proj" for p in "qkv"])
-        linear(f"{s}/self_attention/linear_1", f"{d}.self_attn.out_proj")
-        norm(f"{s}/self_attention/layer_norm", f"{d}.self_attn_layer_norm")
+        self_attention(f"{s}/self_attention", d)
         ffn(f"{s}/ffn", d)
     sd[f"{dec}.embed_tokens.weight"] = t("decoder/embeddings/weight")
     sd["proj_out.weight"] = sd[f"{dec}.embed_tokens.weight"]
@@ -283,9 +287,7 @@ def _ct2_to_hf_state_dict(
     norm("decoder/layer_norm", f"{dec}.layer_norm")
     for n in range(dec_layers):
         s, d = f"decoder/layer_{n}", f"{dec}.layers.{n}"
-        fused(f"{s}/self_attention/linear_0", [f"{d}.self_attn.{p}_proj" for p in "qkv"])
-        linear(f"{s}/self_attention/linear_1", f"{d}.self_attn.out_proj")
-        norm(f"{s}/self_attention/layer_norm", f"{d}.self_attn_layer_norm")
+        self_attention(f"{s}/self_attention", d)
         linear(f"{s}/attention/linear_0", f"{d}.encoder_attn.q_proj")
         fused(f"{s}/attention/linear_1", [f"{d}.encoder_attn.k_proj", f"{d}.encoder_attn.v_proj"])
         linear(f"{s}/attention/linear_2", f"{d}.encoder_attn.out_proj")
@@ -501,7 +503,7 @@ _random_models: dict[tuple[str, int], Any] = {}
 def _random_model(config: Any, seed: int) -> Any:
     """One model per size and seed per process: initialising large-v3's 1.55 B parameters takes
     a while, and a benchmark starts several engines (batching off, then on). Engines copy the
-    weights (engine/model.py from_hf), so sharing this one is safe."""
+    weights (engine/model/model.py from_hf), so sharing this one is safe."""
     from transformers import WhisperForConditionalGeneration  # type: ignore[attr-defined]
 
     key = (config.to_json_string(), seed)

@@ -26,7 +26,7 @@ log-probabilities and g the greedy token:
 
 End of text and timestamp tokens are never a term's tokens, so never biased. Every step is tensor
 operations over the whole batch; a row's state (list, node, evidence, token to go back to, terms kept)
-is an input tensor filled from the host (engine/logits.py RowInputs), and what changed comes back with
+is an input tensor filled from the host (engine/decoding/logits.py RowInputs), and what changed comes back with
 the chosen tokens in the rules' one host copy. A row without keyterms keeps its greedy token, and no
 row's choice reads another row: a sequence's tokens never depend on its batch company. The
 probability recorded for a chosen token (its confidence) is the model's, before the bias.
@@ -44,11 +44,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from engine.logits import NEG_INF, RowInputs, StepRows
-from engine.request import MAX_KEYTERMS
+from engine.decoding.logits import NEG_INF, RowInputs, StepRows
+from engine.parameters import MAX_KEYTERMS
 
 if TYPE_CHECKING:
-    from engine.request import Request
+    from engine.scheduling.request import Request
 
 # Events a step reports per row (bits of kt_event).
 STARTED, CONTINUED, ACCEPTED, TOOK_BACK = 1, 2, 4, 8

@@ -7,7 +7,7 @@ warping finds the monotonic path from tokens to frames. Tokens are grouped into 
 punctuation merged into its neighbour word); a word starts where the path first reaches its first token
 and ends where it reaches the next word. Word probability is the mean probability of its tokens.
 
-The model pass that produces the attention runs in the model runner (engine/model.py
+The model pass that produces the attention runs in the model runner (engine/model/model.py
 `alignment_attention`); this module is the arithmetic, on CPU tensors and numpy.
 """
 
@@ -22,10 +22,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from engine.decoding import DecodingRules
-from engine.kv_cache import KVCache
-from engine.model import Whisper
-from engine.request import Request, WordTiming
+from engine.decoding.rules import DecodingRules
+from engine.model.kv_cache import KVCache
+from engine.model.model import Whisper
+from engine.outputs import WordTiming
+from engine.scheduling.request import Request
 
 FRAMES_PER_SECOND = 50  # encoder positions: 20 ms each
 SAMPLES_PER_FRAME = 320  # at 16 kHz

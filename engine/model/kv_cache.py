@@ -1,6 +1,6 @@
 """Preallocated KV cache in rows (slots): storage only.
 
-Which request holds which row is the scheduler's (engine/scheduler.py KVRows): it keeps them dense,
+Which request holds which row is the scheduler's (engine/scheduling/scheduler.py KVRows): it keeps them dense,
 active sequences in rows 0..n-1, so that every decode step reads the cache through plain slices (no
 gather of cross-attention K/V, which would copy megabytes per step). When a sequence leaves, the
 scheduler moves the last row into its place and this cache copies it (`move`): one copy per

@@ -1,6 +1,6 @@
 """Whisper's decoding rules for greedy search: prompts, suppressed tokens, timestamps, keyterms,
 stopping, language detection, and turning tokens into text and segments. The rules that edit logits
-are composable processors (engine/logits.py, engine/keyterms.py), applied in order over a whole step.
+are composable processors (engine/decoding/logits.py, engine/decoding/keyterms.py), applied in order over a whole step.
 
 Special token ids are read from the tokenizer, never hard-coded: multilingual vocabularies
 put every special token one id higher than English-only ones.
@@ -17,8 +17,8 @@ import torch
 from torch import Tensor
 
 from engine.constants import CHUNK_SECONDS
-from engine.keyterms import KeytermBias, KeytermSettings
-from engine.logits import (
+from engine.decoding.keyterms import KeytermBias, KeytermSettings
+from engine.decoding.logits import (
     SECONDS_PER_TIMESTAMP,
     ApplyTimestampRules,
     LogitProcessor,
@@ -26,15 +26,9 @@ from engine.logits import (
     SuppressBlank,
     SuppressTokens,
 )
-from engine.request import (
-    Beam,
-    DecodeOptions,
-    Request,
-    Segment,
-    check_keyterm_tokens,
-    validate_beam_size,
-    validate_options,
-)
+from engine.outputs import Segment
+from engine.parameters import DecodeOptions, check_keyterm_tokens, validate_beam_size, validate_options
+from engine.scheduling.request import Beam, Request
 
 NO_SPEECH_THRESHOLD = 0.6  # openai/whisper's defaults for dropping silent windows
 LOGPROB_THRESHOLD = -1.0
@@ -139,7 +133,7 @@ class DecodingRules:
 
     def previous_text(self, options: DecodeOptions, prompt_ids: tuple[int, ...]) -> tuple[int, ...]:
         """The token ids Whisper conditions on as previous text: the caller's prompt (tokenized once, at
-        submit: engine/prompt.py), after the keyterms when the prompt layer is on (as faster-whisper's
+        submit: engine/decoding/prompt.py), after the keyterms when the prompt layer is on (as faster-whisper's
         hotwords). Bounded by the keyterm bounds, so tokenizing them costs little; build_prompt keeps the
         tail when the two together are too long."""
         if not (options.keyterms and self.keyterm_settings.prompt):
@@ -153,7 +147,7 @@ class DecodingRules:
         `language` overrides the options' (later windows reuse the detected one)."""
         v, opts = self.vocab, req.options
         language = language or opts.language
-        # The prompt was tokenized (and its length bounded) once, at submit: engine/prompt.py.
+        # The prompt was tokenized (and its length bounded) once, at submit: engine/decoding/prompt.py.
         keep = max(0, min(len(req.prompt_ids), max_tokens // 2 - 1))
         prefix = [v.sot_prev, *req.prompt_ids[len(req.prompt_ids) - keep :]] if keep else []
         tail: list[int] = []

@@ -23,8 +23,9 @@ Neither end trusts the other's messages: a message with frames missing or extra,
 unreadable request id or header, audio that is not whole finite float32 samples, a request id already
 in use, or work from a peer with no session is counted (asr_ipc_malformed_total{receiver,reason}),
 logged and dropped, and answered FAILED where its request id can be read. Headers are unpickled by
-`load`, which builds only the engine's own data classes (engine.request, engine.errors): a crafted
-pickle cannot call anything. The socket sits in a private (0700) directory, never on a network port.
+`load`, which builds only the engine's own data classes (engine.parameters, engine.outputs,
+engine.errors): a crafted pickle cannot call anything. The socket sits in a private (0700) directory,
+never on a network port.
 
 Lost replies. A frontend asks (CHECK), every CHECK_INTERVAL_S, about the utterances it has been waiting
 on for at least that long; the engine names those it no longer holds. Replies and the CHECK answer
@@ -55,7 +56,8 @@ from typing import Any
 import numpy as np
 
 from engine.api import EngineOverloaded, EngineStopped
-from engine.request import DecodeOptions, Transcript
+from engine.outputs import Transcript
+from engine.parameters import DecodeOptions
 
 HELLO, SUBMIT, CANCEL, STATS, CHECK, BYE = b"H", b"S", b"C", b"T", b"K", b"B"
 DONE, FAILED, PING = b"D", b"F", b"P"
@@ -67,7 +69,7 @@ CHECK_INTERVAL_S = 1.0  # how often a frontend asks about replies it has waited 
 MAX_REQUEST_ID_BYTES = 256
 MAX_NONCE_BYTES = 64
 # Modules whose data classes headers may hold: the only globals `load` resolves.
-_HEADER_MODULES = ("engine.request", "engine.errors")
+_HEADER_MODULES = ("engine.parameters", "engine.outputs", "engine.errors")
 
 
 class RemoteEngineError(RuntimeError):
@@ -100,11 +102,11 @@ class Malformed(Exception):
 
 # Classes beyond the data classes and enums that a header may carry: their __setstate__ takes plain
 # values only (ModelInfo.prompts, so that a frontend counts prompt tokens with the engine's tokenizer).
-_CARRIED_CLASSES = frozenset({("engine.prompt", "PromptEncoder")})
+_CARRIED_CLASSES = frozenset({("engine.decoding.prompt", "PromptEncoder")})
 
 
 class _HeaderUnpickler(pickle.Unpickler):
-    """Resolves only the data classes and enums of engine.request and engine.errors, and
+    """Resolves only the data classes and enums of engine.parameters, engine.outputs and engine.errors, and
     _CARRIED_CLASSES: a pickle naming anything else (a function to call, another module's class) is
     refused before it can run."""
 

@@ -1,13 +1,13 @@
 """The scheduling policy: a pure function from a snapshot of the engine's state to a Plan.
 
-No torch, no clock, no side effects. The scheduler (engine/scheduler.py) takes a Snapshot of its
+No torch, no clock, no side effects. The scheduler (engine/scheduling/scheduler.py) takes a Snapshot of its
 requests, asks `plan()` what to do, and turns the Plan into its SchedulerOutput (rows given, statuses
 moved), which the core loop (engine/core.py) executes. As vLLM v1's `Scheduler.schedule()` returns a
 SchedulerOutput that `EngineCore.step()` hands to the model runner; here the decisions are the ones an
 encoder-decoder needs: which waiting utterances go into the next encoder pass, with how much
 encoder context, and whether the decoding batch takes a step.
 
-Priority classes (engine.request.Priority), served in this order:
+Priority classes (engine.parameters.Priority), served in this order:
   LIVE         a live call's final (and a speculative offer once its end would be confirmed);
   BEST_EFFORT  a live call's interim or speculative offer: a preview, or a final not yet confirmed;
   RECORDED     recorded audio (Recognize, HTTP uploads): takes only the capacity live work leaves.
@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 from engine.config import EngineConfig
 from engine.constants import POSITIONS_PER_SECOND, SAMPLE_RATE
-from engine.request import Priority
+from engine.parameters import Priority
 
 IDLE_POLL_S = 0.5  # nothing to do: how long the loop blocks on its inbox before looking again
 MAX_REORDER_S = 1.0  # a final older than this is served by age, ahead of shorter newer ones

@@ -12,10 +12,10 @@ that is gone.
 The engine process going away (crash, kill) closes its Unix socket; ZeroMQ's socket monitor reports
 the disconnect, and every open utterance fails with EngineStopped at once, and `on_failure` is called.
 
-The client opens a session with a nonce of its own (engine/ipc.py): a client made again under the same
+The client opens a session with a nonce of its own (engine/process/ipc.py): a client made again under the same
 name (a restarted frontend) is a new session, and the engine cancels what the old one left. `stop`
 sends everything still queued (cancels included), then BYE, so the engine frees the rest at once. A
-reply that never comes is found by CHECK (engine/ipc.py, "Lost replies"): that utterance fails with
+reply that never comes is found by CHECK (engine/process/ipc.py, "Lost replies"): that utterance fails with
 ReplyLost. A malformed reply is counted and dropped, failing its utterance where its id can be read.
 """
 
@@ -36,10 +36,11 @@ import numpy as np
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from engine import ipc
 from engine.api import EngineStopped, ModelInfo, UtteranceHandle
 from engine.metrics import IPC_MALFORMED, IPC_REPLIES_LOST, IPC_SECONDS
-from engine.request import DecodeOptions, Transcript, validate_beam_size, validate_options
+from engine.outputs import Transcript
+from engine.parameters import DecodeOptions, validate_beam_size, validate_options
+from engine.process import ipc
 
 log = logging.getLogger("engine.client")
 
@@ -64,7 +65,7 @@ class EngineClient:
         self._ids = itertools.count()
         self._pending: dict[str, _Pending] = {}  # by request id
         self._stats: dict[bytes, Future[dict[str, int]]] = {}
-        self._nonce = os.urandom(8)  # this session, whatever the name (engine/ipc.py)
+        self._nonce = os.urandom(8)  # this session, whatever the name (engine/process/ipc.py)
         # the CHECK in flight (I/O thread only): its token and when it was sent
         self._check: tuple[bytes, float] | None = None
         self._last_check = 0.0

@@ -1,5 +1,5 @@
 """What a finished decoding window means, beside the decoding rules: has it ended, did it loop (and
-why), and the transcript it becomes. No model and no scheduling here: the scheduler (engine/scheduler.py)
+why), and the transcript it becomes. No model and no scheduling here: the scheduler (engine/scheduling/scheduler.py)
 asks these questions after each token-producing call and decides on the answers."""
 
 from __future__ import annotations
@@ -9,10 +9,11 @@ import zlib
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from engine.constants import CHUNK_SECONDS
-from engine.request import Request, Transcript, UtteranceStats
+from engine.outputs import Transcript, UtteranceStats
+from engine.scheduling.request import Request
 
 if TYPE_CHECKING:
-    from engine.decoding import DecodingRules
+    from engine.decoding.rules import DecodingRules
 
 COMPRESSION_RATIO_THRESHOLD = 2.4  # openai/whisper's: text this compressible is a loop
 MIN_REPEATED_SPAN = 4  # shorter repeats ("no, no") happen in real speech
@@ -26,7 +27,7 @@ class _Eot(Protocol):
 
 
 class TextRules(Protocol):
-    """What the loop checks need of the decoding rules (engine/decoding.py DecodingRules): the end of
+    """What the loop checks need of the decoding rules (engine/decoding/rules.py DecodingRules): the end of
     text token and the text of tokens."""
 
     @property

@@ -6,7 +6,7 @@ fly. Four schemes:
 - `int8`: Int8Linear below. Symmetric int8 weights with one scale per output channel, and
   activations with one scale per row (a token, an encoder frame), multiplied exactly in int32 by
   oneDNN. A row's result depends on that row alone, bit for bit. In the encoder, whose attention
-  runs row by row (engine/model.py), that keeps "batched equals alone" exact; in the decoder it
+  runs row by row (engine/model/model.py), that keeps "batched equals alone" exact; in the decoder it
   would not: a decode step's attention over keys padded to the longest row differs from alone in
   the last bits (in fp32 too), and int8 can turn those bits into other tokens.
 - `int8-per-batch`: torch.ao `quantize_dynamic` with per-channel weight scales
@@ -41,7 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from engine.config import QUANTIZE_MODES, QUANTIZE_PARTS, EngineConfig, parse_quantize_parts
-from engine.model import Whisper
+from engine.model.model import Whisper
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 behind the narrow interface the core loop (engine/core.py) calls with the scheduler's plan: encode,
 prefill, step, the first-token rules, sampling through the logit processors, word alignment, and
 copying a row the scheduler moved. It decides nothing: which rows, which requests and what their
-outputs mean are the scheduler's (engine/scheduler.py)."""
+outputs mean are the scheduler's (engine/scheduling/scheduler.py)."""
 
 from __future__ import annotations
 
@@ -17,19 +17,19 @@ import torch
 from torch import Tensor
 
 from engine.config import EngineConfig
-from engine.cpus import usable_cpus
-from engine.decoding import Choice, DecodingRules
-from engine.features import LogMel
-from engine.keyterms import KeytermSettings
-from engine.kv_cache import KVCache
-from engine.model import Whisper, from_hf
-from engine.policy import encoder_positions
-from engine.prompt import PromptEncoder, max_prompt_tokens
-from engine.quantize import quantize_for
-from engine.request import Beam, Request
-from engine.step import DecodeStepper
-from engine.timing import WordAligner, alignment_heads
-from engine.weights import LoadedWeights, load
+from engine.decoding.keyterms import KeytermSettings
+from engine.decoding.prompt import PromptEncoder, max_prompt_tokens
+from engine.decoding.rules import Choice, DecodingRules
+from engine.model.features import LogMel
+from engine.model.kv_cache import KVCache
+from engine.model.model import Whisper, from_hf
+from engine.model.quantize import quantize_for
+from engine.model.step import DecodeStepper
+from engine.model.timing import WordAligner, alignment_heads
+from engine.model.weights import LoadedWeights, load
+from engine.process.cpus import usable_cpus
+from engine.scheduling.policy import encoder_positions
+from engine.scheduling.request import Beam, Request
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class ModelRunner:
     @classmethod
     def load(cls, config: EngineConfig) -> ModelRunner:
         """The weights --model names, on --device, with --threads intra-op threads (0: the CPUs this
-        process may use, quota included: engine/cpus.py)."""
+        process may use, quota included: engine/process/cpus.py)."""
         torch.set_num_threads(engine_threads(config))
         # The loop runs one op at a time: torch's inter-op pool (a thread per core) would only add threads
         # that compete with the intra-op ones. It can be set once per process, before any parallel work.
@@ -220,7 +220,7 @@ class ModelRunner:
     @torch.inference_mode()
     def sample(self, logits: Tensor, reqs: Sequence[Request]) -> Choice:
         """The next token of each request (row i of logits [B, V] is reqs[i]) under the decoding rules'
-        logit processors (engine/logits.py, engine/keyterms.py), greedy. The rules edit logits in place."""
+        logit processors (engine/decoding/logits.py, engine/decoding/keyterms.py), greedy. The rules edit logits in place."""
         return self.rules.next_tokens(logits, reqs)
 
     @torch.inference_mode()
@@ -228,7 +228,7 @@ class ModelRunner:
         self, logits: Tensor, beams: Sequence[Beam], k: int
     ) -> tuple[list[list[float]], list[list[int]]]:
         """Beam search's candidates: for each beam (row i of logits [B, V] is beams[i]), its `k` likeliest
-        next tokens under the decoding rules' masks (engine/logits.py; edited in place) and their
+        next tokens under the decoding rules' masks (engine/decoding/logits.py; edited in place) and their
         log-probabilities, on the host in one copy."""
         return self.rules.beam_candidates(logits, beams, k)
 
@@ -237,7 +237,7 @@ class ModelRunner:
         self.cache.reorder(rows, sources, length)
 
     def align(self, reqs: Sequence[Request]) -> None:
-        """Word timings of finished windows (engine/timing.py), while their rows still hold their audio."""
+        """Word timings of finished windows (engine/model/timing.py), while their rows still hold their audio."""
         self.aligner.align(reqs)
 
     def move_row(self, src: int, dst: int) -> None:

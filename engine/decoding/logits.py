@@ -5,8 +5,8 @@ whole sampling step [B, V] in place. What a rule needs to know about each row (i
 sampled token, does it want timestamps, what did it emit) is on the host already; a processor writes
 it into its own preallocated input buffer (RowInputs: pinned on CUDA, copied in one go, so no tensor
 is made from host data and nothing is read back) and applies its rule as masks over the whole batch:
-no loop of tensor operations per row. The list runs in order (engine/decoding.py builds it):
-suppressed tokens, blank at the first sampled token, timestamp rules, then biases (engine/keyterms.py).
+no loop of tensor operations per row. The list runs in order (engine/decoding/rules.py builds it):
+suppressed tokens, blank at the first sampled token, timestamp rules, then biases (engine/decoding/keyterms.py).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
-    from engine.decoding import Vocab
-    from engine.request import Beam, Request
+    from engine.decoding.rules import Vocab
+    from engine.scheduling.request import Beam, Request
 
 NEG_INF = float("-inf")
 MAX_INITIAL_TIMESTAMP_S = 1.0
@@ -32,7 +32,9 @@ SECONDS_PER_TIMESTAMP = 0.02
 class StepRows:
     """The rows of one sampling step (row i is reqs[i]), read once per step from host state."""
 
-    reqs: Sequence[Request | Beam]  # a beam search's beams are rows as requests are (engine/request.py Beam)
+    reqs: Sequence[
+        Request | Beam
+    ]  # a beam search's beams are rows as requests are (engine/scheduling/request.py Beam)
     first: list[int]  # rows sampling their first token (openai/whisper's sample_begin)
     # The rules' distribution (log-softmax), frozen by the first processor that asks for it: a bias
     # after it leaves the probability recorded for a token (its confidence) what the model gave it.

@@ -1,10 +1,10 @@
 """Beam search's choices on the host, as openai/whisper's BeamSearchDecoder makes them (no model here).
 
-A request searching n beams holds n KV-cache rows (engine/scheduler.py KVRows); beam b decodes in
+A request searching n beams holds n KV-cache rows (engine/scheduling/scheduler.py KVRows); beam b decodes in
 request.rows[b]. Each step, every beam proposes its n+1 likeliest next tokens under the decoding rules
-(engine/decoding.py beam_candidates); the n likeliest continuations by summed log-probability that do
+(engine/decoding/rules.py beam_candidates); the n likeliest continuations by summed log-probability that do
 not end the text become the next beams (their rows take their source rows' self-attention K/V on the
-device: engine/kv_cache.py reorder), and those that end it are kept as finished, up to n. The search
+device: engine/model/kv_cache.py reorder), and those that end it are kept as finished, up to n. The search
 ends when n have finished, the window's token budget is spent or the row is full; the result is the
 best of the finished (topped up with the live beams when fewer than n finished) by summed
 log-probability over length (whisper's length_penalty=None rule). Only the request's own logits enter
@@ -13,8 +13,8 @@ any choice: a beam search's tokens do not depend on the batch it decodes in.
 
 from __future__ import annotations
 
-from engine.outcome import repeats_at_end
-from engine.request import Beam, Request
+from engine.scheduling.outcome import repeats_at_end
+from engine.scheduling.request import Beam, Request
 
 
 def begin(req: Request) -> list[Beam]:

@@ -1,6 +1,6 @@
 """The decode step with static shapes: what a CUDA graph captures and `torch.compile` compiles.
 
-Live sequences occupy cache rows 0..n-1 (engine/kv_cache.py). A step for them runs at a StepShape:
+Live sequences occupy cache rows 0..n-1 (engine/model/kv_cache.py). A step for them runs at a StepShape:
 `batch` rows (n, or n rounded up to a batch bucket: the rows past n are free cache rows, computed and
 ignored), `keys` self-attention positions (past every live row's position; masked per row) and
 `cross` audio positions (at least every live row's context; masked per row). Everything the shape
@@ -27,8 +27,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from engine.kv_cache import KVCache
-from engine.model import Whisper
+from engine.model.kv_cache import KVCache
+from engine.model.model import Whisper
 
 # Static shapes: self-attention keys round up to a multiple of this (CPU compiled path), and the
 # audio context to a fraction of Whisper's 1500 positions, so that a handful of shapes repeat.

@@ -1,5 +1,5 @@
 """The engine process: one `Engine` (its core loop, scheduler, model runner and KV cache; owns the
-device) serving every frontend process over `engine.ipc`, through an `EngineRouter`.
+device) serving every frontend process over `engine.process.ipc`, through an `EngineRouter`.
 
 The process's main thread does only socket I/O: the router turns messages into `Engine.submit`/`cancel`
 calls and finished futures into replies, so the engine's loop thread (engine/core.py) keeps the device
@@ -16,7 +16,7 @@ reads: when it published, the engine loop's iteration count (`Engine.progress`) 
 utterances are in the engine with no reply yet. The supervisor (service/runtime/supervisor.py) ends an engine
 whose loop makes no progress with work pending, or that stops publishing at all.
 
-Sessions (engine/ipc.py): every utterance belongs to the session of the frontend that sent it; a session
+Sessions (engine/process/ipc.py): every utterance belongs to the session of the frontend that sent it; a session
 ends, cancelling what it still holds, on BYE, on a new HELLO under its identity, or when a probe finds no
 route to its frontend. Nothing a peer sends ends this process: a malformed message is counted and dropped.
 """
@@ -37,11 +37,11 @@ from typing import Any
 
 import zmq
 
-from engine import ipc
 from engine import metrics as m
 from engine.api import Engine, EngineStopped
 from engine.config import EngineConfig
-from engine.request import Transcript
+from engine.outputs import Transcript
+from engine.process import ipc
 
 log = logging.getLogger("engine.core_process")
 
@@ -63,7 +63,7 @@ class Session:
 
 
 class EngineRouter:
-    """Routes messages between the ROUTER socket and an `Engine`, one session per frontend (engine/ipc.py):
+    """Routes messages between the ROUTER socket and an `Engine`, one session per frontend (engine/process/ipc.py):
     it decides nothing about the work, only whose it is and where its answer goes."""
 
     def __init__(
@@ -187,7 +187,7 @@ class EngineRouter:
 
     # --- I/O thread: receiving ---
     def _handle(self, frames: list[zmq.Frame]) -> None:
-        """One message; nothing a peer sends can end this process (engine/ipc.py)."""
+        """One message; nothing a peer sends can end this process (engine/process/ipc.py)."""
         identity = frames[0].bytes
         try:
             try:

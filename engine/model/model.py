@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from engine.kv_cache import KVCache
+from engine.model.kv_cache import KVCache
 
 
 @dataclass(frozen=True)
@@ -384,21 +384,24 @@ def from_hf(cfg: Mapping[str, Any], src: Mapping[str, Tensor]) -> Whisper:
         ln(f"{dst}.2", f"{srcp}.fc2")
         ln(f"{dst}_ln", f"{srcp}.final_layer_norm")
 
+    def self_attn(dst: str, srcp: str) -> None:
+        # a block's self-attention and its norm, the same in encoder and decoder blocks
+        attn(f"{dst}.attn", f"{srcp}.self_attn")
+        ln(f"{dst}.attn_ln", f"{srcp}.self_attn_layer_norm")
+
     e, d = "model.encoder", "model.decoder"
     for i in (1, 2):
         ln(f"encoder.conv{i}", f"{e}.conv{i}")
     out["encoder.positional_embedding"] = src[f"{e}.embed_positions.weight"]
     ln("encoder.ln_post", f"{e}.layer_norm")
     for n in range(dims.n_audio_layer):
-        attn(f"encoder.blocks.{n}.attn", f"{e}.layers.{n}.self_attn")
-        ln(f"encoder.blocks.{n}.attn_ln", f"{e}.layers.{n}.self_attn_layer_norm")
+        self_attn(f"encoder.blocks.{n}", f"{e}.layers.{n}")
         mlp(f"encoder.blocks.{n}.mlp", f"{e}.layers.{n}")
     out["decoder.token_embedding.weight"] = src[f"{d}.embed_tokens.weight"]
     out["decoder.positional_embedding"] = src[f"{d}.embed_positions.weight"]
     ln("decoder.ln", f"{d}.layer_norm")
     for n in range(dims.n_text_layer):
-        attn(f"decoder.blocks.{n}.attn", f"{d}.layers.{n}.self_attn")
-        ln(f"decoder.blocks.{n}.attn_ln", f"{d}.layers.{n}.self_attn_layer_norm")
+        self_attn(f"decoder.blocks.{n}", f"{d}.layers.{n}")
         cross_attn(f"decoder.blocks.{n}.cross_attn", f"{d}.layers.{n}.encoder_attn")
         ln(f"decoder.blocks.{n}.cross_attn_ln", f"{d}.layers.{n}.encoder_attn_layer_norm")
         mlp(f"decoder.blocks.{n}.mlp", f"{d}.layers.{n}")

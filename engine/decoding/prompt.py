@@ -3,8 +3,8 @@
 Whisper conditions on at most `n_text_ctx // 2 - 1` prompt tokens (openai/whisper: 223 of its 448); this
 engine's slots hold `--max-tokens` tokens (prompt + generated), so it keeps at most `--max-tokens // 2 - 1`
 (111 at the default 224). A longer prompt is refused, not silently cut. So that the tokenizer never sees
-megabytes, the text is first bounded in characters (MAX_PROMPT_CHARS, above what even Whisper's 223
-tokens spell: ~1000 characters of English, ~500 of product names).
+megabytes, the text is first bounded in characters (engine/parameters.py MAX_PROMPT_CHARS, above what even
+Whisper's 223 tokens spell: ~1000 characters of English, ~500 of product names).
 
 `PromptEncoder` tokenizes exactly as the engine conditions (tokens the model would take for special
 ones, `<|endoftext|>` typed by a client, are read as text) and remembers recent prompts, so that a
@@ -19,24 +19,15 @@ import functools
 import threading
 from typing import Any
 
+from engine.parameters import check_prompt_chars
+
 WHISPER_MAX_PROMPT_TOKENS = 223  # openai/whisper: n_text_ctx // 2 - 1 with its 448 text positions
-MAX_PROMPT_CHARS = 2048
 _CACHED_PROMPTS = 256  # distinct prompts remembered (one per stream configuration in use)
 
 
 def max_prompt_tokens(max_tokens: int) -> int:
     """Prompt tokens a slot of `max_tokens` keeps: half of it, as openai/whisper halves its context."""
     return max(0, min(WHISPER_MAX_PROMPT_TOKENS, max_tokens // 2 - 1))
-
-
-def check_prompt_chars(prompt: str | None, name: str = "prompt") -> None:
-    """Raise ValueError naming `name` and the limit if it is longer than MAX_PROMPT_CHARS characters
-    (before its length is measured in tokens)."""
-    if prompt is not None and len(prompt) > MAX_PROMPT_CHARS:
-        raise ValueError(
-            f"{name} has {len(prompt)} characters, over the limit of {MAX_PROMPT_CHARS} characters; "
-            "keep it to the names and terms the call needs"
-        )
 
 
 class PromptEncoder:
@@ -88,7 +79,7 @@ class PromptEncoder:
 
     def text_tokens(self, text: str) -> int:
         """How many tokens the model's tokenizer spells `text` in, as it is (the keyterm bound's measure:
-        engine/request.py check_keyterm_tokens)."""
+        engine/scheduling/request.py check_keyterm_tokens)."""
         return len(self._backend().encode(text, add_special_tokens=False).ids)
 
     def _encode(self, prompt: str) -> tuple[int, ...]:

@@ -1,13 +1,13 @@
 """The scheduler: every decision about requests, and no model (vLLM v1's Scheduler).
 
-It holds the requests and their lifecycle, the scheduling policy (engine/policy.py, pure) and the
-KV-cache rows: which request holds which row is decided here; the runner's cache (engine/kv_cache.py)
+It holds the requests and their lifecycle, the scheduling policy (engine/scheduling/policy.py, pure) and the
+KV-cache rows: which request holds which row is decided here; the runner's cache (engine/model/kv_cache.py)
 only stores what the rows hold, and copies a row when this scheduler moves it. The core loop
 (engine/core.py) asks it for a SchedulerOutput, has the model runner execute it, and tells it what
 came out; the scheduler decides what that means (a window ended, looped, goes on to its next 30 s, a
 request finished, failed or was cancelled).
 
-Lifecycle (engine/request.py RequestStatus), every transition made here:
+Lifecycle (engine/scheduling/request.py RequestStatus), every transition made here:
 
     WAITING --schedule--> ENCODING --prefilled--> DECODING --window_end--> FINISHED
                                                       |--> WAITING (next 30 s window, or full-context fallback)
@@ -15,7 +15,7 @@ Lifecycle (engine/request.py RequestStatus), every transition made here:
 
 Rows are dense: the requests that hold one are rows 0..n-1 (a decode step reads the cache through
 plain slices). Capacity is counted in rows: a beam search holds one row per beam (Request.width), its
-beams' rows need not be adjacent, and it waits in its turn until that many are free (engine/policy.py). A request that leaves gives its row back at the next `settle`, which moves the last row
+beams' rows need not be adjacent, and it waits in its turn until that many are free (engine/scheduling/policy.py). A request that leaves gives its row back at the next `settle`, which moves the last row
 into the gap (the cache copies it) and only then resolves the futures of the requests that left: a
 caller who sees a result sees its row free. Between settles rows never move, so the core can index a
 step's outputs by position while it works through them.
@@ -35,12 +35,14 @@ from functools import partial
 from typing import Literal
 
 from engine import metrics as m
-from engine import outcome
 from engine.config import EngineConfig
 from engine.constants import SAMPLE_RATE
 from engine.errors import EngineOverloaded
-from engine.policy import Policy, Snapshot, Waiting, encoder_positions
-from engine.request import Priority, Request, RequestStatus, Transcript
+from engine.outputs import Transcript
+from engine.parameters import Priority
+from engine.scheduling import outcome
+from engine.scheduling.policy import Policy, Snapshot, Waiting, encoder_positions
+from engine.scheduling.request import Request, RequestStatus
 
 TRIMMED_TOKENS_PER_SECOND = 12
 TRIMMED_TOKENS_MIN = 16
@@ -111,7 +113,7 @@ class KVRows:
 
 
 class Scheduler:
-    """`rules`: the end-of-text token and the text of tokens (engine/outcome.py TextRules), what the
+    """`rules`: the end-of-text token and the text of tokens (engine/scheduling/outcome.py TextRules), what the
     loop checks need; `full_audio_ctx`: the model's encoder positions (Whisper's 30 s)."""
 
     def __init__(self, config: EngineConfig, rules: outcome.TextRules, full_audio_ctx: int) -> None:
@@ -293,7 +295,7 @@ class Scheduler:
                 continue
             if req.future.cancelled():
                 self._cancel(req)
-            elif req.beams:  # a beam search still under way (engine/beam.py decides when it ends)
+            elif req.beams:  # a beam search still under way (engine/decoding/beam.py decides when it ends)
                 continue
             elif req.window_done or outcome.window_ended(
                 req, eot, self.config.max_tokens, self.full_audio_ctx
