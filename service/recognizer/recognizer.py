@@ -202,7 +202,14 @@ class Stream:
                 "keyterms",
             )
         try:
-            options = with_keyterms(self._session.settings.options, keyterms, self._session.engine)
+            config = self._session.config
+            options = with_keyterms(
+                self._session.settings.options,
+                keyterms,
+                self._session.engine,
+                config.beam_size_final,
+                config.keyterm_beams,
+            )
         except ValueError as e:
             raise RecognitionError.invalid(e) from e
         self._session.update_options(options)
@@ -326,7 +333,7 @@ class Recognizer:
         if self.engine is None:
             raise RecognitionError(Code.UNAVAILABLE, "model is still loading; retry shortly")
         try:
-            plan_stream(settings, self.engine, self.config.beam_size_final)
+            plan_stream(settings, self.engine, self.config.beam_size_final, self.config.keyterm_beams)
         except ValueError as e:
             raise RecognitionError.invalid(e) from e
 
@@ -368,7 +375,10 @@ class Recognizer:
         metrics.DOOR_ACTIVE_CALLS.labels(door, STREAM).inc()
         try:
             plan = plan_stream(
-                settings() if callable(settings) else settings, engine, self.config.beam_size_final
+                settings() if callable(settings) else settings,
+                engine,
+                self.config.beam_size_final,
+                self.config.keyterm_beams,
             )
         except RecognitionError as e:
             self._give_back(door, e.code, identity.principal)
@@ -522,7 +532,9 @@ class Recognizer:
         f = settings.format
         try:
             # Recorded work: served after live calls, in its own share of the engine (engine/policy.py).
-            options = decode_options(settings, engine, Priority.RECORDED, c.beam_size_recorded)
+            options = decode_options(
+                settings, engine, Priority.RECORDED, c.beam_size_recorded, c.keyterm_beams
+            )
             result_opts = result_options(settings)
             settings.call_metrics.validate()
             if settings.diarization is not None:
