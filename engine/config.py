@@ -235,6 +235,13 @@ class EngineConfig:
             "time, not memory"
         },
     )
+    keyterm_beam_bonus: float = field(
+        default=2.0,
+        metadata={
+            "help": "keyterms over beams: nats a beam's score gains per token of a keyterm it is spelling, "
+            "taken back if the spelling fails (requests that search beams; docs/benchmarks.md Keyterms)"
+        },
+    )
     keyterm_take_back: bool = field(
         default=True,
         metadata={
@@ -308,6 +315,7 @@ class EngineConfig:
         check("threads", 0, 1024)  # 0: the CPUs this process may use (engine/process/cpus.py)
         check("keyterm_bonus", 0, 30)  # nats; 30: every first piece of a term starts a match
         check("keyterm_max_gap", 0, 100)
+        check("keyterm_beam_bonus", 0, 100)
         check("keyterm_cache_bytes", 0, 1 << 40, " bytes")  # 0: keep only the newest list
         check("debug_crash_scheduler_after", 0, 1_000_000)  # test seam (engine/faults.py); 0: off
         check("debug_hang_scheduler_after", 0, 1_000_000)  # test seam (engine/faults.py); 0: off

@@ -380,11 +380,12 @@ class EngineCore:
 
     def _search(self, req: Request, logits: Tensor, rows: list[int]) -> None:
         """One step of req's beam search (engine/decoding/beam.py) over its rows of `logits`."""
-        beams = req.beams if req.beams else beam.begin(req)
+        bias = self.rules.keyterms.beam_bias(req)
+        beams = req.beams if req.beams else beam.begin(req, bias)
         rows = rows[: len(beams)]
-        values, tokens = self.runner.beam_candidates(logits[rows], beams, req.options.beam_size + 1)
+        values, tokens = self.runner.beam_candidates(logits[rows], beams, req.options.beam_size + 1, bias)
         eot = self.rules.vocab.eot
-        sources = beam.advance(req, beams, values, tokens, eot)
+        sources = beam.advance(req, beams, values, tokens, eot, bias)
         m.TOKENS_GENERATED.inc(len(req.beams))
         self.runner.reorder(req.rows[: len(sources)], [req.rows[s] for s in sources], req.length)
         if beam.over(req, eot, self.config.max_tokens, self.runner.full_audio_ctx):

@@ -68,6 +68,9 @@ VARIANTS: dict[str, dict[str, object]] = {
     "bias with max gap 8": {"keyterm_max_gap": 8.0},
     "bias with max gap 16": {"keyterm_max_gap": 16.0},
     "bias with max gap 20": {"keyterm_max_gap": 20.0},
+    # Beam search ("beam_size": DecodeOptions.beam_size), with and without the bias over the beams.
+    "beams 5": {"keyterm_prompt": False, "keyterm_bias": False, "beam_size": 5},
+    "bias over beams 5": {"beam_size": 5},
 }
 
 
@@ -90,6 +93,7 @@ def run_variant(name: str, settings: dict[str, object], clips: Sequence[Clip], t
     settings = dict(settings)
     # The list as the caller's own prompt instead (DecodeOptions.prompt: Whisper's full 30 s context).
     as_prompt = bool(settings.pop("as_prompt", False))
+    beam_size = int(settings.pop("beam_size", 1))  # type: ignore[call-overload]
     engine = Engine(EngineConfig(model="tiny.en", threads=threads, **settings))  # type: ignore[arg-type]
     engine.start()
     try:
@@ -97,7 +101,8 @@ def run_variant(name: str, settings: dict[str, object], clips: Sequence[Clip], t
         audio = {c.name: telephone_audio(c) for c in clips}
 
         def options(c: Clip) -> DecodeOptions:
-            return DecodeOptions(keyterms=c.keyterms, prompt=", ".join(c.keyterms) if as_prompt else None)
+            prompt = ", ".join(c.keyterms) if as_prompt else None
+            return DecodeOptions(keyterms=c.keyterms, prompt=prompt, beam_size=beam_size)
 
         start = cpu_seconds()
         handles = {c.name: engine.submit(audio[c.name], options(c)) for c in clips}

@@ -299,6 +299,16 @@ class ServerConfig:
             "The server refuses to start with more than --max-beam-size"
         },
     )
+    beam_size_keyterms: int = field(
+        default=5,
+        metadata={
+            "help": "beams searched for a final or a recording whose request lists keyterms (their bonus "
+            "enters the beams' ranking, --keyterm-beam-bonus): at least this many, whatever "
+            "--beam-size-final or --beam-size-recorded say; 1: keyterms decode greedily with the greedy "
+            "bias. Interims are always greedy. Fewer where --max-beam-size or --kv-slots is smaller "
+            "(docs/benchmarks.md Keyterms)"
+        },
+    )
     interim_interval_s: float = field(
         default=1.0,
         metadata={"help": "with interim_results: re-transcribe the partial utterance at most this often"},
@@ -514,6 +524,11 @@ class ServerConfig:
     )
     engine: EngineConfig = field(default_factory=EngineConfig)
 
+    @property
+    def keyterm_beams(self) -> int:
+        """--beam-size-keyterms within the beams this engine may search (--max-beam-size, --kv-slots)."""
+        return min(self.beam_size_keyterms, self.engine.beam_bound[0])
+
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
@@ -706,6 +721,8 @@ def validate(config: ServerConfig) -> None:
         if path and not os.access(path, os.R_OK):
             problems.append(f"{_flag(name)} {path!r} is not a readable file")
     beams, flag = config.engine.beam_bound
+    if not 1 <= config.beam_size_keyterms <= 64:
+        problems.append(f"--beam-size-keyterms must be 1-64 (got {config.beam_size_keyterms})")
     for name in ("beam_size_final", "beam_size_recorded"):
         if not 1 <= getattr(config, name) <= beams:
             problems.append(f"{_flag(name)} must be 1-{beams} ({flag} {beams})")

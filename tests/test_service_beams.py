@@ -64,3 +64,41 @@ async def test_finals_interims_and_recordings_search_their_own_beams(beam_engine
     interims = {b for c, interim, b in seen if interim}
     assert finals == {3} and interims == {1}, seen
     assert {b for c, _, b in seen if c == "recorded"} == {2}, seen
+
+
+async def test_keyterm_requests_search_the_keyterm_beams(
+    beam_engine: Engine,
+) -> None:
+    """--beam-size-keyterms: a final or a recording whose request lists keyterms searches that many beams
+    (their bonus enters the ranking); without keyterms the kind of work's own (greedy here). Interims
+    are greedy whatever the list (the session asks beam_size 1 for them: the test above)."""
+    seen: list[tuple[str, bool, int, bool]] = []  # (class, interim, beam_size, has keyterms)
+
+    def watch(stage: str, reqs: Sequence[object]) -> None:
+        if stage == "encoder":
+            for r in reqs:
+                o = r.options  # type: ignore[attr-defined]
+                seen.append((o.priority.label, o.interim, o.beam_size, bool(o.keyterms)))
+
+    audio, _ = make_conversation(SENTENCES, pause_s=1.0)
+    data = to_linear16_bytes(audio)
+    terms = ["Kestoria", "Moxilar"]
+
+    config = asr_pb2.RecognitionConfig(encoding=asr_pb2.LINEAR16, sample_rate_hertz=16000)
+    listed = asr_pb2.RecognitionConfig(encoding=asr_pb2.LINEAR16, sample_rate_hertz=16000, keyterms=terms)
+    server = ServerThread(ServerConfig(beam_size_keyterms=4), beam_engine).start()
+    try:
+        with HOOKS.installed(stage=watch):
+            async with (
+                RecognizerClient(server.target) as client,
+                aio.insecure_channel(server.target) as channel,
+            ):
+                live: Outcome = await run_stream(channel, paced(data, keyterms=terms))
+                await client.recognize(data, listed, deadline_s=300)
+                await client.recognize(data, config, deadline_s=300)
+    finally:
+        server.stop()
+    assert live.code == grpc.StatusCode.OK, live
+    assert corpus_wer(SENTENCES, [r.alternatives[0].transcript for r in live.finals]) <= 0.2
+    assert {b for c, interim, b, k in seen if c != "recorded" and not interim} == {4}, seen
+    assert {(b, k) for c, _, b, k in seen if c == "recorded"} == {(4, True), (1, False)}, seen

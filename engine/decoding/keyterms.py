@@ -34,6 +34,7 @@ probability recorded for a chosen token (its confidence) is the model's, before 
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -44,6 +45,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from engine.decoding.beam import HostTrie, TermBias
 from engine.decoding.logits import NEG_INF, RowInputs, StepRows
 from engine.parameters import MAX_KEYTERMS
 
@@ -71,6 +73,9 @@ class KeytermSettings:
     cache_bytes: int = 64 << 20
     # Without take-back: a plain bonus on the tokens that continue a match (the greedy trie bias).
     continue_bonus: float = 5.0
+    # Beam search: nats added to a beam's score per token of an open match, taken back when the match
+    # fails (shallow fusion with a refund: a name that starts a token behind survives as a beam).
+    beam_bonus: float = 2.0
 
 
 def spellings(term: str) -> list[str]:
@@ -116,6 +121,21 @@ class TermTrie:
     def nbytes(self) -> int:
         arrays = (self.edge_token, self.edge_next, self.term, self.reach, self.root_token, self.root_next)
         return sum(a.nbytes for a in arrays)
+
+    @functools.cached_property
+    def host(self) -> HostTrie:
+        """The trie as Python dicts, for a beam search's choices on the host (built on first use)."""
+        mask = (1 << TERM_BITS) - 1
+
+        def edges(tokens: np.ndarray, nexts: np.ndarray) -> dict[int, int]:
+            return {int(t): int(n) for t, n in zip(tokens, nexts, strict=True) if n > 0}
+
+        return HostTrie(
+            [edges(t, n) for t, n in zip(self.edge_token, self.edge_next, strict=True)],
+            (edges(self.root_token[0], self.root_next[0]), edges(self.root_token[1], self.root_next[1])),
+            self.term.tolist(),
+            [sum((int(w) & mask) << (TERM_BITS * i) for i, w in enumerate(row)) for row in self.reach],
+        )
 
     @classmethod
     def compile(cls, terms: Sequence[str], vocab: TokenBytes) -> TermTrie:
@@ -298,6 +318,13 @@ class KeytermBias:
         its windows start without compiling anything there."""
         terms = req.options.keyterms
         req.keyterm_trie = self.trie(terms) if terms and self.settings.bias else None
+
+    def beam_bias(self, req: Request) -> TermBias | None:
+        """The bias of a beam search over its keyterm list (None: no list, or the bias is off)."""
+        trie = req.keyterm_trie if self.settings.bias and req.options.keyterms else None
+        if trie is None:
+            return None
+        return TermBias(trie.host, self.vocab.ends_open, self.settings.beam_bonus)
 
     def start_window(self, req: Request) -> None:
         """A fresh state for a window about to be decoded (None: no bias for this request)."""

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from engine.constants import CHUNK_SECONDS
+from engine.decoding.beam import TermBias
 from engine.decoding.keyterms import KeytermBias, KeytermSettings
 from engine.decoding.logits import (
     SECONDS_PER_TIMESTAMP,
@@ -195,16 +196,33 @@ class DecodingRules:
         return Choice(host[0].long(), host[1], keyterm)
 
     def beam_candidates(
-        self, logits: Tensor, beams: Sequence[Beam], k: int
+        self, logits: Tensor, beams: Sequence[Beam], k: int, bias: TermBias | None = None
     ) -> tuple[list[list[float]], list[list[int]]]:
         """Apply the rules to logits [B, V] (in place; row i is beams[i]) and return each row's k likeliest
         tokens and their log-probabilities (openai/whisper's BeamSearchDecoder ranks these). The same
         processors as greedy decoding, in the same order: suppressed tokens, blank at the first sampled
-        token, timestamp rules (the keyterm bias has no state in a beam: Request.searches_beams)."""
+        token, timestamp rules. With a keyterm `bias`, the k are chosen with the bonus of the tokens
+        that continue or start a term (engine/decoding/beam.py ranks them with it); the log-probabilities are the
+        model's."""
         rows = StepRows.of(beams)
         for processor in self.processors:
             processor.apply(logits, rows)
-        values, tokens = torch.log_softmax(logits.float(), dim=-1).topk(k, dim=-1)
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        if bias is None:
+            values, tokens = logprobs.topk(k, dim=-1)
+        else:
+            boosted = [
+                (i, token)
+                for i, b in enumerate(beams)
+                if b.terms is not None
+                for token in b.terms.boosted(bias.trie, bias.boundary(b))
+            ]
+            ranked = logprobs.clone()
+            if boosted:
+                where = torch.tensor(boosted, device=logits.device).T
+                ranked[where[0], where[1]] += bias.per_token
+            tokens = ranked.topk(k, dim=-1).indices
+            values = logprobs.gather(1, tokens)
         host = torch.stack([values.double(), tokens.double()]).cpu()  # one copy; float64 holds every id
         return host[0].tolist(), host[1].long().tolist()
 

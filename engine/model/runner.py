@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from engine.config import EngineConfig
+from engine.decoding.beam import TermBias
 from engine.decoding.keyterms import KeytermSettings
 from engine.decoding.prompt import PromptEncoder, max_prompt_tokens
 from engine.decoding.rules import Choice, DecodingRules
@@ -97,6 +98,7 @@ class ModelRunner:
             max_gap=config.keyterm_max_gap,
             take_back=config.keyterm_take_back,
             cache_bytes=config.keyterm_cache_bytes,
+            beam_bonus=config.keyterm_beam_bonus,
         )
         self.rules = DecodingRules(
             weights.tokenizer,
@@ -225,12 +227,12 @@ class ModelRunner:
 
     @torch.inference_mode()
     def beam_candidates(
-        self, logits: Tensor, beams: Sequence[Beam], k: int
+        self, logits: Tensor, beams: Sequence[Beam], k: int, bias: TermBias | None = None
     ) -> tuple[list[list[float]], list[list[int]]]:
         """Beam search's candidates: for each beam (row i of logits [B, V] is beams[i]), its `k` likeliest
-        next tokens under the decoding rules' masks (engine/decoding/logits.py; edited in place) and their
-        log-probabilities, on the host in one copy."""
-        return self.rules.beam_candidates(logits, beams, k)
+        next tokens under the decoding rules' masks (engine/decoding/logits.py; edited in place) and the
+        keyterm bonus, and their log-probabilities, on the host in one copy."""
+        return self.rules.beam_candidates(logits, beams, k, bias)
 
     def reorder(self, rows: list[int], sources: list[int], length: int) -> None:
         """Beam search chose its beams: row rows[b] continues the hypothesis of row sources[b]."""

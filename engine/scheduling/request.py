@@ -17,6 +17,7 @@ from engine.outputs import Transcript, WordTiming
 from engine.parameters import DecodeOptions, Priority
 
 if TYPE_CHECKING:
+    from engine.decoding.beam import BeamTerms
     from engine.decoding.keyterms import KeytermState, TermTrie
 
 
@@ -52,7 +53,10 @@ class Beam:
     request: Request
     generated: list[int]
     sum_logprob: float = 0.0
-    keyterm: None = None  # the keyterm bias never runs over beams (Request.searches_beams)
+    # The greedy keyterm bias (engine/decoding/keyterms.py) never runs over beams; a beam's own place in
+    # its request's keyterm list is `terms` (engine/decoding/beam.py: the bonus enters the beams' ranking).
+    keyterm: None = None
+    terms: BeamTerms | None = None
 
     @property
     def options(self) -> DecodeOptions:
@@ -97,6 +101,7 @@ class Request:
     rows: list[int] = field(default_factory=list)
     beams: list[Beam] = field(default_factory=list)  # this window's live beams (beam search only)
     beam_finished: dict[tuple[int, ...], float] = field(default_factory=dict)  # ended beams: summed logprob
+    beam_bonus: dict[tuple[int, ...], float] = field(default_factory=dict)  # ended beams: keyterm bonus
     window_done: bool = False  # a beam search ended this window (engine/decoding/beam.py finish)
     length: int = 0  # tokens written to this row's self-attention cache
     max_new: int = 0
@@ -121,9 +126,9 @@ class Request:
 
     @property
     def searches_beams(self) -> bool:
-        """Beam search, not greedy. The keyterm bias chooses tokens itself (with take-backs that rewind
-        one sequence), so a request with keyterms decodes greedily whatever beam_size says."""
-        return self.options.beam_size > 1 and not self.options.keyterms
+        """Beam search, not greedy (with keyterms, their bonus enters the beams' ranking:
+        engine/decoding/beam.py)."""
+        return self.options.beam_size > 1
 
     @property
     def row(self) -> int | None:

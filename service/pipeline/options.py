@@ -50,14 +50,22 @@ def whisper_language(code: str, info: ModelInfo) -> str | None:
     return lang
 
 
+def beams_for(keyterms: tuple[str, ...] | list[str], beam_size: int, keyterm_beam_size: int) -> int:
+    """The beams a request searches: the server's for its kind of work, or with keyterms at least
+    --beam-size-keyterms (a name that starts a token behind the model's choice survives as a beam)."""
+    return max(beam_size, keyterm_beam_size) if keyterms else beam_size
+
+
 def decode_options(
     settings: RecognitionSettings,
     engine: RecognitionEngine,
     priority: Priority = Priority.LIVE,
     beam_size: int = 1,
+    keyterm_beam_size: int = 1,
 ) -> DecodeOptions:
     """The engine's options for these settings (raises ValueError naming the setting); `beam_size`: the
-    server's for this kind of work (--beam-size-final, --beam-size-recorded)."""
+    server's for this kind of work (--beam-size-final, --beam-size-recorded), `keyterm_beam_size` when
+    the settings list keyterms (--beam-size-keyterms)."""
     check_prompt_chars(settings.prompt)
     if engine.info.prompts is not None:
         engine.info.prompts.encode(settings.prompt)  # remembered: an in-process engine finds it tokenized
@@ -69,7 +77,7 @@ def decode_options(
         word_timestamps=settings.word_times or settings.word_confidence or settings.diarization is not None,
         keyterms=tuple(settings.keyterms),
         priority=priority,
-        beam_size=beam_size,
+        beam_size=beams_for(settings.keyterms, beam_size, keyterm_beam_size),
     )
     _validate(options, engine)
     return options
@@ -84,10 +92,16 @@ def _validate(options: DecodeOptions, engine: RecognitionEngine) -> None:
 
 
 def with_keyterms(
-    options: DecodeOptions, keyterms: tuple[str, ...], engine: RecognitionEngine
+    options: DecodeOptions,
+    keyterms: tuple[str, ...],
+    engine: RecognitionEngine,
+    beam_size: int = 1,
+    keyterm_beam_size: int = 1,
 ) -> DecodeOptions:
-    """`options` with another keyterm list, checked by the engine (raises ValueError naming keyterms)."""
-    changed = dataclasses.replace(options, keyterms=tuple(keyterms))
+    """`options` with another keyterm list (and the beams it gets: decode_options), checked by the
+    engine (raises ValueError naming keyterms)."""
+    beams = beams_for(keyterms, beam_size, keyterm_beam_size)
+    changed = dataclasses.replace(options, keyterms=tuple(keyterms), beam_size=beams)
     _validate(changed, engine)
     return changed
 
@@ -129,14 +143,19 @@ class StreamPlan:
 
 
 def plan_stream(
-    settings: StreamSettings, engine: RecognitionEngine, beam_size: int = 1, max_speakers: int = 10
+    settings: StreamSettings,
+    engine: RecognitionEngine,
+    beam_size: int = 1,
+    max_speakers: int = 10,
+    keyterm_beam_size: int = 1,
 ) -> StreamPlan:
     """Check a stream's settings in the order a client fixes them (format, decoding, endpointing);
     raises AudioFormatError, EndpointingError or ValueError naming the setting. `beam_size`: its finals'
-    (--beam-size-final; interims are greedy). `max_speakers`: --max-diarization-speakers."""
+    (--beam-size-final; interims are greedy), `keyterm_beam_size` theirs with keyterms
+    (--beam-size-keyterms). `max_speakers`: --max-diarization-speakers."""
     r = settings.recognition
     rate, channels = validate_stream_format(r.format.encoding, r.format.sample_rate_hertz, r.format.channels)
-    options = decode_options(r, engine, beam_size=beam_size)
+    options = decode_options(r, engine, beam_size=beam_size, keyterm_beam_size=keyterm_beam_size)
     if settings.endpointing is not None:
         settings.endpointing.validate()
     for name in ("speech_start_timeout", "speech_end_timeout"):

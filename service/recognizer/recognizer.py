@@ -214,7 +214,14 @@ class Stream:
                 "keyterms",
             )
         try:
-            options = with_keyterms(self._session.settings.options, keyterms, self._session.engine)
+            config = self._session.config
+            options = with_keyterms(
+                self._session.settings.options,
+                keyterms,
+                self._session.engine,
+                config.beam_size_final,
+                config.keyterm_beams,
+            )
         except ValueError as e:
             raise RecognitionError.invalid(e) from e
         self._session.update_options(options)
@@ -339,7 +346,11 @@ class Recognizer:
             raise RecognitionError(Code.UNAVAILABLE, "model is still loading; retry shortly")
         try:
             plan_stream(
-                settings, self.engine, self.config.beam_size_final, self.config.max_diarization_speakers
+                settings,
+                self.engine,
+                self.config.beam_size_final,
+                self.config.max_diarization_speakers,
+                self.config.keyterm_beams,
             )
         except ValueError as e:
             raise RecognitionError.invalid(e) from e
@@ -386,6 +397,7 @@ class Recognizer:
                 engine,
                 self.config.beam_size_final,
                 self.config.max_diarization_speakers,
+                self.config.keyterm_beams,
             )
             if plan.diarization is not None and not plan.separate_channels:
                 _check_diarization_installed()
@@ -541,7 +553,9 @@ class Recognizer:
         f = settings.format
         try:
             # Recorded work: served after live calls, in its own share of the engine (engine/scheduling/policy.py).
-            options = decode_options(settings, engine, Priority.RECORDED, c.beam_size_recorded)
+            options = decode_options(
+                settings, engine, Priority.RECORDED, c.beam_size_recorded, c.keyterm_beams
+            )
             result_opts = result_options(settings)
             settings.call_metrics.validate()
             if settings.diarization is not None:

@@ -172,3 +172,46 @@ def test_masked_candidates_are_never_chosen() -> None:
     sources = beam.advance(req, beam.begin(req), [[-0.1, inf, inf, inf]], [[5, 6, 7, 8]], EOT)
     assert [b.generated for b in req.beams] == [[5]] and sources == [0]
     assert not beam.over(req, EOT, 224, 1500)
+
+
+def one_term_bias(per_token: float = 2.0) -> beam.TermBias:
+    """A list of one term spelled by tokens 10 then 11 (node 1, then node 2 ends term 0)."""
+    trie = beam.HostTrie(edges=[{}, {11: 2}, {}], roots=({10: 1}, {10: 1}), term=[-1, -1, 0], reach=[0, 1, 1])
+    return beam.TermBias(trie, np.ones(EOT + 2, dtype=bool), per_token)
+
+
+def test_a_keyterm_spelling_outranks_a_likelier_beam_and_keeps_its_bonus_when_complete() -> None:
+    req, bias = beam_request(1), one_term_bias()
+    beams = beam.begin(req, bias)
+    beam.advance(req, beams, [[-0.5, -1.0]], [[7, 10]], EOT, bias)
+    assert [b.generated for b in req.beams] == [[10]]  # -1.0 + 2.0 (open) beats -0.5
+    assert req.beams[0].sum_logprob == -1.0  # the model's own log-probability, not the bonus
+    beam.advance(req, req.beams, [[-0.25, -0.5]], [[11, EOT]], EOT, bias)
+    (spelled,) = req.beams
+    assert spelled.generated == [10, 11] and spelled.terms is not None
+    assert spelled.terms.node == 0 and spelled.terms.settled == 4.0 and spelled.terms.used == 1
+    # the whole term is kept: ending the text now keeps the bonus in the ranking
+    beam.advance(req, req.beams, [[-0.1]], [[EOT]], EOT, bias)
+    assert req.beam_finished == {(10, 11, EOT): pytest.approx(-1.35)} and req.beam_bonus == {
+        (10, 11, EOT): 4.0
+    }
+
+
+def test_a_failed_spelling_gives_its_bonus_back() -> None:
+    req, bias = beam_request(2), one_term_bias()
+    beams = beam.begin(req, bias)
+    beam.advance(req, beams, [[-0.5, -1.0]], [[7, 10]], EOT, bias)
+    assert [b.generated for b in req.beams] == [[10], [7]]
+    # the spelling beam goes on with 8, not 11: its bonus is gone and the plain beam leads again
+    beam.advance(req, req.beams, [[-0.2], [-0.2]], [[8], [8]], EOT, bias)
+    assert [b.generated for b in req.beams] == [[7, 8], [10, 8]]
+    assert [b.terms.bonus for b in req.beams if b.terms is not None] == [0.0, 0.0]
+
+
+def test_a_text_ending_inside_a_spelling_is_ranked_without_its_bonus() -> None:
+    req, bias = beam_request(2), one_term_bias(per_token=5.0)
+    beam.advance(req, beam.begin(req, bias), [[-1.0, -1.5]], [[10, 7]], EOT, bias)
+    beam.advance(req, req.beams, [[-0.1], [-0.1]], [[EOT], [EOT]], EOT, bias)
+    assert req.beam_bonus == {(10, EOT): 0.0, (7, EOT): 0.0}
+    beam.finish(req, EOT)
+    assert req.generated == [10, EOT]  # -1.1 over 1 token beats -1.6: by the model alone

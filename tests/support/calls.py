@@ -70,9 +70,10 @@ def audio_requests(data: bytes, chunk_bytes: int = 640) -> list[Request]:
     return [Request(audio_content=data[i : i + chunk_bytes]) for i in range(0, len(data), chunk_bytes)]
 
 
-async def paced(data: bytes, interim: bool = True) -> AsyncIterator[Request]:
-    """A live call: the config (interim results as asked), then 100 ms of audio every 100 ms."""
-    config = config_request()
+async def paced(data: bytes, interim: bool = True, **config_fields: Any) -> AsyncIterator[Request]:
+    """A live call: the config (interim results as asked, RecognitionConfig fields as given), then 100 ms
+    of audio every 100 ms."""
+    config = config_request(**config_fields)
     config.streaming_config.interim_results = interim
     yield config
     start = time.monotonic()
