@@ -236,10 +236,11 @@ class EngineConfig:
         },
     )
     keyterm_beam_bonus: float = field(
-        default=2.0,
+        default=3.5,
         metadata={
             "help": "keyterms over beams: nats a beam's score gains per token of a keyterm it is spelling, "
-            "taken back if the spelling fails (requests that search beams; docs/benchmarks.md Keyterms)"
+            "taken back if the spelling fails (requests that search beams; 2 found fewer names, 5 and 7 made "
+            "the beams loop: docs/benchmarks.md Keyterms)"
         },
     )
     keyterm_take_back: bool = field(

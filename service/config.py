@@ -300,13 +300,13 @@ class ServerConfig:
         },
     )
     beam_size_keyterms: int = field(
-        default=5,
+        default=1,
         metadata={
-            "help": "beams searched for a final or a recording whose request lists keyterms (their bonus "
-            "enters the beams' ranking, --keyterm-beam-bonus): at least this many, whatever "
-            "--beam-size-final or --beam-size-recorded say; 1: keyterms decode greedily with the greedy "
-            "bias. Interims are always greedy. Fewer where --max-beam-size or --kv-slots is smaller "
-            "(docs/benchmarks.md Keyterms)"
+            "help": "beams searched for a final or a recording whose request lists keyterms, their bonus in "
+            "the beams' ranking (--keyterm-beam-bonus): at least this many, whatever --beam-size-final or "
+            "--beam-size-recorded say. 1 (default): keyterms decode greedily with the greedy bias; 5 found "
+            "more held-out names but cost words on real speech (docs/benchmarks.md Keyterms). Interims are "
+            "always greedy. Fewer where --max-beam-size or --kv-slots is smaller"
         },
     )
     interim_interval_s: float = field(

@@ -75,7 +75,7 @@ class KeytermSettings:
     continue_bonus: float = 5.0
     # Beam search: nats added to a beam's score per token of an open match, taken back when the match
     # fails (shallow fusion with a refund: a name that starts a token behind survives as a beam).
-    beam_bonus: float = 2.0
+    beam_bonus: float = 3.5
 
 
 def spellings(term: str) -> list[str]:
