@@ -306,7 +306,7 @@ class ServerConfig:
             "the beams' ranking (--keyterm-beam-bonus): at least this many, whatever --beam-size-final or "
             "--beam-size-recorded say. 1 (default): keyterms decode greedily with the greedy bias; 5 found "
             "more held-out names but cost words on real speech (docs/benchmarks.md Keyterms). Interims are "
-            "always greedy. Fewer where --max-beam-size or --kv-slots is smaller"
+            "always greedy. Bounded by --max-beam-size and --kv-slots"
         },
     )
     interim_interval_s: float = field(
