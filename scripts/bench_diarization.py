@@ -114,17 +114,23 @@ def served(server: ServerProcess, data: bytes) -> dict[str, object]:
         return body
 
 
-def run(pairs: int, threads: int) -> str:
-    import torch
-
-    torch.set_num_threads(threads)
+def two_speaker_calls(pairs: int) -> tuple[list[tuple[str, Call, bytes]], Call]:
+    """The models loaded, then `pairs` two-speaker calls (name, call, its mu-law bytes) and the pyannote
+    sample."""
     load_models()
     ids = speakers()
     calls: list[tuple[str, Call, bytes]] = []
     for i in range(min(pairs, len(ids))):
         call = two_speaker_call(ids[i], ids[(i + 1) % len(ids)])
         calls.append((f"{ids[i]}+{ids[(i + 1) % len(ids)]} (8 kHz mu-law)", call, mulaw(call.audio)))
-    sample = pyannote_sample()
+    return calls, pyannote_sample()
+
+
+def run(pairs: int, threads: int) -> str:
+    import torch
+
+    torch.set_num_threads(threads)
+    calls, sample = two_speaker_calls(pairs)
     calls.append(("pyannote sample (16 kHz)", sample, b""))
     calls.append(("pyannote sample (8 kHz mu-law)", sample, mulaw(sample.audio)))
 
@@ -182,13 +188,7 @@ def run_live(pairs: int) -> str:
     from service.pipeline.live_diarization import LiveSpeakers, embed
 
     torch.set_num_threads(1)
-    load_models()
-    ids = speakers()
-    calls: list[tuple[str, Call, bytes]] = []
-    for i in range(min(pairs, len(ids))):
-        call = two_speaker_call(ids[i], ids[(i + 1) % len(ids)])
-        calls.append((f"{ids[i]}+{ids[(i + 1) % len(ids)]} (8 kHz mu-law)", call, mulaw(call.audio)))
-    sample = pyannote_sample()
+    calls, sample = two_speaker_calls(pairs)
     calls.append(("pyannote sample (8 kHz mu-law)", sample, mulaw(sample.audio)))
     rows = []
     with ServerProcess(http=True, threads=2, log_format="text") as server:
