@@ -23,7 +23,7 @@ mkdir -p "$gpu"
 # Pinned to what the project's venv runs (and the proto stubs were generated for: protobuf's
 # and grpcio's generated-code checks refuse older runtimes, and the host's are unknown).
 wheels=(
-    grpcio==1.85.3 protobuf==7.36.2 grpcio-health-checking==1.85.1 grpcio-reflection==1.85.1
+    grpcio==1.85.4 protobuf==7.36.2 grpcio-health-checking==1.85.1 grpcio-reflection==1.85.1
     soundfile==0.14.0 cffi==2.1.1 pycparser==3.12 soxr==1.1.0 silero-vad==6.2.3
     jiwer==4.0.0 rapidfuzz==3.14.6
     # the server's process model (ZeroMQ), HTTP door (aiohttp and its parts), redaction (stdnum) and
@@ -55,6 +55,14 @@ download() {  # $1: python version (3.12), $2: folder
         compgen -G "$2/${stem}-${version}-*.whl" >/dev/null || compgen -G "$2/${stem,,}-${version}-*.whl" >/dev/null \
             || missing+=("$w")
     done
+    # a wheel no longer listed (an older pin) would be carried too
+    local keep=() f base
+    for w in "${wheels[@]}"; do keep+=("$(echo "${w%%==*}" | tr 'A-Z-' 'a-z_')-${w##*==}"); done
+    for f in "$2"/*.whl; do
+        [[ -e $f ]] || continue
+        base=$(basename "$f" | cut -d- -f1-2 | tr 'A-Z' 'a-z')
+        [[ " ${keep[*]} " == *" $base "* ]] || rm -f "$f"
+    done
     ((${#missing[@]})) || return 0
     "$py" -m pip download -q --no-deps --only-binary=:all: --python-version "$1" --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
@@ -63,15 +71,15 @@ download() {  # $1: python version (3.12), $2: folder
 download 3.12 "$gpu/wheels"
 download 3.11 "$gpu/wheels-py311"
 
-# silero-vad's wheel (10.8 MiB) holds eight models and the server loads two (service/pipeline/endpointing.py):
+# silero-vad's wheel (10.8 MiB) holds eight models and the server loads two (service/pipeline/vad.py):
 # carried slimmed to those, it leaves part 2 room for the doors' packages. RECORD follows the files kept.
 "$py" - "$gpu"/wheels/silero_vad-*.whl "$gpu"/wheels-py311/silero_vad-*.whl <<'EOF'
 import re, sys, zipfile
 from pathlib import Path
 
-source = Path("service/pipeline/endpointing.py").read_text()
+source = Path("service/pipeline/vad.py").read_text()
 used = set(re.findall(r'"(silero_vad[\w.]*\.onnx)"', source))
-assert used, "service/pipeline/endpointing.py names no silero model"
+assert used, "service/pipeline/vad.py names no silero model"
 for wheel in map(Path, sys.argv[1:]):
     with zipfile.ZipFile(wheel) as z:
         names = z.namelist()

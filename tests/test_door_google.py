@@ -509,14 +509,6 @@ def test_recognize_without_diarization_has_no_speaker_tags(google_server: Server
     assert words and all(w.speaker_tag == 0 and not w.speaker_label for w in words)
 
 
-@pytest.mark.parametrize(
-    ("diarization", "field_name"),
-    [
-        ({"min_speaker_count": 3, "max_speaker_count": 2}, "config.diarization_config.min_speaker_count"),
-        ({"max_speaker_count": 11}, "config.diarization_config.max_speaker_count"),
-        ({"min_speaker_count": -1}, "config.diarization_config.min_speaker_count"),
-    ],
-)
 def diarized_stream(google_server: ServerThread, audio: np.ndarray, diarize: bool = True) -> Streamed:
     config = speech_v1.StreamingRecognitionConfig(
         config=speech_v1.RecognitionConfig(
@@ -558,6 +550,14 @@ def test_streaming_without_diarization_has_no_speaker_tags(google_server: Server
     assert words and all(w.speaker_tag == 0 and not w.speaker_label for w in words)
 
 
+@pytest.mark.parametrize(
+    ("diarization", "field_name"),
+    [
+        ({"min_speaker_count": 3, "max_speaker_count": 2}, "config.diarization_config.min_speaker_count"),
+        ({"max_speaker_count": 11}, "config.diarization_config.max_speaker_count"),
+        ({"min_speaker_count": -1}, "config.diarization_config.min_speaker_count"),
+    ],
+)
 def test_bad_speaker_counts_are_invalid_argument_naming_the_field(
     google_server: ServerThread, diarization: dict[str, int], field_name: str
 ) -> None:

@@ -70,3 +70,15 @@ def test_the_server_does_not_import_the_supervisor_and_the_supervisor_imports_it
         and any(isinstance(n, ast.ImportFrom) and n.module == "service.runtime.server" for n in f.body)
     ]
     assert importers == ["_serve_frontend"]  # run in the frontend process, never in the supervisor
+
+
+def test_the_wheel_lists_every_package_of_the_tree() -> None:
+    """pyproject lists its packages by hand (asr comes from proto/): a package missing there is missing
+    from a non-editable install (the image, the GPU host's rehearsal) though every editable run finds it."""
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {
+        ".".join(init.parent.relative_to(REPO).parts)
+        for top in ("engine", "service", "clients", "harness")
+        for init in (REPO / top).rglob("__init__.py")
+    }
+    assert found - listed == set()
