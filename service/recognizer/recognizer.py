@@ -35,7 +35,7 @@ from service.pipeline.audio import ALAW_TABLE as ALAW_TABLE
 from service.pipeline.audio import MULAW_TABLE as MULAW_TABLE
 from service.pipeline.audio import EncodedAudio, probe_recording
 from service.pipeline.audio import validate_stream_format as validate_stream_format
-from service.pipeline.options import decode_options, plan_stream, result_options, with_keyterms
+from service.pipeline.options import StreamPlan, decode_options, plan_stream, result_options, with_keyterms
 from service.pipeline.options import whisper_language as whisper_language
 from service.pipeline.recording import RecordingCutter, recognize_recording, too_long
 from service.pipeline.session import StreamSession
@@ -338,6 +338,11 @@ class Recognizer:
 
     # --- streams ---
 
+    def _plan(self, settings: StreamSettings, engine: RecognitionEngine) -> StreamPlan:
+        """A stream's settings checked with this server's flags (its finals' beams, the speaker bound)."""
+        c = self.config
+        return plan_stream(settings, engine, c.beam_size_final, c.max_diarization_speakers, c.keyterm_beams)
+
     def check(self, settings: StreamSettings) -> None:
         """Raise RecognitionError INVALID_ARGUMENT naming the setting if a stream could not open with
         `settings` (UNAVAILABLE while the model loads), holding nothing: for a door whose protocol takes
@@ -345,13 +350,7 @@ class Recognizer:
         if self.engine is None:
             raise RecognitionError(Code.UNAVAILABLE, "model is still loading; retry shortly")
         try:
-            plan_stream(
-                settings,
-                self.engine,
-                self.config.beam_size_final,
-                self.config.max_diarization_speakers,
-                self.config.keyterm_beams,
-            )
+            self._plan(settings, self.engine)
         except ValueError as e:
             raise RecognitionError.invalid(e) from e
 
@@ -392,13 +391,7 @@ class Recognizer:
         metrics.ACTIVE_STREAMS.inc()
         metrics.DOOR_ACTIVE_CALLS.labels(door, STREAM).inc()
         try:
-            plan = plan_stream(
-                settings() if callable(settings) else settings,
-                engine,
-                self.config.beam_size_final,
-                self.config.max_diarization_speakers,
-                self.config.keyterm_beams,
-            )
+            plan = self._plan(settings() if callable(settings) else settings, engine)
             if plan.diarization is not None and not plan.separate_channels:
                 _check_diarization_installed()
         except RecognitionError as e:
