@@ -403,7 +403,7 @@ async def test_a_drained_file_that_cannot_be_continued_fails_and_a_rerun_redoes_
     try:
 
         async def heard_s() -> float:
-            return max((s._received_s for s in server.server.recognizer.sessions), default=0.0)
+            return max((s.heard_s for s in server.server.recognizer.sessions), default=0.0)
 
         await asyncio.to_thread(wait_for, lambda: server.call(heard_s()) > 5.0, 60, "5 s of the call heard")
         server.loop.call_soon_threadsafe(server.server.recognizer.drain)  # RECONNECT, as on SIGTERM

@@ -18,7 +18,7 @@ from prometheus_client import REGISTRY
 from engine import Engine
 from service.config import ServerConfig
 from service.pipeline.endpointing import MIN_FLUSHED_TURN_S
-from service.pipeline.session import MAX_HELD_OPTION_CHANGES
+from service.pipeline.intake import MAX_HELD_OPTION_CHANGES
 from service.recognizer.recognizer import KEYTERM_UPDATE_BURST, Recognizer, Stream
 from service.vocabulary.errors import Code, RecognitionError
 from service.vocabulary.types import (

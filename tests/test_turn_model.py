@@ -13,7 +13,7 @@ import torch
 from engine.model.features import LogMel
 from service.config import ServerConfig, validate
 from service.pipeline.endpointing import Endpointer, SpeechEnded, TurnJudging, Utterance
-from service.pipeline.session import turn_judging
+from service.pipeline.session_settings import SessionSettings, turn_judging
 from service.pipeline.turn_model import N_SAMPLES, TurnBatcher, TurnModel, features, load_turn_model
 from service.pipeline.vad import RATE
 from service.vocabulary.endpointing import EndpointingError, EndpointSettings
@@ -122,7 +122,10 @@ def test_an_incomplete_end_waits_up_to_the_maximum_silence() -> None:
 
 
 def test_the_streams_setting_else_the_servers_flags() -> None:
-    off, on = ServerConfig(), ServerConfig(turn_model=True, turn_threshold=0.6, turn_max_silence_s=1.5)
+    off, on = (
+        SessionSettings.from_config(c)
+        for c in (ServerConfig(), ServerConfig(turn_model=True, turn_threshold=0.6, turn_max_silence_s=1.5))
+    )
     assert turn_judging(EndpointSettings(), off) is None  # off by default: silence alone ends turns
     assert turn_judging(EndpointSettings(), on) == TurnJudging(0.6, 1.5)
     assert turn_judging(EndpointSettings(turn_model=True), off) == TurnJudging(0.5, 2.0)

@@ -29,9 +29,9 @@ from service.pipeline.audio import (
 )
 from service.pipeline.call_metrics import CallMetricsTracker, SpeakerMetrics, speaker_words
 from service.pipeline.endpointing import Endpointer, Utterance
+from service.pipeline.finals import await_transcript, engine_refusal
 from service.pipeline.noise_gate import MARGIN_DB
 from service.pipeline.results import ResultOptions, SpeakerOf, recognize_results
-from service.pipeline.session import await_transcript, engine_refusal
 from service.vocabulary.call_metrics import CallMetrics, CallMetricsSettings
 from service.vocabulary.endpointing import EndpointSettings
 from service.vocabulary.engine import RecognitionEngine

@@ -39,6 +39,7 @@ from service.pipeline.options import StreamPlan, decode_options, plan_stream, re
 from service.pipeline.options import whisper_language as whisper_language
 from service.pipeline.recording import RecordingCutter, recognize_recording, too_long
 from service.pipeline.session import StreamSession
+from service.pipeline.session_settings import SessionSettings
 from service.recognizer.call_hub import CallHub
 from service.recognizer.rate_limit import TokenBucket
 from service.recognizer.stream_limit import MAX_STREAMS, MAX_STREAMS_PER_TOKEN, StreamLimit
@@ -91,7 +92,7 @@ class Stream:
         self.identity = identity
         self._outcome: Code | None = None  # how events() ended
         self._released = False
-        self._keyterm_updates = TokenBucket(session.config.max_keyterm_updates_per_s, KEYTERM_UPDATE_BURST)
+        self._keyterm_updates = TokenBucket(recognizer.config.max_keyterm_updates_per_s, KEYTERM_UPDATE_BURST)
         self.call: CallInfo | None = session.settings.call
         if self.call is not None:
             self._publish(
@@ -166,7 +167,7 @@ class Stream:
         slowed by its own transport's flow control once it is that far ahead: audio that the VAD's noise
         gate lets through unbuffered (noise, not speech) cannot make the loop every stream shares score
         hours of it in seconds."""
-        limit = self._session.config.max_audio_lead_seconds
+        limit = self._recognizer.config.max_audio_lead_seconds
         ahead = self._session.lead_s - limit
         if limit > 0 and ahead > 0 and self.takes_audio:
             await asyncio.sleep(ahead)
@@ -214,7 +215,7 @@ class Stream:
                 "keyterms",
             )
         try:
-            config = self._session.config
+            config = self._recognizer.config
             options = with_keyterms(
                 self._session.settings.options,
                 keyterms,
@@ -279,6 +280,7 @@ class Recognizer:
         call_hub: CallHub | None = None,
     ) -> None:
         self.config = config
+        self._session_settings = SessionSettings.from_config(config)  # what each stream reads of the flags
         # where the transcripts of telephony calls go besides their doors: subscribers by call id
         self.call_hub = call_hub or CallHub()
         self.engine = engine  # None while the model loads: calls are refused UNAVAILABLE
@@ -401,7 +403,7 @@ class Recognizer:
             error = RecognitionError.invalid(e)
             self._give_back(door, error.code, identity.principal)
             raise error from e
-        session = StreamSession(f"s{self._prefix}-{next(self._ids)}", plan, engine, self.config)
+        session = StreamSession(f"s{self._prefix}-{next(self._ids)}", plan, engine, self._session_settings)
         self.sessions.add(session)
         session.start()
         log.debug(
