@@ -188,13 +188,14 @@ def jfk_mulaw() -> bytes:
     return to_mulaw_8k_bytes(audio.mean(axis=1) if audio.ndim > 1 else audio, rate)
 
 
+def mulaw_recognition(**fields: Any) -> speech_v1.RecognitionConfig:
+    """A telephone call's config (8 kHz µ-law, en-US) with `fields` besides or instead."""
+    base = {"encoding": Encoding.MULAW, "sample_rate_hertz": 8000, "language_code": "en-US"}
+    return speech_v1.RecognitionConfig(**{**base, **fields})
+
+
 def mulaw_config(**streaming: Any) -> speech_v1.StreamingRecognitionConfig:
-    return speech_v1.StreamingRecognitionConfig(
-        config=speech_v1.RecognitionConfig(
-            encoding=Encoding.MULAW, sample_rate_hertz=8000, language_code="en-US"
-        ),
-        **streaming,
-    )
+    return speech_v1.StreamingRecognitionConfig(config=mulaw_recognition(), **streaming)
 
 
 def timeout_config(events: bool = True, **timeout: Any) -> speech_v1.StreamingRecognitionConfig:
@@ -227,10 +228,7 @@ def jfk_call(google_server: ServerThread) -> tuple[Streamed, float]:
     "am i fell america" where it says "my fellow america" without; the hints' bounds are tested below.)"""
     data = jfk_mulaw()
     config = speech_v1.StreamingRecognitionConfig(
-        config=speech_v1.RecognitionConfig(
-            encoding=Encoding.MULAW,
-            sample_rate_hertz=8000,
-            language_code="en-US",
+        config=mulaw_recognition(
             enable_word_time_offsets=True,
             enable_word_confidence=True,
             enable_automatic_punctuation=True,
@@ -471,10 +469,7 @@ def test_recognize_a_two_channel_wav_per_channel(
 def diarized_recognize(google_server: ServerThread, audio: bytes, **diarization: Any) -> Any:
     return recognize(
         google_server.target,
-        speech_v1.RecognitionConfig(
-            encoding=Encoding.MULAW,
-            sample_rate_hertz=8000,
-            language_code="en-US",
+        mulaw_recognition(
             enable_word_time_offsets=True,
             diarization_config=speech_v1.SpeakerDiarizationConfig(
                 enable_speaker_diarization=True, **diarization
@@ -511,10 +506,7 @@ def test_recognize_without_diarization_has_no_speaker_tags(google_server: Server
 
 def diarized_stream(google_server: ServerThread, audio: np.ndarray, diarize: bool = True) -> Streamed:
     config = speech_v1.StreamingRecognitionConfig(
-        config=speech_v1.RecognitionConfig(
-            encoding=Encoding.MULAW,
-            sample_rate_hertz=8000,
-            language_code="en-US",
+        config=mulaw_recognition(
             enable_word_time_offsets=True,
             diarization_config=speech_v1.SpeakerDiarizationConfig(enable_speaker_diarization=diarize),
         )
@@ -654,10 +646,7 @@ def _config(**fields: Any) -> speech_v1.StreamingRecognitionConfig:
     streaming = {
         k: fields.pop(k) for k in ("voice_activity_timeout", "enable_voice_activity_events") if k in fields
     }
-    base = {"encoding": Encoding.MULAW, "sample_rate_hertz": 8000, "language_code": "en-US"}
-    return speech_v1.StreamingRecognitionConfig(
-        config=speech_v1.RecognitionConfig(**{**base, **fields}), **streaming
-    )
+    return speech_v1.StreamingRecognitionConfig(config=mulaw_recognition(**fields), **streaming)
 
 
 BAD_STREAM_CONFIGS = {

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import grpc
 import pytest
@@ -12,7 +12,7 @@ from grpc import aio
 
 from clients.client import RecognizerClient
 from clients.scoring import corpus_wer
-from engine import Engine, EngineConfig
+from engine import DecodeOptions, Engine, EngineConfig
 from engine.hooks import EngineHooks
 from service.config import ServerConfig
 from tests.support.audio import make_conversation, to_linear16_bytes
@@ -26,6 +26,16 @@ SENTENCES = [
 HOOKS = EngineHooks()
 
 
+def watch_encoder(encoded: list[DecodeOptions]) -> Callable[[str, Sequence[object]], None]:
+    """A stage hook that keeps the options of every utterance the encoder takes."""
+
+    def watch(stage: str, reqs: Sequence[object]) -> None:
+        if stage == "encoder":
+            encoded.extend(r.options for r in reqs)  # type: ignore[attr-defined]
+
+    return watch
+
+
 @pytest.fixture(scope="module")
 def beam_engine() -> Iterator[Engine]:
     engine = Engine(EngineConfig(model="tiny.en", threads=2, kv_slots=16, max_recorded_rows=8), hooks=HOOKS)
@@ -35,20 +45,13 @@ def beam_engine() -> Iterator[Engine]:
 
 
 async def test_finals_interims_and_recordings_search_their_own_beams(beam_engine: Engine) -> None:
-    seen: list[tuple[str, bool, int]] = []  # (class, interim, beam_size) of every utterance encoded
-
-    def watch(stage: str, reqs: Sequence[object]) -> None:
-        if stage == "encoder":
-            for r in reqs:
-                o = r.options  # type: ignore[attr-defined]
-                seen.append((o.priority.label, o.interim, o.beam_size))
-
+    encoded: list[DecodeOptions] = []
     audio, _ = make_conversation(SENTENCES, pause_s=1.0)
     data = to_linear16_bytes(audio)
     config = asr_pb2.RecognitionConfig(encoding=asr_pb2.LINEAR16, sample_rate_hertz=16000)
     server = ServerThread(ServerConfig(beam_size_final=3, beam_size_recorded=2), beam_engine).start()
     try:
-        with HOOKS.installed(stage=watch):
+        with HOOKS.installed(stage=watch_encoder(encoded)):
             async with (
                 RecognizerClient(server.target) as client,
                 aio.insecure_channel(server.target) as channel,
@@ -60,6 +63,7 @@ async def test_finals_interims_and_recordings_search_their_own_beams(beam_engine
     assert live.code == grpc.StatusCode.OK, live
     assert corpus_wer(SENTENCES, [r.alternatives[0].transcript for r in live.finals]) <= 0.2
     assert corpus_wer(SENTENCES, [r.alternatives[0].transcript for r in recorded.results]) <= 0.2
+    seen = [(o.priority.label, o.interim, o.beam_size) for o in encoded]  # (class, interim, beam_size)
     finals = {b for c, interim, b in seen if c != "recorded" and not interim}
     interims = {b for c, interim, b in seen if interim}
     assert finals == {3} and interims == {1}, seen
@@ -72,14 +76,7 @@ async def test_keyterm_requests_search_the_keyterm_beams(
     """--beam-size-keyterms: a final or a recording whose request lists keyterms searches that many beams
     (their bonus enters the ranking); without keyterms the kind of work's own (greedy here). Interims
     are greedy whatever the list (the session asks beam_size 1 for them: the test above)."""
-    seen: list[tuple[str, bool, int, bool]] = []  # (class, interim, beam_size, has keyterms)
-
-    def watch(stage: str, reqs: Sequence[object]) -> None:
-        if stage == "encoder":
-            for r in reqs:
-                o = r.options  # type: ignore[attr-defined]
-                seen.append((o.priority.label, o.interim, o.beam_size, bool(o.keyterms)))
-
+    encoded: list[DecodeOptions] = []
     audio, _ = make_conversation(SENTENCES, pause_s=1.0)
     data = to_linear16_bytes(audio)
     terms = ["Kestoria", "Moxilar"]
@@ -88,7 +85,7 @@ async def test_keyterm_requests_search_the_keyterm_beams(
     listed = asr_pb2.RecognitionConfig(encoding=asr_pb2.LINEAR16, sample_rate_hertz=16000, keyterms=terms)
     server = ServerThread(ServerConfig(beam_size_keyterms=4), beam_engine).start()
     try:
-        with HOOKS.installed(stage=watch):
+        with HOOKS.installed(stage=watch_encoder(encoded)):
             async with (
                 RecognizerClient(server.target) as client,
                 aio.insecure_channel(server.target) as channel,
@@ -100,5 +97,6 @@ async def test_keyterm_requests_search_the_keyterm_beams(
         server.stop()
     assert live.code == grpc.StatusCode.OK, live
     assert corpus_wer(SENTENCES, [r.alternatives[0].transcript for r in live.finals]) <= 0.2
+    seen = [(o.priority.label, o.interim, o.beam_size, bool(o.keyterms)) for o in encoded]
     assert {b for c, interim, b, k in seen if c != "recorded" and not interim} == {4}, seen
     assert {(b, k) for c, _, b, k in seen if c == "recorded"} == {(4, True), (1, False)}, seen
