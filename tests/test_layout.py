@@ -49,6 +49,19 @@ def test_every_door_is_independent_of_the_others_and_only_shared_is_below_them()
     assert listed == present - {"__init__", "shared"}
 
 
+def test_the_pipeline_reads_the_server_flags_only_through_session_settings() -> None:
+    # issue 27: a stream's parts get the flags they use (SessionSettings.from_config), not all of ServerConfig
+    importers = {
+        p.name
+        for p in (SERVICE / "pipeline").glob("*.py")
+        if any(
+            isinstance(n, ast.ImportFrom) and n.module == "service.config"
+            for n in ast.walk(ast.parse(p.read_text()))
+        )
+    }
+    assert importers == {"session_settings.py"}
+
+
 def test_lint_imports_runs_in_the_test_command() -> None:
     # a line of its own, next to ruff and mypy: the contracts hold only if something runs them
     assert "lint-imports" in (REPO / "scripts" / "test.sh").read_text().splitlines()

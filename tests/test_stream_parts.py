@@ -1,4 +1,5 @@
-"""The parts service/pipeline/session.py was split into: the stream-state enum and the interim policy."""
+"""The parts service/pipeline/session.py was split into, where one stands alone: the stream-state enum, the
+interim policy, the outbox."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ import pytest
 
 from engine import UtteranceHandle
 from service.pipeline.interim import MIN_INTERIM_AUDIO_S, InterimPolicy, stability
+from service.pipeline.outbox import Outbox, event_size
 from service.pipeline.stream_state import StreamState as S
+from service.vocabulary.errors import Code, RecognitionError
+from service.vocabulary.types import Reconnect, SpeechEnded, SpeechStarted
 
 
 @pytest.mark.parametrize(
@@ -59,3 +63,34 @@ def test_interim_policy_asks_at_most_once_in_flight_and_once_per_interval() -> N
     assert policy.accept(1, "thanks") == (pytest.approx(0.5), True)  # a new utterance starts afresh
     policy.cancel()  # nothing in flight: nothing to cancel
     assert policy.in_flight is None
+
+
+async def test_the_outbox_sheds_a_client_past_its_backlog_and_then_ends_with_why() -> None:
+    sizes = [event_size(e) for e in (SpeechStarted(0, 1.0), SpeechEnded(0, 2.0), Reconnect(3.0))]
+    box = Outbox(sum(sizes[:2]), shed=lambda: box.close())  # the session's abandon closes it
+    box.put(SpeechStarted(0, 1.0))
+    box.put(SpeechEnded(0, 2.0))
+    assert box.backlog_bytes == sum(sizes[:2])  # at the limit, not past it: kept
+    box.put(Reconnect(3.0))
+    assert box.backlog_bytes == 0  # past it: what was queued is dropped, never sent
+    box.put(SpeechStarted(0, 4.0))  # nothing more goes in
+    with pytest.raises(RecognitionError) as ended:
+        _ = [e async for e in box.events()]
+    assert ended.value.code is Code.RESOURCE_EXHAUSTED
+    assert f"{sum(sizes)} bytes of responses behind reading" in ended.value.message
+    assert "max_response_backlog_bytes" in ended.value.message
+
+
+async def test_the_outbox_hands_over_in_order_and_keeps_the_first_status() -> None:
+    box = Outbox(1 << 20, shed=lambda: None)
+    box.put(SpeechStarted(0, 1.0))
+    box.keep_first_status(RecognitionError(Code.OUT_OF_RANGE, "first"))
+    box.keep_first_status(RecognitionError(Code.UNAVAILABLE, "second"))
+    box.put(SpeechEnded(0, 2.0))
+    box.end()
+    got = []
+    with pytest.raises(RecognitionError) as ended:
+        async for e in box.events():
+            got.append(e)
+    assert got == [SpeechStarted(0, 1.0), SpeechEnded(0, 2.0)] and ended.value.message == "first"
+    assert box.backlog_bytes == 0
