@@ -330,7 +330,7 @@ async def test_half_close_with_an_offer_pending_still_gets_the_final(
     assert outcome.code == grpc.StatusCode.OK, outcome.details
     assert len(final_results(outcome.responses)) == 1
     # the speculative request became the final: none was made at the confirmation (its id would be
-    # the plain "<stream>-<channel>-<index>" of service/pipeline/session.py)
+    # the plain "<stream>-<channel>-<index>" of service/pipeline/finals.py)
     encoded = [rid for rid, _ in recorder.encoded if rid.startswith(f"{stream_id}-")]
     assert encoded and "-spec" in encoded[-1] and f"{stream_id}-0-0" not in encoded
     assert final_results(outcome.responses) == await final_off(servers, audio)

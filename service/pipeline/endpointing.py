@@ -419,7 +419,7 @@ class ManualTurns:
     """A channel the client cuts itself (StreamSettings.endpointing None: OpenAI Realtime without turn
     detection): everything since the last cut is one utterance, which `flush()` (the client's commit, or
     the end of the stream) ends; no speech events. It offers the VAD no windows, so it rides a stream's VAD
-    pass at no cost; what it holds is bounded by the stream's --max-buffer-seconds (pipeline/session.py)."""
+    pass at no cost; what it holds is bounded by the stream's --max-buffer-seconds (pipeline/intake.py)."""
 
     def __init__(self) -> None:
         self.vad_state = VadState()  # never advanced: there is nothing to score

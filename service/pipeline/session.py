@@ -52,7 +52,7 @@ class StreamSession:
         stream_id: str,
         settings: StreamPlan,
         engine: RecognitionEngine,
-        config: SessionSettings,
+        flags: SessionSettings,
     ) -> None:
         self.id = stream_id
         # the engine's live finals take turns by caller (engine/scheduling/policy.py): this stream is one
@@ -61,8 +61,8 @@ class StreamSession:
         )
         self.settings = settings
         self.engine = engine
-        self._config = config
-        self.channels = build_channels(settings, engine, config)
+        self._flags = flags
+        self.channels = build_channels(settings, engine, flags)
         self._tasks: set[asyncio.Task[Any]] = set()
         self.state = StreamState.OPEN
         self._finalize_held = False  # a Finalize waits for --max-finals-in-flight (finalize's `hold`)
@@ -76,12 +76,12 @@ class StreamSession:
             settings.call_metrics,
             interval_s=settings.call_metrics_interval_s if settings.report_call_metrics else 0.0,
         )
-        self._outbox = Outbox(config.max_response_backlog_bytes, shed=self.abandon)
+        self._outbox = Outbox(flags.max_response_backlog_bytes, shed=self.abandon)
         self._finals = Finals(
             self,
             stream_id,
             settings,
-            config,
+            flags,
             engine,
             self.channels,
             speculations=self._speculations,
@@ -93,7 +93,7 @@ class StreamSession:
         self._intake = Intake(
             self,
             settings,
-            config,
+            flags,
             self.channels,
             speculations=self._speculations,
             call_metrics=self._call_metrics,
@@ -146,11 +146,11 @@ class StreamSession:
         if self.state.ending:
             return
         try:
-            if len(chunk) > self._config.max_chunk_bytes:
+            if len(chunk) > self._flags.max_chunk_bytes:
                 raise RecognitionError(
                     Code.INVALID_ARGUMENT,
                     f"audio_content of {len(chunk)} bytes is over the limit of "
-                    f"{self._config.max_chunk_bytes} bytes per request (max_chunk_bytes); send smaller chunks",
+                    f"{self._flags.max_chunk_bytes} bytes per request (max_chunk_bytes); send smaller chunks",
                     "audio_content",
                 )
             if not self.state.takes_audio:
@@ -181,7 +181,7 @@ class StreamSession:
                 return True
             raise RecognitionError(
                 Code.RESOURCE_EXHAUSTED,
-                f"{self._config.max_finals_in_flight} finals of this stream are still being recognized "
+                f"{self._flags.max_finals_in_flight} finals of this stream are still being recognized "
                 "(--max-finals-in-flight): the audio stays in the utterance in progress; flush again later",
             )
         return self._intake.finalize()
@@ -193,6 +193,7 @@ class StreamSession:
             self.finalize()
 
     def _buffer_moved(self) -> None:
+        """A final went out: the audio waiting for transcription shrank (asr_stream_buffer_seconds)."""
         self._intake.update_buffer()
 
     def keep_alive(self) -> None:
