@@ -1,5 +1,6 @@
-"""One channel of a live stream as every part of its session sees it (service/pipeline/session.py wires
-the parts: intake.py, finals.py, interims.py, outbox.py), and what the parts ask of the session."""
+"""What the parts of a live stream's session share (service/pipeline/session.py wires the parts: intake.py,
+finals.py, interims.py, outbox.py): each channel's state, the pieces more than one part feeds, and what the
+parts ask of the session."""
 
 from __future__ import annotations
 
@@ -12,12 +13,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from engine.api import DecodeOptions, UtteranceHandle
+from service.pipeline.call_metrics import CallMetricsTracker
 from service.pipeline.context import ChannelContext
 from service.pipeline.endpointing import Endpointer, ManualTurns, Utterance
 from service.pipeline.interim import InterimPolicy
 from service.pipeline.options import StreamPlan
+from service.pipeline.outbox import Outbox
 from service.pipeline.results import ChannelResults, ResultOptions
 from service.pipeline.session_settings import SessionSettings, turn_judging
+from service.pipeline.speculation import Speculations
 from service.pipeline.stream_state import StreamState
 from service.vocabulary.engine import RecognitionEngine
 from service.vocabulary.errors import RecognitionError
@@ -131,3 +135,19 @@ class StreamHost(Protocol):
     def fail_with(self, e: Exception, what: str) -> None:
         """End the stream for `e` (its field named when it is bad input; logged when it is a bug)."""
         ...
+
+
+@dataclass(frozen=True)
+class SessionShared:
+    """One stream's, as each part of its session sees it."""
+
+    host: StreamHost
+    id: str
+    plan: StreamPlan  # but for its decoding options, which update_options changes (intake.py OptionChanges)
+    flags: SessionSettings
+    engine: RecognitionEngine
+    channels: list[Channel]
+    speculations: Speculations  # offered and cancelled by the intake, taken by the finals
+    # fed with the confirmed utterances (never speculative ends), the finals' words and the speech audio
+    call_metrics: CallMetricsTracker
+    outbox: Outbox

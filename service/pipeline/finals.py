@@ -21,16 +21,11 @@ from prometheus_client import Histogram
 from engine.api import EngineOverloaded, EngineStopped, Transcript, UtteranceHandle
 from service import metrics
 from service.pipeline.audio import TARGET_RATE
-from service.pipeline.call_metrics import CallMetrics, CallMetricsTracker, SpeakerMetrics, speaker_words
-from service.pipeline.channel import Channel, Pending, StreamHost
+from service.pipeline.call_metrics import CallMetrics, SpeakerMetrics, speaker_words
+from service.pipeline.channel import Channel, Pending, SessionShared
 from service.pipeline.endpointing import Utterance
-from service.pipeline.options import StreamPlan
-from service.pipeline.outbox import Outbox
 from service.pipeline.results import SpeakerOf
-from service.pipeline.session_settings import SessionSettings
-from service.pipeline.speculation import Speculations
 from service.pipeline.stream_state import StreamState
-from service.vocabulary.engine import RecognitionEngine
 from service.vocabulary.errors import Code, RecognitionError
 from service.vocabulary.types import EndReason, Result
 
@@ -61,46 +56,28 @@ def observe_since(start: float, histogram: Histogram = metrics.UTTERANCE_LATENCY
 
 class Finals:
     def __init__(
-        self,
-        host: StreamHost,
-        stream_id: str,
-        plan: StreamPlan,
-        settings: SessionSettings,
-        engine: RecognitionEngine,
-        channels: list[Channel],
-        *,
-        speculations: Speculations,
-        call_metrics: CallMetricsTracker,
-        outbox: Outbox,
-        on_settle: Callable[[], None],
-        on_queued: Callable[[], None],
+        self, shared: SessionShared, *, on_settle: Callable[[], None], on_queued: Callable[[], None]
     ) -> None:
         """`on_settle`: called as each utterance settles, before its final is queued (a flush held for
         --max-finals-in-flight may go now); `on_queued`: once it is queued (the buffer shrank)."""
-        self._host = host
-        self._id = stream_id
-        self._plan = plan
-        self._settings = settings
-        self._engine = engine
-        self._channels = channels
-        self._speculations = speculations
-        self._call_metrics = call_metrics
-        self._outbox = outbox
+        self._shared = shared
         self._on_settle = on_settle
         self._on_queued = on_queued
         self._finalizers: list[asyncio.Task[Any]] = []
         # a diarized mono stream's speakers as channels (spoke)
         self._speaker_metrics = (
-            SpeakerMetrics(plan.call_metrics) if any(ch.speakers is not None for ch in channels) else None
+            SpeakerMetrics(shared.plan.call_metrics)
+            if any(ch.speakers is not None for ch in shared.channels)
+            else None
         )
 
     def start(self) -> None:
         """One finalizer per channel, in the event loop."""
-        self._finalizers = [self._host.spawn(self._finalize(ch)) for ch in self._channels]
+        self._finalizers = [self._shared.host.spawn(self._finalize(ch)) for ch in self._shared.channels]
 
     def finish(self) -> None:
         """No more utterances: each finalizer ends once its channel's finals are out."""
-        for ch in self._channels:
+        for ch in self._shared.channels:
             ch.finals.put_nowait(None)
 
     async def drained(self) -> None:
@@ -109,7 +86,7 @@ class Finals:
 
     def abandon(self) -> None:
         """Free the engine slot of every utterance still waiting for its final."""
-        for ch in self._channels:
+        for ch in self._shared.channels:
             for p in ch.unsettled:
                 p.handle.cancel()
                 metrics.UTTERANCES.labels("cancelled").inc()
@@ -117,24 +94,26 @@ class Finals:
 
     def in_flight_full(self) -> bool:
         """--max-finals-in-flight of the stream's finals (all channels) are still being recognized."""
-        limit = self._settings.max_finals_in_flight
-        return limit > 0 and sum(len(ch.unsettled) for ch in self._channels) >= limit
+        limit = self._shared.flags.max_finals_in_flight
+        return limit > 0 and sum(len(ch.unsettled) for ch in self._shared.channels) >= limit
 
     def submit(self, ch: Channel, utterance: Utterance, ended_by: EndReason) -> None:
         """An utterance ended: to the engine now (or its confirmed speculation), its final in order."""
         ready = time.monotonic()
         try:
             options = ch.next_options()
-            handle = self._speculations.take(ch.tag, utterance, options.context) or self._engine.submit(
+            handle = self._shared.speculations.take(
+                ch.tag, utterance, options.context
+            ) or self._shared.engine.submit(
                 utterance.audio,
                 options,
                 ready_time=ready,
-                request_id=f"{self._id}-{ch.tag}-{utterance.index}",
+                request_id=f"{self._shared.id}-{ch.tag}-{utterance.index}",
             )
         except (EngineOverloaded, EngineStopped, ValueError) as e:
             # What was admitted before the refusal still gets its final; then the stream ends with the
             # refusal's status (also while draining: finish_input's flush lands here).
-            self._host.end_after_admitted(engine_refusal(e))
+            self._shared.host.end_after_admitted(engine_refusal(e))
             return
         ch.interim.cancel()  # the final covers everything the interim in flight was asked about
         ch.context.submitted(forced_cut=utterance.forced_cut)
@@ -155,10 +134,10 @@ class Finals:
     def release_held(self, heard_s: float) -> None:
         """A redacting stream holds back a final that ends in digits until the next (see
         service/pipeline/redaction.py); once enough audio passed with no next utterance, it goes out."""
-        for ch in self._channels:
+        for ch in self._shared.channels:
             if ch.results.holding and not ch.unsettled and not ch.endpointer.in_speech:
                 for result, on_sent in ch.results.release(heard_s=heard_s):
-                    self._outbox.put(result, on_sent=on_sent)
+                    self._shared.outbox.put(result, on_sent=on_sent)
 
     async def _finalize(self, ch: Channel) -> None:
         while (pending := await ch.finals.get()) is not None:
@@ -173,20 +152,20 @@ class Finals:
                 outcome = "cancelled"
             except EngineStopped as e:
                 self._settle(ch, pending, "error", None)
-                self._host.end_after_admitted(
+                self._shared.host.end_after_admitted(
                     RecognitionError(Code.UNAVAILABLE, f"recognition engine stopped: {e}")
                 )
                 continue
             except (EngineOverloaded, ValueError) as e:  # an engine in another process refuses on the future
                 self._settle(ch, pending, "error", None)
-                self._host.end_after_admitted(engine_refusal(e))
+                self._shared.host.end_after_admitted(engine_refusal(e))
                 continue
             except Exception as e:
                 log.exception(
-                    "utterance failed", extra={"fields": {"stream_id": self._id, "channel": ch.tag}}
+                    "utterance failed", extra={"fields": {"stream_id": self._shared.id, "channel": ch.tag}}
                 )
                 self._settle(ch, pending, "error", None)
-                self._host.end_after_admitted(
+                self._shared.host.end_after_admitted(
                     RecognitionError(
                         Code.INTERNAL,
                         f"recognition failed on utterance {u.index} (channel {ch.tag}): {type(e).__name__}: {e}",
@@ -200,7 +179,7 @@ class Finals:
                 ch.context.final(t)  # in order: finals of one channel settle one after another
             if t is not None:  # every utterance the engine finished, with words or none (noise)
                 words = len(t.text.split()) if outcome == "final" else 0  # before formatting and redaction
-                self._call_metrics.final(ch.tag, u.start_s, u.end_s, words)
+                self._shared.call_metrics.final(ch.tag, u.start_s, u.end_s, words)
             if t is not None and outcome == "final":
                 ready = ch.results.final(
                     t,
@@ -213,12 +192,12 @@ class Finals:
                 if pending.embedding is not None:
                     pending.embedding.cancel()  # no words to label: its speaker would not be heard
                 ready = ch.results.release()
-                if outcome == "empty" and self._plan.empty_finals:
+                if outcome == "empty" and self._shared.plan.empty_finals:
                     ready.append((ch.results.empty(t, u, pending.ended_by), None))
             for result, on_sent in ready:
                 self._spoke(result)
-                self._outbox.put(result, on_sent=on_sent)
-            if self._host.state is not StreamState.CLOSED:
+                self._shared.outbox.put(result, on_sent=on_sent)
+            if self._shared.host.state is not StreamState.CLOSED:
                 self._on_queued()
         self._send_held(ch)  # the channel is over: nothing more to wait for
 
@@ -236,7 +215,7 @@ class Finals:
         if ch.speakers is None or pending.embedding is None:
             return None
         future = pending.embedding
-        wait_s = self._settings.live_diarization_wait_s
+        wait_s = self._shared.flags.live_diarization_wait_s
         if not future.done():
             try:
                 await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), wait_s)
@@ -250,13 +229,13 @@ class Finals:
             log.warning(
                 "final sent without speakers: its embedding took over %g s (live_diarization_wait_s)",
                 wait_s,
-                extra={"fields": {"stream_id": self._id, "channel": ch.tag}},
+                extra={"fields": {"stream_id": self._shared.id, "channel": ch.tag}},
             )
             return None
         try:
             embedded = future.result()
         except Exception:
-            log.exception("speaker embedding failed", extra={"fields": {"stream_id": self._id}})
+            log.exception("speaker embedding failed", extra={"fields": {"stream_id": self._shared.id}})
             return None
         return ch.speakers.assign(embedded)
 
@@ -264,7 +243,7 @@ class Finals:
         """Send the finals a redacting channel still holds back (a final the client finished is never
         lost, even when the stream then ends with an error)."""
         for result, on_sent in ch.results.release():
-            self._outbox.put(result, on_sent=on_sent)
+            self._shared.outbox.put(result, on_sent=on_sent)
 
     def _settle(self, ch: Channel, pending: Pending, outcome: str, t: Transcript | None) -> None:
         if ch.unsettled and ch.unsettled[0] is pending:
@@ -277,7 +256,7 @@ class Finals:
     def _log_utterance(self, ch: Channel, pending: Pending, outcome: str, t: Transcript | None) -> None:
         u = pending.utterance
         fields: dict[str, Any] = {
-            "stream_id": self._id,
+            "stream_id": self._shared.id,
             "utterance_id": pending.handle.id,
             "utterance_index": u.index,
             "channel": ch.tag,
@@ -287,7 +266,7 @@ class Finals:
             "forced_cut": u.forced_cut,
             "outcome": outcome,
         }
-        if (call := self._plan.call) is not None:
+        if (call := self._shared.plan.call) is not None:
             fields["call_id"] = call.call_id
             if 0 < ch.tag <= len(call.channel_labels):
                 fields["leg"] = call.channel_labels[ch.tag - 1]
@@ -300,6 +279,6 @@ class Finals:
                 latency_s=round(st.latency_s, 4),
                 language=t.language,
             )
-            if self._settings.log_transcripts:
+            if self._shared.flags.log_transcripts:
                 fields["transcript"] = ch.results.log_text(t)
         log.info("utterance", extra={"fields": fields})

@@ -18,8 +18,7 @@ import numpy as np
 from engine.api import DecodeOptions
 from service import metrics
 from service.pipeline.audio import StreamDecoder, mixdown
-from service.pipeline.call_metrics import CallMetricsTracker
-from service.pipeline.channel import Channel, StreamHost
+from service.pipeline.channel import Channel, SessionShared
 from service.pipeline.endpointing import (
     Endpointer,
     Event,
@@ -32,11 +31,7 @@ from service.pipeline.endpointing import (
 )
 from service.pipeline.finals import Finals
 from service.pipeline.interims import Interims
-from service.pipeline.options import StreamPlan
-from service.pipeline.outbox import Outbox
 from service.pipeline.results import end_reason
-from service.pipeline.session_settings import SessionSettings
-from service.pipeline.speculation import Speculations
 from service.pipeline.turn_model import turn_batcher
 from service.pipeline.vad_batch import vad_batcher
 from service.vocabulary.errors import Code, RecognitionError
@@ -92,32 +87,14 @@ class OptionChanges:
 
 
 class Intake:
-    def __init__(
-        self,
-        host: StreamHost,
-        plan: StreamPlan,
-        settings: SessionSettings,
-        channels: list[Channel],
-        *,
-        speculations: Speculations,
-        call_metrics: CallMetricsTracker,
-        outbox: Outbox,
-        finals: Finals,
-        interims: Interims,
-    ) -> None:
-        """`plan`: the stream's settings but for its decoding options, which `update_options` changes."""
-        self._host = host
-        self._plan = plan
-        self._settings = settings
-        self._channels = channels
-        self._speculations = speculations
-        self._call_metrics = call_metrics
-        self._outbox = outbox
+    def __init__(self, shared: SessionShared, finals: Finals, interims: Interims) -> None:
+        self._shared = shared
+        plan = shared.plan
         self._finals = finals
         self._interims = interims
         self.decoder = StreamDecoder(plan.encoding, plan.sample_rate_hertz, plan.channels)
         self._vad = vad_batcher()
-        self._endpointers = [ch.endpointer for ch in channels]
+        self._endpointers = [ch.endpointer for ch in shared.channels]
         self.options = OptionChanges(plan.options)
         channel_mode = "mono" if plan.channels == 1 else "separate" if plan.separate_channels else "mixdown"
         self._audio_counter = metrics.AUDIO_SECONDS.labels(channel_mode)
@@ -169,8 +146,8 @@ class Intake:
         tail = self.decoder.flush()
         self._push_audio(tail)
         self._endpoint(self._vad.score_now(self._endpointers))  # no wait for the tick
-        for ch in self._channels:
-            for event in ch.endpointer.flush() if self._host.state.takes_audio else []:
+        for ch in self._shared.channels:
+            for event in ch.endpointer.flush() if self._shared.host.state.takes_audio else []:
                 self._on_event(ch, event, ended_by=EndReason.END_OF_AUDIO)
 
     def finalize(self) -> bool:
@@ -178,14 +155,14 @@ class Intake:
         ended = False
         try:
             self._endpoint(self._vad.score_now(self._endpointers))  # what was pushed is heard first
-            for ch in self._channels:
+            for ch in self._shared.channels:
                 cut = ch.endpointer.cut if isinstance(ch.endpointer, ManualTurns) else ch.endpointer.flush
-                for event in cut() if self._host.state.takes_audio else []:
+                for event in cut() if self._shared.host.state.takes_audio else []:
                     ended |= isinstance(event, Utterance)
                     self._on_event(ch, event, ended_by=EndReason.FINALIZE)
                 self._next_manual_turn(ch)
         except Exception as e:
-            self._host.fail_with(e, "stream finalize failed")
+            self._shared.host.fail_with(e, "stream finalize failed")
         return ended
 
     def clear(self) -> bool:
@@ -194,8 +171,8 @@ class Intake:
         dropped = False
         try:
             self._endpoint(self._vad.score_now(self._endpointers))
-            for ch in self._channels:
-                if not self._host.state.takes_audio:
+            for ch in self._shared.channels:
+                if not self._shared.host.state.takes_audio:
                     return dropped
                 dropped = dropped or ch.endpointer.in_speech
                 for event in ch.endpointer.clear():
@@ -205,7 +182,7 @@ class Intake:
                 ch.cleared = ch.next_index
                 self._next_manual_turn(ch)
         except Exception as e:
-            self._host.fail_with(e, "stream clear failed")
+            self._shared.host.fail_with(e, "stream clear failed")
         return dropped
 
     def update_options(self, options: DecodeOptions) -> None:
@@ -218,10 +195,10 @@ class Intake:
         the client has not cut yet counts from its start (the endpointer bounds its own by
         max_utterance_duration)."""
         oldest = min(
-            (ch.unsettled[0].utterance.end_s for ch in self._channels if ch.unsettled),
+            (ch.unsettled[0].utterance.end_s for ch in self._shared.channels if ch.unsettled),
             default=self.heard_s,
         )
-        for ch in self._channels:
+        for ch in self._shared.channels:
             if isinstance(ch.endpointer, ManualTurns) and ch.endpointer.in_speech:
                 oldest = min(oldest, ch.endpointer.held_from_s)
         buffered = self.heard_s - oldest
@@ -235,8 +212,8 @@ class Intake:
         over (a client that hung, or whose network died). What it sent still gets its finals, as at a
         half-close; then OUT_OF_RANGE, the code and words Google Speech answers with. One timer per
         stream, re-armed from the last audio when it fires: nothing per chunk."""
-        timeout = self._settings.idle_audio_timeout
-        if not timeout or not self._host.state.takes_audio:
+        timeout = self._shared.flags.idle_audio_timeout
+        if not timeout or not self._shared.host.state.takes_audio:
             return
         # audio sent ahead of real time covers the wall time it lasts (the door may be pacing the client)
         heard_until = self._last_audio
@@ -246,7 +223,7 @@ class Intake:
         if idle < timeout:
             self._idle_timer = asyncio.get_running_loop().call_later(timeout - idle, self._check_idle)
             return
-        self._outbox.keep_first_status(
+        self._shared.outbox.keep_first_status(
             RecognitionError(
                 Code.OUT_OF_RANGE,
                 f"Audio Timeout Error: no audio for {timeout:g} s (idle_audio_timeout); send audio close to "
@@ -254,21 +231,21 @@ class Intake:
             )
         )
         try:
-            self._host.finish_input(flush=True)
+            self._shared.host.finish_input(flush=True)
         except Exception as e:
-            self._host.fail_with(e, "stream idle timeout failed")
+            self._shared.host.fail_with(e, "stream idle timeout failed")
 
     def _process(self, chunk: bytes) -> None:
         frames = len(chunk) // self.decoder.frame_bytes
         seconds = frames / self.decoder.rate
-        if self.heard_s + seconds > self._settings.max_stream_seconds:
+        if self.heard_s + seconds > self._shared.flags.max_stream_seconds:
             # Finals for what was heard still go out; the status tells the client to open a new stream.
-            self._outbox.end_status = RecognitionError(
+            self._shared.outbox.end_status = RecognitionError(
                 Code.OUT_OF_RANGE,
-                f"stream is longer than the limit of {self._settings.max_stream_seconds:g} s of audio "
+                f"stream is longer than the limit of {self._shared.flags.max_stream_seconds:g} s of audio "
                 "(max_stream_seconds); open a new stream to continue",
             )
-            self._host.finish_input(flush=True)
+            self._shared.host.finish_input(flush=True)
             return
         self.heard_s += seconds
         self._audio_unflushed_s += seconds
@@ -286,40 +263,40 @@ class Intake:
 
     def _push_audio(self, audio: np.ndarray) -> None:
         """Decoded audio -> endpointer of each channel (or the mixdown), to be scored."""
-        if not self._plan.separate_channels:
+        if not self._shared.plan.separate_channels:
             audio = mixdown(audio)[None]
-        for i, ch in enumerate(self._channels):
+        for i, ch in enumerate(self._shared.channels):
             ch.endpointer.push(audio[i])
 
     def _on_scored(self, probs: list[np.ndarray] | Exception) -> None:
         """This tick's VAD probabilities for each channel: events, interims, buffer limits."""
-        if not self._host.state.takes_audio:
+        if not self._shared.host.state.takes_audio:
             return  # what was pushed was scored when the input ended (flush)
         try:
             if isinstance(probs, Exception):
                 raise probs
             self._endpoint(probs)
-            so_far = self._call_metrics.advance(self.heard_s)
+            so_far = self._shared.call_metrics.advance(self.heard_s)
             if so_far is not None:
-                self._outbox.put(
+                self._shared.outbox.put(
                     CallMetricsReport(self._finals.with_speakers(so_far, self.heard_s), last=False)
                 )
             self._finals.release_held(self.heard_s)
-            if self._host.state.takes_audio:
+            if self._shared.host.state.takes_audio:
                 self._check_buffer()
         except Exception as e:
-            self._host.fail_with(e, "stream endpointing failed")
+            self._shared.host.fail_with(e, "stream endpointing failed")
 
     def _endpoint(self, probs: list[np.ndarray]) -> None:
         """Each channel's state machine over its scored windows -> events (and interims)."""
-        for ch, p in zip(self._channels, probs, strict=True):
-            if not self._host.state.takes_audio:
+        for ch, p in zip(self._shared.channels, probs, strict=True):
+            if not self._shared.host.state.takes_audio:
                 return  # an engine refusal (or single utterance) ended the input: nothing more is sent
             for event in ch.endpointer.advance(p):
                 self._on_event(ch, event)
-                if not self._host.state.takes_audio:
+                if not self._shared.host.state.takes_audio:
                     return
-            if self._plan.interim_results:
+            if self._shared.plan.interim_results:
                 self._interims.maybe_ask(ch, self.heard_s)
         self._ask_turn_model()
         self._check_voice_timeouts()
@@ -328,7 +305,7 @@ class Intake:
         """Pauses the endpointers want judged go to this tick's turn-model pass (one call for all streams)."""
         asked = [
             (ch, q)
-            for ch in self._channels
+            for ch in self._shared.channels
             if isinstance(ch.endpointer, Endpointer) and (q := ch.endpointer.question()) is not None
         ]
         if asked:
@@ -339,7 +316,7 @@ class Intake:
     def _on_judged(self, channels: list[Channel], complete: list[float] | Exception) -> None:
         """The turn model's verdicts: a complete turn ends now. Should the model fail, the pause ends the
         turn, as silence-only endpointing would have (the failure is logged by the batcher)."""
-        if not self._host.state.takes_audio:
+        if not self._shared.host.state.takes_audio:
             return
         try:
             verdicts = [1.0] * len(channels) if isinstance(complete, Exception) else complete
@@ -347,19 +324,19 @@ class Intake:
                 assert isinstance(ch.endpointer, Endpointer)
                 for event in ch.endpointer.judged(p):
                     self._on_event(ch, event)
-                    if not self._host.state.takes_audio:
+                    if not self._shared.host.state.takes_audio:
                         return
             self._finals.release_held(self.heard_s)
         except Exception as e:
-            self._host.fail_with(e, "stream endpointing failed")
+            self._shared.host.fail_with(e, "stream endpointing failed")
 
     def _check_voice_timeouts(self) -> None:
         """SpeechTimeout once the VAD has scored past a voice activity timeout with no channel in speech:
         the stream takes no more audio (utterances that ended keep their finals)."""
-        s = self._plan
+        s = self._shared.plan
         if (
             s.speech_start_timeout_s is None and s.speech_end_timeout_s is None
-        ) or not self._host.state.takes_audio:
+        ) or not self._shared.host.state.takes_audio:
             return
         endpointers = self._endpointers
         if any(ep.in_speech for ep in endpointers if isinstance(ep, Endpointer)):
@@ -373,8 +350,8 @@ class Intake:
             if s.speech_end_timeout_s is None or scored < self._last_speech_end_s + s.speech_end_timeout_s:
                 return
             at = self._last_speech_end_s + s.speech_end_timeout_s
-        self._outbox.put(SpeechTimeout(at))
-        self._host.finish_input(flush=False)
+        self._shared.outbox.put(SpeechTimeout(at))
+        self._shared.host.finish_input(flush=False)
 
     def _on_event(self, ch: Channel, event: Event, ended_by: EndReason | None = None) -> None:
         """`ended_by`: what ends an utterance this event completes, when not the endpointer's silence or
@@ -383,31 +360,31 @@ class Intake:
             # submitted now, held until the end is confirmed (Finals.submit). The interim in flight is left
             # alone until then, as without speculation: on a miss the utterance goes on and the interim is
             # still wanted (cancelling it at each offer starved interims on a busy engine)
-            self._speculations.offer(ch.tag, event.utterance, ch.next_options(), time.monotonic())
+            self._shared.speculations.offer(ch.tag, event.utterance, ch.next_options(), time.monotonic())
         elif isinstance(event, SpeculationCancelled):
-            self._speculations.cancel(ch.tag)
+            self._shared.speculations.cancel(ch.tag)
         elif isinstance(event, SpeechStarted):
             # keyterms changed mid-stream apply from here
             ch.options = self.options.at(event.offset_s, self.heard_s)
-            self._call_metrics.speech_started(ch.tag, event.offset_s)
+            self._shared.call_metrics.speech_started(ch.tag, event.offset_s)
             ch.speech_start_s = event.offset_s
             ch.speech_start_wall = time.monotonic()
             self._last_speech_end_s = max(self._last_speech_end_s or 0.0, event.offset_s)
-            self._outbox.put(SpeechStartedEvent(ch.tag, event.offset_s))
+            self._shared.outbox.put(SpeechStartedEvent(ch.tag, event.offset_s))
         elif isinstance(event, SpeechEnded):
             self._last_speech_end_s = max(self._last_speech_end_s or 0.0, event.offset_s)
-            self._outbox.put(SpeechEndedEvent(ch.tag, event.offset_s))
+            self._shared.outbox.put(SpeechEndedEvent(ch.tag, event.offset_s))
         else:
-            self._call_metrics.utterance(ch.tag, event)
+            self._shared.call_metrics.utterance(ch.tag, event)
             self._finals.submit(ch, event, ended_by or end_reason(event))
-            if not self._host.state.takes_audio:
+            if not self._shared.host.state.takes_audio:
                 return  # refused: the stream ends once what was admitted has its final
             if event.forced_cut:  # speech goes on: the next utterance starts at the cut
                 ch.speech_start_s = event.end_s
                 ch.speech_start_wall = time.monotonic()
-            if self._plan.single_utterance:
-                self._outbox.put(EndOfSingleUtterance(ch.tag, event.end_s))
-                self._host.finish_input(flush=False)
+            if self._shared.plan.single_utterance:
+                self._shared.outbox.put(EndOfSingleUtterance(ch.tag, event.end_s))
+                self._shared.host.finish_input(flush=False)
 
     def _next_manual_turn(self, ch: Channel) -> None:
         """A channel the client cuts: its next utterance begins here (no SpeechStarted says so)."""
@@ -420,7 +397,7 @@ class Intake:
 
     def _check_buffer(self) -> None:
         buffered = self.update_buffer()
-        limit = self._settings.max_buffer_seconds
+        limit = self._shared.flags.max_buffer_seconds
         if buffered > limit:
             raise RecognitionError(
                 Code.RESOURCE_EXHAUSTED,
@@ -428,7 +405,7 @@ class Intake:
                 f"{limit:g} s (max_buffer_seconds); "
                 + (
                     "end turns (commit) sooner"
-                    if self._plan.endpointing is None
+                    if self._shared.plan.endpointing is None
                     else "send audio no faster than the server transcribes it"
                 ),
             )

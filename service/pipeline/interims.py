@@ -10,30 +10,22 @@ import time
 from engine.api import EngineOverloaded, EngineStopped, UtteranceHandle
 from service import metrics
 from service.pipeline.audio import TARGET_RATE
-from service.pipeline.channel import Channel, StreamHost
+from service.pipeline.channel import Channel, SessionShared
 from service.pipeline.finals import await_transcript, engine_refusal, observe_since
-from service.pipeline.outbox import Outbox
-from service.pipeline.speculation import Speculations
-from service.vocabulary.engine import RecognitionEngine
 
 
 class Interims:
-    def __init__(
-        self, host: StreamHost, engine: RecognitionEngine, speculations: Speculations, outbox: Outbox
-    ) -> None:
-        self._host = host
-        self._engine = engine
-        self._speculations = speculations
-        self._outbox = outbox
+    def __init__(self, shared: SessionShared) -> None:
+        self._shared = shared
 
     def maybe_ask(self, ch: Channel, heard_s: float) -> None:
         """Ask for an interim of `ch`'s utterance in progress if one is due (`heard_s`: the audio so far)."""
         now = time.monotonic()
         if (
-            not self._host.state.takes_audio
+            not self._shared.host.state.takes_audio
             or not ch.endpointer.in_speech
             or not ch.interim.due(now, ch.speech_start_wall)
-            or self._speculations.pending(ch.tag)  # a final candidate is already being recognized
+            or self._shared.speculations.pending(ch.tag)  # a final candidate is already being recognized
         ):
             return
         audio = ch.endpointer.partial()
@@ -42,14 +34,14 @@ class Interims:
         # a preview: greedy, however many beams the final searches (--beam-size-final)
         options = dataclasses.replace(ch.next_options(), interim=True, timestamps=False, beam_size=1)
         try:
-            handle = self._engine.submit(audio, options, ready_time=now)
+            handle = self._shared.engine.submit(audio, options, ready_time=now)
         except EngineOverloaded:
             return  # interims are best effort: the final still comes
         except EngineStopped as e:
-            self._host.end_after_admitted(engine_refusal(e))  # UNAVAILABLE, as for a final
+            self._shared.host.end_after_admitted(engine_refusal(e))  # UNAVAILABLE, as for a final
             return
         ch.interim.asked(handle, now)
-        self._host.spawn(self._result(ch, handle, ch.next_index, ch.speech_start_s, heard_s))
+        self._shared.host.spawn(self._result(ch, handle, ch.next_index, ch.speech_start_s, heard_s))
 
     async def _result(
         self, ch: Channel, handle: UtteranceHandle, index: int, start_s: float, end_s: float
@@ -68,4 +60,4 @@ class Interims:
         on_sent = None
         if first:
             on_sent = functools.partial(observe_since, ch.speech_start_wall, metrics.TIME_TO_FIRST_INTERIM)
-        self._outbox.put(result, on_sent=on_sent)
+        self._shared.outbox.put(result, on_sent=on_sent)

@@ -25,7 +25,7 @@ from engine.api import DecodeOptions
 from service import metrics
 from service.pipeline.audio import AudioFormatError
 from service.pipeline.call_metrics import CallMetrics, CallMetricsTracker
-from service.pipeline.channel import build_channels
+from service.pipeline.channel import SessionShared, build_channels
 from service.pipeline.finals import Finals
 from service.pipeline.intake import Intake
 from service.pipeline.interims import Interims
@@ -70,37 +70,25 @@ class StreamSession:
         self._speculations = Speculations(  # service/pipeline/speculation.py
             engine, stream_id, confirm_after_s=ep.min_silence_s - ep.speech_pad_s if ep is not None else 0.0
         )
-        # fed with the confirmed utterances (never speculative ends), the finals' words and the speech audio
         self._call_metrics = CallMetricsTracker(
             [ch.tag for ch in self.channels],
             settings.call_metrics,
             interval_s=settings.call_metrics_interval_s if settings.report_call_metrics else 0.0,
         )
         self._outbox = Outbox(flags.max_response_backlog_bytes, shed=self.abandon)
-        self._finals = Finals(
+        shared = SessionShared(
             self,
             stream_id,
             settings,
             flags,
             engine,
             self.channels,
-            speculations=self._speculations,
-            call_metrics=self._call_metrics,
-            outbox=self._outbox,
-            on_settle=self._run_held_finalize,
-            on_queued=self._buffer_moved,
+            self._speculations,
+            self._call_metrics,
+            self._outbox,
         )
-        self._intake = Intake(
-            self,
-            settings,
-            flags,
-            self.channels,
-            speculations=self._speculations,
-            call_metrics=self._call_metrics,
-            outbox=self._outbox,
-            finals=self._finals,
-            interims=Interims(self, engine, self._speculations, self._outbox),
-        )
+        self._finals = Finals(shared, on_settle=self._run_held_finalize, on_queued=self._buffer_moved)
+        self._intake = Intake(shared, self._finals, Interims(shared))
 
     def _become(self, new: StreamState) -> bool:
         """Move forward to `new`; False (and no move) when the stream is already past it."""
