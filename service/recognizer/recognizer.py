@@ -280,7 +280,6 @@ class Recognizer:
         call_hub: CallHub | None = None,
     ) -> None:
         self.config = config
-        self._session_settings = SessionSettings.from_config(config)  # what each stream reads of the flags
         # where the transcripts of telephony calls go besides their doors: subscribers by call id
         self.call_hub = call_hub or CallHub()
         self.engine = engine  # None while the model loads: calls are refused UNAVAILABLE
@@ -403,7 +402,9 @@ class Recognizer:
             error = RecognitionError.invalid(e)
             self._give_back(door, error.code, identity.principal)
             raise error from e
-        session = StreamSession(f"s{self._prefix}-{next(self._ids)}", plan, engine, self._session_settings)
+        # the flags as they are now, read once per stream (what a stream reads of them: SessionSettings)
+        flags = SessionSettings.from_config(self.config)
+        session = StreamSession(f"s{self._prefix}-{next(self._ids)}", plan, engine, flags)
         self.sessions.add(session)
         session.start()
         log.debug(
