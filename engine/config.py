@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Literal
 
 from engine.constants import N_FFT, SAMPLE_RATE
+from engine.parameters import validate_temperatures
 
 
 def default_cache_dir() -> Path:
@@ -82,6 +83,15 @@ class EngineConfig:
             "faster-whisper's beam): each beam decodes in a KV-cache slot of its own, so it is bounded by "
             "--kv-slots too. A request asking for more is refused (INVALID_ARGUMENT naming beam_size); "
             "1: greedy only"
+        },
+    )
+    temperatures: str = field(
+        default="0,0.2,0.4,0.6,0.8,1",
+        metadata={
+            "help": "temperature fallback of finals (openai-whisper's transcribe): a window is decoded at the "
+            "first temperature (0: greedy or beams), and again at the next while its text compresses more "
+            "than 2.4 or its mean token log-probability is below -1 (not silence); above 0 it samples. "
+            "Comma-separated, 0-1 each; 0 alone: off. Interims use the first only; a request may give its own",
         },
     )
     max_tokens: int = field(
@@ -339,6 +349,10 @@ class EngineConfig:
             parse_quantize_parts(self.quantize_parts)
         except ValueError as e:
             problems.append(str(e))
+        try:
+            parse_temperatures(self.temperatures)
+        except ValueError as e:
+            problems.append(str(e))
         if self.encoder_context not in ("full", "trim"):
             problems.append(f"--encoder-context must be full or trim (got {self.encoder_context!r})")
         return problems
@@ -355,6 +369,16 @@ class EngineConfig:
         """KV-cache rows recorded work may hold at once (--max-recorded-rows, 0: an eighth of the slots)."""
         rows = self.max_recorded_rows or self.kv_slots // 8
         return max(1, min(rows, self.kv_slots))
+
+
+def parse_temperatures(text: str) -> tuple[float, ...]:
+    """`0,0.2,0.4` -> (0.0, 0.2, 0.4). Raises ValueError naming the flag and what it accepts."""
+    try:
+        values = tuple(float(t) for t in text.split(",") if t.strip())
+    except ValueError:
+        raise ValueError(f"--temperatures must be comma-separated numbers, got {text!r}") from None
+    validate_temperatures(values, "--temperatures")
+    return values
 
 
 def parse_quantize_parts(text: str) -> tuple[str, ...]:
