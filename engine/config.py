@@ -94,6 +94,13 @@ class EngineConfig:
             "Comma-separated, 0-1 each; 0 alone: off. Interims use the first only; a request may give its own",
         },
     )
+    best_of: int = field(
+        default=5,
+        metadata={
+            "help": "temperature fallback: samples decoded at each temperature above 0, one after another in "
+            "the window's row, keeping the likeliest (openai-whisper's best_of; 1: one sample)"
+        },
+    )
     max_tokens: int = field(
         default=224, metadata={"help": "decoder tokens per slot (prompt + generated); preallocated"}
     )
@@ -314,6 +321,7 @@ class EngineConfig:
         check("max_batch", 1, 1024)
         check("kv_slots", 1, 4096)
         check("max_beam_size", 1, 64)
+        check("best_of", 1, 20)
         check("max_tokens", MIN_MAX_TOKENS, WHISPER_TEXT_POSITIONS)
         check("max_queue", 1, 1_000_000)  # beyond it, memory for queued audio
         check("max_queue_recorded", 1, 1_000_000)

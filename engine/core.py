@@ -433,7 +433,7 @@ class EngineCore:
             [
                 e.request
                 for e in ends
-                if e.action not in ("fallback", "retry")
+                if e.action not in ("fallback", "retry", "resample")
                 and e.request.options.word_timestamps
                 and not e.request.options.interim
             ]
@@ -442,7 +442,7 @@ class EngineCore:
             self.scheduler.close_window(end)
             if end.action == "publish":
                 self.stages.run("result", [end.request], self._publish, together=False)
-        self._redecode([e.request for e in ends if e.action == "retry"])
+        self._redecode([e.request for e in ends if e.action in ("retry", "resample")])
 
     def _window_end(self, reqs: list[Request]) -> WindowEnd:
         (req,) = reqs

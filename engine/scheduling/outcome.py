@@ -94,12 +94,22 @@ def temperature_failure(req: Request, rules: TextRules) -> TemperatureFailure | 
     more than COMPRESSION_RATIO_THRESHOLD, or its mean log-probability is below LOGPROB_THRESHOLD.
     A window judged silence (no-speech probability above NO_SPEECH_THRESHOLD with that low mean) passes:
     another temperature would only find words in the noise."""
-    avg = window_avg_logprob(req)
-    if compression_ratio(rules.text(req.generated)) > COMPRESSION_RATIO_THRESHOLD:
+    return failure_of(attempt(req, rules), req.no_speech_prob)
+
+
+def failure_of(decode: Attempt, no_speech_prob: float) -> TemperatureFailure | None:
+    """temperature_failure of a decode kept aside (the best of a temperature's samples)."""
+    if decode.compression_ratio > COMPRESSION_RATIO_THRESHOLD:
         return "compression"
-    if avg < LOGPROB_THRESHOLD and not req.no_speech_prob > NO_SPEECH_THRESHOLD:
+    if decode.avg_logprob < LOGPROB_THRESHOLD and not no_speech_prob > NO_SPEECH_THRESHOLD:
         return "logprob"
     return None
+
+
+def best_sample(samples: list[Attempt]) -> Attempt:
+    """Of a temperature's best_of samples, the likeliest by summed log-probability over length, as
+    openai/whisper ranks them (length_penalty None): the mean log-probability."""
+    return max(samples, key=lambda a: a.avg_logprob)
 
 
 def attempt(req: Request, rules: TextRules) -> Attempt:

@@ -133,10 +133,11 @@ class Request:
     keyterm_trie: TermTrie | None = None  # its keyterm list compiled, at submit (engine/decoding/keyterms.py)
     # Temperature fallback: the schedule (options.temperatures or the engine's, resolved at submit), which
     # of it this window decodes at, the window's failed decodes, and the temperature each finished window
-    # kept. `rng` draws this request's samples (seeded per window and temperature: batch invariant).
+    # kept. `rng` draws this request's samples (seeded per window, temperature and sample: batch invariant).
     temperatures: tuple[float, ...] = (0.0,)
     attempt: int = 0
     attempts: list[Attempt] = field(default_factory=list)
+    samples: list[Attempt] = field(default_factory=list)  # this temperature's earlier samples (best_of)
     window_temperatures: list[float] = field(default_factory=list)
     rng: np.random.Generator | None = None
 

@@ -68,22 +68,25 @@ class WindowEnd:
     """What a finished window leads to."""
 
     request: Request
-    action: Literal["publish", "next_window", "fallback", "retry"]
+    action: Literal["publish", "next_window", "fallback", "retry", "resample"]
     reason: outcome.LoopReason | None = None  # why a fallback: the trimmed window looped
     failure: outcome.TemperatureFailure | None = None  # why a retry at the next temperature
-    keep: Attempt | None = None  # every temperature failed: the decode kept (outcome.best_attempt)
+    # The decode the window keeps (the best of a temperature's samples, or when every temperature
+    # failed, outcome.best_attempt); a retry's: the failed decode it sets aside.
+    keep: Attempt | None = None
 
 
 def sampling_rng(req: Request) -> np.random.Generator | None:
     """The request's own generator for this window at this temperature (None at 0: nothing is drawn):
     seeded by its seed (or its window's audio), the window and the temperature's place in the schedule,
-    so its samples depend on nothing else: not its batch, not what was drawn before."""
+    so its samples depend on nothing else: not its batch, not what was drawn before. Its own best_of
+    samples each get their own."""
     if req.temperature == 0:
         return None
     seed = req.options.seed
     if seed is None:
         seed = zlib.crc32(np.ascontiguousarray(req.window_audio()).data)
-    return np.random.default_rng((seed, req.window, req.attempt))
+    return np.random.default_rng((seed, req.window, req.attempt, len(req.samples)))
 
 
 class KVRows:
@@ -323,28 +326,38 @@ class Scheduler:
     def window_end(self, req: Request) -> WindowEnd:
         """What a finished window leads to (decides only: close_window acts). A trimmed window that looped
         is decoded again at 30 s; one that fails Whisper's thresholds is decoded again at the next
-        temperature (in its rows, from its encoder output); audio past this window goes on to the next;
-        else the request is done."""
+        temperature (in its rows, from its encoder output), and above 0 sampled best_of times, the
+        likeliest sample standing for the temperature; audio past this window goes on to the next; else
+        the request is done."""
         reason = outcome.loop_reason(req, self.rules, self.full_audio_ctx)
         if reason is not None:
             return WindowEnd(req, "fallback", reason)
-        failure = outcome.temperature_failure(req, self.rules)
-        keep = None
+        if req.temperature > 0 and len(req.samples) + 1 < self.config.best_of:
+            return WindowEnd(req, "resample")  # another of this temperature's samples first
+        decode = outcome.attempt(req, self.rules)
+        if req.samples:
+            decode = outcome.best_sample([*req.samples, decode])
+        failure = outcome.failure_of(decode, req.no_speech_prob)
+        keep = decode
         if failure is not None:
             if req.attempt + 1 < len(req.temperatures):
-                return WindowEnd(req, "retry", failure=failure)
+                return WindowEnd(req, "retry", failure=failure, keep=decode)
             if req.attempts:  # every temperature failed: the best of them
-                keep = outcome.best_attempt([*req.attempts, outcome.attempt(req, self.rules)])
+                keep = outcome.best_attempt([*req.attempts, decode])
         action: Literal["publish", "next_window"] = (
             "next_window" if req.window + 1 < req.windows else "publish"
         )
         return WindowEnd(req, action, keep=keep)
 
     def keep_attempt(self, end: WindowEnd) -> None:
-        """Put the decode the window keeps back in place, before its words are aligned (when every
-        temperature failed, the best of them: it may be an earlier one)."""
+        """Put the decode the window keeps back in place, before its words are aligned: the best of its
+        temperature's samples, or when every temperature failed the best of them (an earlier decode)."""
         req, keep = end.request, end.keep
-        if keep is None or keep.generated == tuple(req.generated):
+        if (
+            end.action not in ("publish", "next_window")
+            or keep is None
+            or keep.generated == tuple(req.generated)
+        ):
             return
         req.generated = list(keep.generated)
         req.sum_logprob = req.window_start[0] + keep.sum_logprob
@@ -357,11 +370,15 @@ class Scheduler:
         next settle). Its age (from `submitted`) puts it ahead of younger finals. A retry keeps its rows
         and their encoder output: the core prompts and prefills it again (ENCODING)."""
         req = end.request
-        if end.action == "retry":
-            assert end.failure is not None
-            req.attempts.append(outcome.attempt(req, self.rules))
-            req.attempt += 1
-            m.TEMPERATURE_FALLBACKS.labels(f"{req.temperature:g}", end.failure).inc()
+        if end.action in ("retry", "resample"):
+            if end.action == "retry":
+                assert end.failure is not None and end.keep is not None
+                req.attempts.append(end.keep)
+                req.samples = []
+                req.attempt += 1
+                m.TEMPERATURE_FALLBACKS.labels(f"{req.temperature:g}", end.failure).inc()
+            else:
+                req.samples.append(outcome.attempt(req, self.rules))
             req.sum_logprob, req.sampled = req.window_start
             req.generated = []
             req.beams, req.beam_finished, req.beam_bonus = [], {}, {}
@@ -381,7 +398,7 @@ class Scheduler:
                 return
             req.window += 1
             req.full_context = False
-        req.attempt, req.attempts = 0, []
+        req.attempt, req.attempts, req.samples = 0, [], []
         req.rng = sampling_rng(req)
         req.generated = []
         req.window_done = False

@@ -78,6 +78,23 @@ def test_a_failing_window_is_decoded_at_each_temperature_from_one_encoder_pass(r
     assert result.temperature in (0.0, 0.5, 1.0)
 
 
+def prefills() -> float:
+    return REGISTRY.get_sample_value("asr_prefill_seconds_count") or 0.0
+
+
+@pytest.mark.parametrize("best_of", [1, 3])
+def test_each_temperature_above_zero_decodes_best_of_samples(random_model: Path, best_of: int) -> None:
+    """openai-whisper's best_of: a temperature above 0 decodes that many samples (each its own prefill in
+    the window's row, none its own encoder pass) and the likeliest stands for it."""
+    options = DecodeOptions(max_new_tokens=6, temperatures=(0.0, 0.5), seed=2)
+    with running(random_model, batch_window_ms=1.0, encoder_context="full", best_of=best_of) as engine:
+        before = (prefills(), encoder_passes(), fallbacks("0.5"))
+        result = engine.submit(noise(1.0, 39), options).future.result(timeout=120)
+        after = (prefills(), encoder_passes(), fallbacks("0.5"))
+    assert (after[0] - before[0], after[1] - before[1], after[2] - before[2]) == (1 + best_of, 1, 1)
+    assert result.temperature in (0.0, 0.5)
+
+
 def test_beams_fall_back_to_sampling_in_their_first_row(random_model: Path) -> None:
     options = DecodeOptions(max_new_tokens=12, beam_size=3, temperatures=(0.0, 0.4), seed=1)
     with running(random_model, batch_window_ms=1.0, kv_slots=6, encoder_context="full") as engine:
