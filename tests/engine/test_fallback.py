@@ -13,6 +13,7 @@ from prometheus_client import REGISTRY
 from clients.scoring import normalize
 from engine import DecodeOptions, Engine, EngineConfig
 from engine.config import parse_temperatures
+from engine.parameters import WHISPER_TEMPERATURES
 from engine.scheduling import outcome
 from engine.scheduling.request import Attempt, Request
 from tests.engine.test_scheduler import noise, running
@@ -166,10 +167,14 @@ def test_real_speech_forced_to_fall_back_keeps_a_sensible_transcript(monkeypatch
     engine.start()
     try:
         clip = jfk_16k()
-        plain = engine.submit(clip, DecodeOptions()).future.result(timeout=300)
+        plain = engine.submit(clip, DecodeOptions(temperatures=WHISPER_TEMPERATURES)).future.result(
+            timeout=300
+        )
         monkeypatch.setattr(outcome, "LOGPROB_THRESHOLD", -0.001)
         before = [fallbacks(t) for t in ("0.2", "0.4", "0.6", "0.8", "1")]
-        forced = engine.submit(clip, DecodeOptions(seed=5)).future.result(timeout=300)
+        forced = engine.submit(clip, DecodeOptions(temperatures=WHISPER_TEMPERATURES, seed=5)).future.result(
+            timeout=300
+        )
         after = [fallbacks(t) for t in ("0.2", "0.4", "0.6", "0.8", "1")]
     finally:
         engine.stop()
