@@ -25,7 +25,8 @@ class RequestStatus(enum.Enum):
     """Where an utterance is in the engine. The scheduler (engine/scheduling/scheduler.py) moves it along:
 
     WAITING -> ENCODING -> DECODING -> FINISHED, and back from DECODING to WAITING when a window
-    ends and another pass is due (the next 30 s window, or a full-context fallback). Any state but
+    ends and another pass is due (the next 30 s window, or a full-context fallback), or to ENCODING in
+    its own rows when the window is decoded again at the next temperature. Any state but
     FINISHED can end in CANCELLED or FAILED. Only ENCODING and DECODING hold a KV-cache row."""
 
     WAITING = "waiting"  # queued for an encoder pass

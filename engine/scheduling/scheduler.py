@@ -11,6 +11,7 @@ Lifecycle (engine/scheduling/request.py RequestStatus), every transition made he
 
     WAITING --schedule--> ENCODING --prefilled--> DECODING --window_end--> FINISHED
                                                       |--> WAITING (next 30 s window, or full-context fallback)
+                                                      |--> ENCODING (temperature fallback: same rows, prefill again)
     any status but FINISHED --> CANCELLED (cancel) or FAILED (fail)
 
 Rows are dense: the requests that hold one are rows 0..n-1 (a decode step reads the cache through
