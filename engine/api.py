@@ -25,7 +25,13 @@ from engine.errors import EngineOverloaded, EngineStopped, ModelInfo
 from engine.hooks import EngineHooks
 from engine.metrics import TIME_BUCKETS
 from engine.outputs import Transcript
-from engine.parameters import DecodeOptions, Priority, check_keyterm_tokens, check_prompt_chars
+from engine.parameters import (
+    WHISPER_TEMPERATURES,
+    DecodeOptions,
+    Priority,
+    check_keyterm_tokens,
+    check_prompt_chars,
+)
 from engine.scheduling.request import Request
 
 if TYPE_CHECKING:
@@ -33,11 +39,12 @@ if TYPE_CHECKING:
 
 # what service/ may import of the engine, all from here (the `service-meets-engine-in-api` contract):
 # the engine, its options and answers, the priority classes, the prompt and keyterm checks a request is
-# refused by before it is queued, the engine's flags (ServerConfig builds its flags from them) and the
+# refused by before it is queued, Whisper's temperature schedule, the engine's flags (ServerConfig builds its flags from them) and the
 # latency buckets the service's histograms share, and where models' files are cached
 __all__ = [
     "SAMPLE_RATE",
     "TIME_BUCKETS",
+    "WHISPER_TEMPERATURES",
     "DecodeOptions",
     "Engine",
     "EngineConfig",

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Literal
 
 from engine.constants import N_FFT, SAMPLE_RATE
+from engine.parameters import validate_temperatures
 
 
 def default_cache_dir() -> Path:
@@ -82,6 +83,24 @@ class EngineConfig:
             "faster-whisper's beam): each beam decodes in a KV-cache slot of its own, so it is bounded by "
             "--kv-slots too. A request asking for more is refused (INVALID_ARGUMENT naming beam_size); "
             "1: greedy only"
+        },
+    )
+    temperatures: str = field(
+        default="0",
+        metadata={
+            "help": "temperature fallback of finals (openai-whisper's transcribe: 0,0.2,0.4,0.6,0.8,1): a window "
+            "is decoded at the first temperature (0: greedy or beams), and again at the next while its text "
+            "compresses more than 2.4 or its mean token log-probability is below -1 (not silence); above 0 it "
+            "samples. Comma-separated, 0-1 each; 0 alone (the default): off, as on real speech it changed no "
+            "clean clip and cost words in heavy noise (docs/benchmarks.md). Interims use the first only; a "
+            "request may give its own (OpenAI's temperature 0)",
+        },
+    )
+    best_of: int = field(
+        default=5,
+        metadata={
+            "help": "temperature fallback: samples decoded at each temperature above 0, one after another in "
+            "the window's row, keeping the likeliest (openai-whisper's best_of; 1: one sample)"
         },
     )
     max_tokens: int = field(
@@ -304,6 +323,7 @@ class EngineConfig:
         check("max_batch", 1, 1024)
         check("kv_slots", 1, 4096)
         check("max_beam_size", 1, 64)
+        check("best_of", 1, 20)
         check("max_tokens", MIN_MAX_TOKENS, WHISPER_TEXT_POSITIONS)
         check("max_queue", 1, 1_000_000)  # beyond it, memory for queued audio
         check("max_queue_recorded", 1, 1_000_000)
@@ -339,6 +359,10 @@ class EngineConfig:
             parse_quantize_parts(self.quantize_parts)
         except ValueError as e:
             problems.append(str(e))
+        try:
+            parse_temperatures(self.temperatures)
+        except ValueError as e:
+            problems.append(str(e))
         if self.encoder_context not in ("full", "trim"):
             problems.append(f"--encoder-context must be full or trim (got {self.encoder_context!r})")
         return problems
@@ -355,6 +379,16 @@ class EngineConfig:
         """KV-cache rows recorded work may hold at once (--max-recorded-rows, 0: an eighth of the slots)."""
         rows = self.max_recorded_rows or self.kv_slots // 8
         return max(1, min(rows, self.kv_slots))
+
+
+def parse_temperatures(text: str) -> tuple[float, ...]:
+    """`0,0.2,0.4` -> (0.0, 0.2, 0.4). Raises ValueError naming the flag and what it accepts."""
+    try:
+        values = tuple(float(t) for t in text.split(",") if t.strip())
+    except ValueError:
+        raise ValueError(f"--temperatures must be comma-separated numbers, got {text!r}") from None
+    validate_temperatures(values, "--temperatures")
+    return values
 
 
 def parse_quantize_parts(text: str) -> tuple[str, ...]:

@@ -9,7 +9,8 @@ One thread runs `step()` over and over: schedule -> execute -> update.
               first-token rules, then one decode step for every decoding sequence, each followed by the
               choice of the next tokens through the decoding rules' logit processors
     update    the scheduler decides what came out means: a window ended, looped (fallback to the full
-              context), goes on to its next 30 s, or the request is done (word timings first, while its
+              context), failed Whisper's thresholds (decoded again at the next temperature, prompted and
+              prefilled again in its own rows), goes on to its next 30 s, or the request is done (word timings first, while its
               row still holds its audio); rows of requests that left are given back (`settle`)
 
 Each stage runs under engine/isolation.py: an ordinary error fails the requests at fault (a batch is
@@ -32,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from engine import metrics as m
-from engine.config import EngineConfig
+from engine.config import EngineConfig, parse_temperatures
 from engine.decoding import beam
 from engine.errors import EngineStopped, ModelInfo
 from engine.hooks import EngineHooks
@@ -40,7 +41,7 @@ from engine.isolation import Stages, leaves_engine_unknown
 from engine.parameters import DecodeOptions
 from engine.scheduling import outcome
 from engine.scheduling.request import Request, RequestStatus
-from engine.scheduling.scheduler import Scheduler, SchedulerOutput, WindowEnd
+from engine.scheduling.scheduler import Scheduler, SchedulerOutput, WindowEnd, sampling_rng
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -62,6 +63,7 @@ class EngineCore:
         self.runner = runner
         self.rules = runner.rules
         self.scheduler = Scheduler(config, self.rules, runner.full_audio_ctx)
+        self.temperatures = parse_temperatures(config.temperatures)
         self.stages: Stages[Request] = Stages(hooks, self.scheduler.fail)
         vocab = self.rules.vocab
         self.model_info = ModelInfo(
@@ -112,6 +114,11 @@ class EngineCore:
         prompts = self.runner.prompts
         prompt_ids = self.rules.previous_text(req.options, prompts.encode(req.options.prompt))
         req.prompt_ids = prompts.with_context(prompt_ids, req.options.context)  # the channel's text after it
+        # Its temperature schedule: its own or the engine's; a preview never waits for a second pass.
+        req.temperatures = req.options.temperatures or self.temperatures
+        if req.options.interim:
+            req.temperatures = req.temperatures[:1]
+        req.rng = sampling_rng(req)
         # Its keyterm list, compiled once per distinct list (~0.3-0.4 s of Python for 100 terms) on the
         # compile thread: never on the loop every sequence shares, nor on the thread that submits (the engine
         # process's IPC thread, a frontend's event loop), which carries every other call's messages.
@@ -330,7 +337,7 @@ class EngineCore:
     def _decode_step(self, active: list[Request]) -> None:
         # A step runs rows 0..n-1 together: no request can take it alone.
         for reqs, logits in self.stages.run("decode_step", active, self._step, alone=False):
-            if any(r.searches_beams for r in reqs):  # row r.rows[b] of the logits is beam b of r
+            if any(len(r.rows) > 1 for r in reqs):  # row r.rows[b] of the logits is beam b of r
                 self._choose_rows(reqs, logits, [r.rows for r in reqs])
             else:  # one row each, in row order: row i is reqs[i]
                 self._choose(reqs, logits)
@@ -427,7 +434,7 @@ class EngineCore:
             [
                 e.request
                 for e in ends
-                if e.action != "fallback"
+                if e.action not in ("fallback", "retry", "resample")
                 and e.request.options.word_timestamps
                 and not e.request.options.interim
             ]
@@ -436,10 +443,30 @@ class EngineCore:
             self.scheduler.close_window(end)
             if end.action == "publish":
                 self.stages.run("result", [end.request], self._publish, together=False)
+        self._redecode([e.request for e in ends if e.action in ("retry", "resample")])
 
     def _window_end(self, reqs: list[Request]) -> WindowEnd:
         (req,) = reqs
-        return self.scheduler.window_end(req)
+        end = self.scheduler.window_end(req)
+        self.scheduler.keep_attempt(end)
+        return end
+
+    def _redecode(self, reqs: list[Request]) -> None:
+        """Temperature fallback: each window decoded again at its next temperature, in its first row,
+        whose cross-attention K/V still hold the window's encoder output (no second encoder pass): its
+        prompt again, its prefill alone (its row stays where it is), then its first token."""
+        prompted = [rs[0] for rs, _ in self.stages.run("prompt", reqs, self._prompt, together=False)]
+        for rs, (last, sot) in self.stages.run("prefill", prompted, self._prefill_again, together=False):
+            self._first_tokens(rs, last, sot)
+
+    def _prefill_again(self, reqs: list[Request]) -> tuple[Tensor, Tensor]:
+        (req,) = reqs
+        start = time.perf_counter()
+        row = req.kv_row
+        last, sot = self.runner.prefill([req.prompt_tokens], [req.sot_index], slice(row, row + 1))
+        m.PREFILL_SECONDS.observe(time.perf_counter() - start)
+        self.scheduler.prefilled(reqs)
+        return last, sot
 
     def _align_words(self, reqs: list[Request]) -> None:
         if not reqs:

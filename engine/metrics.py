@@ -117,6 +117,13 @@ ENCODER_FALLBACKS = Counter(
 FALLBACK_REASONS = ("no_eot", "repeat", "compression")
 for _reason in FALLBACK_REASONS:  # every reason reads 0 from the start, so rate() and sums see it
     ENCODER_FALLBACKS.labels(_reason)
+TEMPERATURE_FALLBACKS = Counter(
+    "asr_temperature_fallbacks_total",
+    "Windows decoded again at a higher temperature (--temperatures, openai-whisper's fallback) because "
+    "their result failed a threshold, by the temperature decoded at and reason: compression (the text "
+    "compresses more than 2.4) or logprob (mean token log-probability below -1, not silence)",
+    ["temperature", "reason"],
+)
 IPC_SECONDS = Histogram(
     "asr_ipc_seconds",
     "Per utterance, time on the wire between a frontend process and the engine process (both ways)",

@@ -44,6 +44,9 @@ class Transcript:
     is_speech: bool  # False when dropped as silence or noise (text is then "")
     stats: UtteranceStats
     words: tuple[WordTiming, ...] = ()  # with DecodeOptions.word_timestamps
+    # The highest temperature whose decode a window kept (0: greedy or beams throughout; above: the
+    # temperature fallback sampled: DecodeOptions.temperatures)
+    temperature: float = 0.0
 
     @property
     def confidence(self) -> float:

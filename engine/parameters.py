@@ -27,6 +27,11 @@ class Priority(enum.IntEnum):
         return self.name.lower()
 
 
+# Temperature fallback bounds: OpenAI's API takes temperatures 0-1; openai-whisper's schedule has six.
+MAX_TEMPERATURE = 1.0
+MAX_TEMPERATURES = 10
+WHISPER_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)  # openai-whisper's transcribe() default schedule
+
 # Keyterm bounds: what one utterance's list may hold (the trie and the prompt grow with it).
 MAX_KEYTERMS = 100
 MAX_KEYTERM_CHARS = 50
@@ -67,6 +72,14 @@ class DecodeOptions:
     # prompt, as Whisper's long-form decoding conditions each window on the text before it. Only its tail
     # is kept, within what the prompt bound leaves after the caller's own prompt (engine/decoding/prompt.py).
     context: str | None = None
+    # Temperature fallback (openai-whisper's transcribe): a window is decoded at temperatures[0] (0: greedy,
+    # or beam_size beams; above 0: sampled), and again at the next one while its result fails Whisper's
+    # thresholds (engine/scheduling/outcome.py temperature_failure). None: the engine's --temperatures.
+    # An interim decodes at the first only (a preview waits for no second pass).
+    temperatures: tuple[float, ...] | None = None
+    # Seeds the request's own sampling generator (only read at temperatures above 0): the same seed, the
+    # same tokens, whatever batch the request decodes in. None: derived from the window's audio.
+    seed: int | None = None
 
 
 def validate_options(options: DecodeOptions, *, multilingual: bool, languages: Collection[str]) -> None:
@@ -94,6 +107,23 @@ def validate_options(options: DecodeOptions, *, multilingual: bool, languages: C
             f"priority {options.priority!r} must be one of {', '.join(p.name for p in Priority)}"
         )
     validate_keyterms(options.keyterms)
+    if options.temperatures is not None:
+        validate_temperatures(options.temperatures)
+    if options.seed is not None and (
+        not isinstance(options.seed, int) or isinstance(options.seed, bool) or not 0 <= options.seed < 2**63
+    ):
+        raise ValueError(f"seed must be an integer from 0 to 2**63-1, got {options.seed!r}")
+
+
+def validate_temperatures(temperatures: Collection[float], name: str = "temperatures") -> None:
+    """Raise ValueError naming `name` and the bound for a temperature schedule the engine will not run."""
+    if isinstance(temperatures, str) or not temperatures:
+        raise ValueError(f"{name} must list at least one temperature (0: greedy)")
+    if len(temperatures) > MAX_TEMPERATURES:
+        raise ValueError(f"{name} lists {len(temperatures)} temperatures; at most {MAX_TEMPERATURES}")
+    for i, t in enumerate(temperatures):
+        if isinstance(t, bool) or not isinstance(t, int | float) or not 0 <= t <= MAX_TEMPERATURE:
+            raise ValueError(f"{name}[{i}] must be a number from 0 to {MAX_TEMPERATURE:g}, got {t!r}")
 
 
 def validate_beam_size(beam_size: int, max_beam_size: int, flag: str = "--max-beam-size") -> None:

@@ -110,6 +110,22 @@ def test_verbose_json_has_timed_segments(client: openai.OpenAI) -> None:
     assert all(s.avg_logprob < 0 for s in segments)
 
 
+def test_temperature_samples_and_is_reported_per_segment(client: openai.OpenAI) -> None:
+    """OpenAI's `temperature`: above 0 the door samples at it and verbose_json says so; 0 decodes greedily
+    (with the fallback, which this clear recording never needs); past 1 is refused naming the field."""
+    greedy = transcribe(client, response_format="verbose_json", temperature=0)
+    sampled = transcribe(client, response_format="verbose_json", temperature=0.9)
+    again = transcribe(client, response_format="verbose_json", temperature=0.9)
+    assert ASK_NOT in normalize(greedy.text)  # type: ignore[attr-defined]
+    assert {s.temperature for s in greedy.segments} == {0.0}  # type: ignore[attr-defined]
+    assert sampled.segments and {s.temperature for s in sampled.segments} == {0.9}  # type: ignore[attr-defined]
+    assert sampled.text == again.text  # type: ignore[attr-defined]  # its generator is seeded by the audio
+    with pytest.raises(openai.BadRequestError) as refused:
+        transcribe(client, temperature=1.5)
+    assert refused.value.body["param"] == "temperature"  # type: ignore[index]
+    assert "temperature must be from 0 to 1" in refused.value.body["message"]  # type: ignore[index]
+
+
 def test_srt_and_vtt(client: openai.OpenAI) -> None:
     srt = transcribe(client, response_format="srt")
     vtt = transcribe(client, response_format="vtt")

@@ -105,6 +105,8 @@ ENGINE_OUT_OF_RANGE = [
     ("--max-batch", "0", "--max-batch must be 1-1024"),
     ("--kv-slots", "0", "--kv-slots must be 1-4096"),
     ("--max-beam-size", "0", "--max-beam-size must be 1-64"),
+    ("--best-of", "0", "--best-of must be 1-20"),
+    ("--temperatures", "0,1.5", "--temperatures[1] must be a number from 0 to 1"),
     ("--max-queue", "0", "--max-queue must be 1-1000000"),
     ("--max-queue", "-5", "--max-queue must be 1-1000000"),
     ("--max-queue-recorded", "0", "--max-queue-recorded must be 1-1000000"),

@@ -176,6 +176,8 @@ class DecodingRules:
     def start_window(self, req: Request) -> None:
         """Per-window rule state (the keyterm bias's), before the window's first token is chosen."""
         self.keyterms.start_window(req)
+        if req.temperature > 0:  # the greedy keyterm bias chooses tokens itself: a sample takes none
+            req.keyterm = None
 
     def next_tokens(self, logits: Tensor, reqs: Sequence[Request]) -> Choice:
         """Apply the rules to logits [B, V] (in place; row i is reqs[i]) and pick greedy tokens.
@@ -184,6 +186,9 @@ class DecodingRules:
         for processor in self.processors:
             processor.apply(logits, rows)
         tokens = logits.argmax(dim=-1) if rows.tokens is None else rows.tokens
+        hot = [i for i, r in enumerate(reqs) if r.temperature > 0]
+        if hot:
+            tokens = self._sample(logits, tokens, hot, reqs)
         logprobs = rows.logprobs(logits).gather(1, tokens[:, None])[:, 0]
         names = list(rows.fetch)
         # float64 holds every token id, node and float32 log-probability exactly.
@@ -194,6 +199,25 @@ class DecodingRules:
             values = host[2:].T.tolist()
             keyterm = [dict(zip(names, row, strict=True)) for row in values]
         return Choice(host[0].long(), host[1], keyterm)
+
+    @staticmethod
+    def _sample(logits: Tensor, tokens: Tensor, hot: list[int], reqs: Sequence[Request]) -> Tensor:
+        """`tokens` with rows `hot` sampled from softmax(logits / temperature) under the rules' masks, as
+        openai/whisper's GreedyDecoder at a temperature above 0. Each draw is the row's own request's
+        (Request.draw: its own generator), turned into a token by the row's cumulative distribution on the
+        device, so a row's sample depends on its logits and its generator only, never on its batch."""
+        device = logits.device
+        picked = [reqs[i] for i in hot]
+        index = torch.tensor(hot, device=device)
+        scale = torch.tensor([r.temperature for r in picked], device=device, dtype=torch.float32)
+        probs = torch.softmax(logits[index].float() / scale[:, None], dim=-1).double()
+        cdf = probs.cumsum(dim=-1)
+        draws = torch.tensor([r.draw() for r in picked], device=device, dtype=torch.float64)
+        # The first token whose cumulative probability passes the draw: never a masked one (probability 0).
+        chosen = torch.searchsorted(cdf, (draws * cdf[:, -1])[:, None], right=True)[:, 0]
+        out = tokens.clone()
+        out[index] = chosen.clamp_(max=logits.shape[-1] - 1)
+        return out
 
     def beam_candidates(
         self, logits: Tensor, beams: Sequence[Beam], k: int, bias: TermBias | None = None

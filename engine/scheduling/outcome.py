@@ -10,15 +10,20 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 from engine.constants import CHUNK_SECONDS
 from engine.outputs import Transcript, UtteranceStats
-from engine.scheduling.request import Request
+from engine.scheduling.request import Attempt, Request
 
 if TYPE_CHECKING:
     from engine.decoding.rules import DecodingRules
 
 COMPRESSION_RATIO_THRESHOLD = 2.4  # openai/whisper's: text this compressible is a loop
+# openai/whisper's transcribe(): a window below this mean log-probability is decoded at the next
+# temperature, unless its no-speech probability says silence.
+LOGPROB_THRESHOLD = -1.0
+NO_SPEECH_THRESHOLD = 0.6
 MIN_REPEATED_SPAN = 4  # shorter repeats ("no, no") happen in real speech
 
 LoopReason = Literal["no_eot", "repeat", "compression"]
+TemperatureFailure = Literal["compression", "logprob"]
 
 
 class _Eot(Protocol):
@@ -79,6 +84,54 @@ def loop_reason(req: Request, rules: TextRules, full_audio_ctx: int) -> LoopReas
     return None
 
 
+def window_avg_logprob(req: Request) -> float:
+    """The mean log-probability of this window's sampled tokens (end of text included, as Whisper's)."""
+    return (req.sum_logprob - req.window_start[0]) / max(1, req.window_sampled)
+
+
+def temperature_failure(req: Request, rules: TextRules) -> TemperatureFailure | None:
+    """Why this window's result fails openai/whisper's fallback thresholds, or None: its text compresses
+    more than COMPRESSION_RATIO_THRESHOLD, or its mean log-probability is below LOGPROB_THRESHOLD.
+    A window judged silence (no-speech probability above NO_SPEECH_THRESHOLD with that low mean) passes:
+    another temperature would only find words in the noise."""
+    return failure_of(attempt(req, rules), req.no_speech_prob)
+
+
+def failure_of(decode: Attempt, no_speech_prob: float) -> TemperatureFailure | None:
+    """temperature_failure of a decode kept aside (the best of a temperature's samples)."""
+    if decode.compression_ratio > COMPRESSION_RATIO_THRESHOLD:
+        return "compression"
+    if decode.avg_logprob < LOGPROB_THRESHOLD and not no_speech_prob > NO_SPEECH_THRESHOLD:
+        return "logprob"
+    return None
+
+
+def best_sample(samples: list[Attempt]) -> Attempt:
+    """Of a temperature's best_of samples, the likeliest by summed log-probability over length, as
+    openai/whisper ranks them (length_penalty None): the mean log-probability."""
+    return max(samples, key=lambda a: a.avg_logprob)
+
+
+def attempt(req: Request, rules: TextRules) -> Attempt:
+    """This window's decode as it stands, to compare with the decodes at other temperatures."""
+    return Attempt(
+        temperature=req.temperature,
+        generated=tuple(req.generated),
+        sum_logprob=req.sum_logprob - req.window_start[0],
+        sampled=req.window_sampled,
+        avg_logprob=window_avg_logprob(req),
+        compression_ratio=compression_ratio(rules.text(req.generated)),
+    )
+
+
+def best_attempt(attempts: list[Attempt]) -> Attempt:
+    """When every temperature failed: the decode with the best mean log-probability among those whose
+    text does not compress like a loop (all of them if none), as faster-whisper chooses; openai/whisper
+    keeps the last, usually a sample at temperature 1 (more words the speaker never said)."""
+    unlooped = [a for a in attempts if a.compression_ratio <= COMPRESSION_RATIO_THRESHOLD]
+    return max(unlooped or attempts, key=lambda a: a.avg_logprob)
+
+
 def transcript(req: Request, rules: DecodingRules) -> Transcript:
     """The result of a request whose every window has finished (req.window_tokens)."""
     if req.encode_start is None:
@@ -101,6 +154,7 @@ def transcript(req: Request, rules: DecodingRules) -> Transcript:
         segments=tuple(segments) if is_speech else (),
         words=tuple(req.words) if is_speech else (),
         is_speech=is_speech,
+        temperature=max(req.window_temperatures, default=0.0),
         stats=UtteranceStats(
             audio_s=req.audio_s,
             queue_wait_s=req.encode_start - req.ready_time,

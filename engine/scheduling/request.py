@@ -25,7 +25,8 @@ class RequestStatus(enum.Enum):
     """Where an utterance is in the engine. The scheduler (engine/scheduling/scheduler.py) moves it along:
 
     WAITING -> ENCODING -> DECODING -> FINISHED, and back from DECODING to WAITING when a window
-    ends and another pass is due (the next 30 s window, or a full-context fallback). Any state but
+    ends and another pass is due (the next 30 s window, or a full-context fallback), or to ENCODING in
+    its own rows when the window is decoded again at the next temperature. Any state but
     FINISHED can end in CANCELLED or FAILED. Only ENCODING and DECODING hold a KV-cache row."""
 
     WAITING = "waiting"  # queued for an encoder pass
@@ -69,6 +70,19 @@ class Beam:
     @property
     def sample_begin(self) -> int:
         return self.request.sample_begin
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One decode of a window that failed the temperature-fallback thresholds: kept, in case every
+    temperature fails and it is the best of them (engine/scheduling/outcome.py best_attempt)."""
+
+    temperature: float
+    generated: tuple[int, ...]
+    sum_logprob: float  # this window's alone
+    sampled: int  # this window's alone
+    avg_logprob: float
+    compression_ratio: float
 
 
 @dataclass(eq=False)
@@ -118,17 +132,38 @@ class Request:
         None  # the keyterm bias's place in this window (engine/decoding/keyterms.py)
     )
     keyterm_trie: TermTrie | None = None  # its keyterm list compiled, at submit (engine/decoding/keyterms.py)
+    # Temperature fallback: the schedule (options.temperatures or the engine's, resolved at submit), which
+    # of it this window decodes at, the window's failed decodes, and the temperature each finished window
+    # kept. `rng` draws this request's samples (seeded per window, temperature and sample: batch invariant).
+    temperatures: tuple[float, ...] = (0.0,)
+    attempt: int = 0
+    attempts: list[Attempt] = field(default_factory=list)
+    samples: list[Attempt] = field(default_factory=list)  # this temperature's earlier samples (best_of)
+    window_temperatures: list[float] = field(default_factory=list)
+    rng: np.random.Generator | None = None
 
     @property
     def width(self) -> int:
-        """KV-cache rows this request decodes in: one per beam (engine/decoding/beam.py)."""
-        return self.options.beam_size if self.searches_beams else 1
+        """KV-cache rows this request decodes in: one per beam (engine/decoding/beam.py). It keeps them
+        while a window is decoded again at a temperature above 0, which samples in the first."""
+        return max(1, self.options.beam_size)
 
     @property
     def searches_beams(self) -> bool:
         """Beam search, not greedy (with keyterms, their bonus enters the beams' ranking:
-        engine/decoding/beam.py)."""
-        return self.options.beam_size > 1
+        engine/decoding/beam.py); at a temperature above 0 it samples instead, as openai-whisper does."""
+        return self.options.beam_size > 1 and self.temperature == 0
+
+    @property
+    def temperature(self) -> float:
+        """The temperature this window decodes at (0: greedy or beams)."""
+        return self.temperatures[self.attempt]
+
+    def draw(self) -> float:
+        """The next uniform draw in [0, 1) of this request's own sampling generator."""
+        if self.rng is None:
+            raise RuntimeError(f"request {self.id} samples without a generator")
+        return float(self.rng.random())
 
     @property
     def row(self) -> int | None:

@@ -11,6 +11,7 @@ Lifecycle (engine/scheduling/request.py RequestStatus), every transition made he
 
     WAITING --schedule--> ENCODING --prefilled--> DECODING --window_end--> FINISHED
                                                       |--> WAITING (next 30 s window, or full-context fallback)
+                                                      |--> ENCODING (temperature fallback: same rows, prefill again)
     any status but FINISHED --> CANCELLED (cancel) or FAILED (fail)
 
 Rows are dense: the requests that hold one are rows 0..n-1 (a decode step reads the cache through
@@ -28,11 +29,14 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import InvalidStateError
 from dataclasses import dataclass
 from functools import partial
 from typing import Literal
+
+import numpy as np
 
 from engine import metrics as m
 from engine.config import EngineConfig
@@ -42,7 +46,7 @@ from engine.outputs import Transcript
 from engine.parameters import Priority
 from engine.scheduling import outcome
 from engine.scheduling.policy import Policy, Snapshot, Waiting, encoder_positions
-from engine.scheduling.request import Request, RequestStatus
+from engine.scheduling.request import Attempt, Request, RequestStatus
 
 TRIMMED_TOKENS_PER_SECOND = 12
 TRIMMED_TOKENS_MIN = 16
@@ -65,8 +69,25 @@ class WindowEnd:
     """What a finished window leads to."""
 
     request: Request
-    action: Literal["publish", "next_window", "fallback"]
+    action: Literal["publish", "next_window", "fallback", "retry", "resample"]
     reason: outcome.LoopReason | None = None  # why a fallback: the trimmed window looped
+    failure: outcome.TemperatureFailure | None = None  # why a retry at the next temperature
+    # The decode the window keeps (the best of a temperature's samples, or when every temperature
+    # failed, outcome.best_attempt); a retry's: the failed decode it sets aside.
+    keep: Attempt | None = None
+
+
+def sampling_rng(req: Request) -> np.random.Generator | None:
+    """The request's own generator for this window at this temperature (None at 0: nothing is drawn):
+    seeded by its seed (or its window's audio), the window and the temperature's place in the schedule,
+    so its samples depend on nothing else: not its batch, not what was drawn before. Its own best_of
+    samples each get their own."""
+    if req.temperature == 0:
+        return None
+    seed = req.options.seed
+    if seed is None:
+        seed = zlib.crc32(np.ascontiguousarray(req.window_audio()).data)
+    return np.random.default_rng((seed, req.window, req.attempt, len(req.samples)))
 
 
 class KVRows:
@@ -305,19 +326,67 @@ class Scheduler:
 
     def window_end(self, req: Request) -> WindowEnd:
         """What a finished window leads to (decides only: close_window acts). A trimmed window that looped
-        is decoded again at 30 s; audio past this window goes on to the next; else the request is done."""
+        is decoded again at 30 s; one that fails Whisper's thresholds is decoded again at the next
+        temperature (in its rows, from its encoder output), and above 0 sampled best_of times, the
+        likeliest sample standing for the temperature; audio past this window goes on to the next; else
+        the request is done."""
         reason = outcome.loop_reason(req, self.rules, self.full_audio_ctx)
         if reason is not None:
             return WindowEnd(req, "fallback", reason)
-        if req.window + 1 < req.windows:
-            return WindowEnd(req, "next_window")
-        return WindowEnd(req, "publish")
+        if req.temperature > 0 and len(req.samples) + 1 < self.config.best_of:
+            return WindowEnd(req, "resample")  # another of this temperature's samples first
+        decode = outcome.attempt(req, self.rules)
+        if req.samples:
+            decode = outcome.best_sample([*req.samples, decode])
+        failure = outcome.failure_of(decode, req.no_speech_prob)
+        keep = decode
+        if failure is not None:
+            if req.attempt + 1 < len(req.temperatures):
+                return WindowEnd(req, "retry", failure=failure, keep=decode)
+            if req.attempts:  # every temperature failed: the best of them
+                keep = outcome.best_attempt([*req.attempts, decode])
+        action: Literal["publish", "next_window"] = (
+            "next_window" if req.window + 1 < req.windows else "publish"
+        )
+        return WindowEnd(req, action, keep=keep)
+
+    def keep_attempt(self, end: WindowEnd) -> None:
+        """Put the decode the window keeps back in place, before its words are aligned: the best of its
+        temperature's samples, or when every temperature failed the best of them (an earlier decode)."""
+        req, keep = end.request, end.keep
+        if (
+            end.action not in ("publish", "next_window")
+            or keep is None
+            or keep.generated == tuple(req.generated)
+        ):
+            return
+        req.generated = list(keep.generated)
+        req.sum_logprob = req.window_start[0] + keep.sum_logprob
+        req.sampled = req.window_start[1] + keep.sampled
+        req.attempt = req.temperatures.index(keep.temperature)
 
     def close_window(self, end: WindowEnd) -> None:
-        """Act on a window's end: keep its tokens (unless it looped) and, for a fallback or the next
-        window, send the request back to the queue (its row is given back at the next settle). Its age
-        (from `submitted`) puts it ahead of younger finals."""
+        """Act on a window's end: keep its tokens (unless it looped or is decoded again) and, for a
+        fallback or the next window, send the request back to the queue (its row is given back at the
+        next settle). Its age (from `submitted`) puts it ahead of younger finals. A retry keeps its rows
+        and their encoder output: the core prompts and prefills it again (ENCODING)."""
         req = end.request
+        if end.action in ("retry", "resample"):
+            if end.action == "retry":
+                assert end.failure is not None and end.keep is not None
+                req.attempts.append(end.keep)
+                req.samples = []
+                req.attempt += 1
+                m.TEMPERATURE_FALLBACKS.labels(f"{req.temperature:g}", end.failure).inc()
+            else:
+                req.samples.append(outcome.attempt(req, self.rules))
+            req.sum_logprob, req.sampled = req.window_start
+            req.generated = []
+            req.beams, req.beam_finished, req.beam_bonus = [], {}, {}
+            req.window_done = False
+            req.rng = sampling_rng(req)
+            req.status = RequestStatus.ENCODING
+            return
         if end.action == "fallback":
             assert end.reason is not None
             m.ENCODER_FALLBACKS.labels(end.reason).inc()
@@ -325,10 +394,13 @@ class Scheduler:
             req.sum_logprob, req.sampled = req.window_start
         else:
             req.window_tokens.append([t for t in req.generated if t != self.rules.vocab.eot])
+            req.window_temperatures.append(req.temperature)
             if end.action == "publish":
                 return
             req.window += 1
             req.full_context = False
+        req.attempt, req.attempts, req.samples = 0, [], []
+        req.rng = sampling_rng(req)
         req.generated = []
         req.window_done = False
         req.status = RequestStatus.WAITING

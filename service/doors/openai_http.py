@@ -20,7 +20,10 @@ Form fields (multipart/form-data, as OpenAI's SDKs send them):
   `transcript.text.done` with the whole text. Events are sent once the recording is transcribed
   (Recognize answers a recording as a whole).
 - `redact` (repeatable or comma-separated: pci, ssn, numbers): as RecognitionConfig.redact.
-- `temperature` and fields this server does not know are ignored (decoding is greedy, temperature 0).
+- `temperature` (0-1): 0 decodes greedily with openai-whisper's temperature fallback (a window whose text
+  compresses like a loop or whose mean log-probability is below -1 is decoded again at 0.2, 0.4, ... 1.0);
+  above 0 samples at that temperature; absent, the server's --temperatures. verbose_json reports per
+  segment the temperature its utterance's decode was kept at. Fields this server does not know are ignored.
 
 `word` granularity and `redact` pass straight into the core's RecognitionSettings (`word_times`, `redact`).
 """
@@ -118,6 +121,19 @@ class TranscriptionRequest:
     granularities: set[str] = field(default_factory=set)
     stream: bool = False
     redact: list[str] = field(default_factory=list)
+    temperature: float | None = None  # None: not sent (the server's --temperatures)
+
+
+def _temperature(value: str) -> float:
+    try:
+        t = float(value.strip())
+    except ValueError:
+        raise ApiError(
+            400, f"temperature must be a number from 0 to 1, got {value!r}", "temperature"
+        ) from None
+    if not 0 <= t <= 1:  # also refuses nan
+        raise ApiError(400, f"temperature must be from 0 to 1, got {value!r}", "temperature")
+    return t
 
 
 def _on_off(name: str, value: str) -> bool:
@@ -170,7 +186,9 @@ async def _read_parts(
             form.stream = _on_off("stream", value)
         elif name in ("redact", "redact[]"):
             form.redact.extend(r.strip().lower() for r in value.split(",") if r.strip())
-        # anything else (temperature, include[], chunking_strategy, ...) is ignored, as documented
+        elif name == "temperature":
+            form.temperature = _temperature(value)
+        # anything else (include[], chunking_strategy, ...) is ignored, as documented
     return form, seen_file
 
 
@@ -259,6 +277,7 @@ def recognition_settings(form: TranscriptionRequest, language: str) -> Recogniti
         segments=form.response_format in ("verbose_json", "srt", "vtt"),
         word_times="word" in form.granularities,
         redact=frozenset(redact),
+        temperature=form.temperature,
     )
 
 
@@ -311,7 +330,7 @@ def verbose_json(response: RecognizeResult, with_words: bool) -> dict[str, Any]:
                     "start": start,
                     "end": end,
                     "text": text,
-                    "temperature": 0.0,
+                    "temperature": r.temperature,
                     "avg_logprob": avg_logprob,
                     "compression_ratio": _compression_ratio(text),
                 }

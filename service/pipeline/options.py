@@ -12,7 +12,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from engine.api import DecodeOptions, ModelInfo, Priority, check_keyterm_tokens, check_prompt_chars
+from engine.api import (
+    WHISPER_TEMPERATURES,
+    DecodeOptions,
+    ModelInfo,
+    Priority,
+    check_keyterm_tokens,
+    check_prompt_chars,
+)
 from service.pipeline.audio import validate_stream_format
 from service.pipeline.results import ResultOptions
 from service.vocabulary.call_metrics import CallMetricsSettings, validate_interval
@@ -56,6 +63,16 @@ def beams_for(keyterms: tuple[str, ...] | list[str], beam_size: int, keyterm_bea
     return max(beam_size, keyterm_beam_size) if keyterms else beam_size
 
 
+def temperatures_for(temperature: float | None) -> tuple[float, ...] | None:
+    """The engine's schedule for RecognitionSettings.temperature (raises ValueError naming it): None the
+    server's; 0 openai-whisper's fallback from 0 (as OpenAI documents temperature 0); above 0 that one."""
+    if temperature is None:
+        return None
+    if not 0 <= temperature <= 1:
+        raise ValueError(f"temperature must be from 0 to 1, got {temperature!r}")
+    return WHISPER_TEMPERATURES if temperature == 0 else (float(temperature),)
+
+
 def decode_options(
     settings: RecognitionSettings,
     engine: RecognitionEngine,
@@ -78,6 +95,7 @@ def decode_options(
         keyterms=tuple(settings.keyterms),
         priority=priority,
         beam_size=beams_for(settings.keyterms, beam_size, keyterm_beam_size),
+        temperatures=temperatures_for(settings.temperature),
     )
     _validate(options, engine)
     return options

@@ -167,6 +167,7 @@ def final_result(
         start_s=u.start_s,
         end_s=u.end_s,
         language=t.language,
+        temperature=t.temperature,
         words=text.words,
         segments=text.segments,
         ended_by=ended_by,

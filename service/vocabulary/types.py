@@ -133,6 +133,9 @@ class RecognitionSettings:
     # speaker labels on a mono recording's words and results (None: off); a separate-channel recording
     # keeps its channels as its speakers
     diarization: DiarizationSettings | None = None
+    # Decoding temperature, as OpenAI's transcription API takes it: None the server's (--temperatures);
+    # 0 greedy with openai-whisper's temperature fallback; above 0 sampled at that temperature (up to 1)
+    temperature: float | None = None
 
 
 @dataclass(frozen=True)
@@ -236,6 +239,7 @@ class Result:
     segments: tuple[Segment, ...] = ()  # finals, when the settings ask for segments
     ended_by: EndReason | None = None  # finals only
     speaker: int | None = None  # finals, when diarized: the speaker of most of its words
+    temperature: float = 0.0  # finals: the highest temperature whose decode was kept (0: greedy or beams)
 
 
 @dataclass(frozen=True)
