@@ -59,7 +59,11 @@ VARIANTS: dict[str, dict[str, object]] = {
     "none": {"keyterm_prompt": False, "keyterm_bias": False},
     "prompt": {"keyterm_prompt": True, "keyterm_bias": False},
     "prompt as DecodeOptions.prompt": {"keyterm_prompt": False, "keyterm_bias": False, "as_prompt": True},
+    "bias without respelling": {"keyterm_respell": False},
     "bias (default)": {"keyterm_prompt": False, "keyterm_bias": True},
+    # Respelling's margin (nats per token of the term) around the default.
+    "respelling margin 5": {"keyterm_respell_margin": 5.0},
+    "respelling margin 7": {"keyterm_respell_margin": 7.0},
     "prompt+bias": {"keyterm_prompt": True, "keyterm_bias": True},
     "bias without take-back": {"keyterm_take_back": False},
     # The neighbourhood of the default: the bonus and the evidence bound one at a time.

@@ -306,7 +306,7 @@ class Whisper(nn.Module):
         """Run whole sequences tokens [B, T] (from position 0; padding after each) against the
         cross-attention K/V of cache `rows` (any rows; their self-attention cache is not touched).
         Returns the cross-attention logits q.k/sqrt(d) of `heads` (layer, head) [B, len(heads), T, keys]
-        and the output logits [B, T, V]."""
+        and the output logits [B, T, V]. With no heads (keyterm respelling's scores), qk is empty."""
         dec = self.decoder
         t = tokens.shape[1]
         x = dec.token_embedding(tokens) + dec.positional_embedding[:t]
@@ -327,6 +327,8 @@ class Whisper(nn.Module):
                 qk_heads=wanted,
             )
             picked.update({(layer, head): scores for head, scores in zip(wanted, qk, strict=True)})
+        if not heads:
+            return x.new_empty((tokens.shape[0], 0, t, n_cross)), dec.logits(x)
         return torch.stack([picked[lh] for lh in heads], dim=1), dec.logits(x)
 
 
