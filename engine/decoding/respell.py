@@ -121,27 +121,36 @@ def proposals(
     its closing punctuation; a span made only of punctuation is never one."""
     words = word_spans(tokens, decode, eot)
     text = decode([t for t in tokens if t < eot])
+    terms = list(dict.fromkeys(" ".join(t.split()) for t in terms))
+    longest = max((len(t.split()) for t in terms), default=0) + settings.extra_words
+    # Every run of up to `longest` words, decoded and keyed once for all the terms.
+    spans: list[tuple[int, int, str, str, int]] = []  # start, end, text, sound key, words
+    for a in range(len(words)):
+        for b in range(a, min(len(words), a + longest)):
+            if b > a and words[b][0] != words[b - 1][1]:
+                break  # a special token between: not one run of text
+            span = decode(list(tokens[words[a][0] : words[b][1]]))
+            key = sound_key(span)
+            if key and not any(
+                said(t, span) for t in terms
+            ):  # a listed term written there: the bias found it
+                spans.append((words[a][0], words[b][1], span, key, b - a + 1))
     out: dict[tuple[int, ...], Alternative] = {}
-    for term in dict.fromkeys(" ".join(t.split()) for t in terms):
+    for term in terms:
         target = sound_key(term)
         if not target or said(term, text):
             continue
-        span_limit = len(term.split()) + settings.extra_words
+        words_limit = len(term.split()) + settings.extra_words
         best: list[tuple[int, int, str]] = []
         best_distance = settings.max_distance
-        for a in range(len(words)):
-            for b in range(a, min(len(words), a + span_limit)):
-                if words[b][0] != words[a][0] and words[b][0] != words[b - 1][1]:
-                    break  # a special token between: not one run of text
-                span = decode(list(tokens[words[a][0] : words[b][1]]))
-                key = sound_key(span)
-                if not key or any(said(t, span) for t in terms):
-                    continue  # no sound, or a listed term already written there (the bias found it)
-                distance = edit_distance(key, target) / max(len(key), len(target))
-                if distance < best_distance - 1e-9:
-                    best, best_distance = [], distance
-                if distance <= best_distance + 1e-9:
-                    best.append((words[a][0], words[b][1], span))
+        for start, end, span, key, n_words in spans:
+            if n_words > words_limit:
+                continue
+            distance = edit_distance(key, target) / max(len(key), len(target))
+            if distance < best_distance - 1e-9:
+                best, best_distance = [], distance
+            if distance <= best_distance + 1e-9:
+                best.append((start, end, span))
         for start, end, span in best:
             core = span.rstrip(string.punctuation + " ")
             tail = span[len(core) :]

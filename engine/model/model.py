@@ -301,12 +301,13 @@ class Whisper(nn.Module):
     # --- word timings: the alignment heads' cross-attention over whole finished sequences ---
     @torch.inference_mode()
     def alignment_attention(
-        self, tokens: Tensor, rows: Tensor, cache: KVCache, heads: list[tuple[int, int]]
+        self, tokens: Tensor, rows: Tensor, cache: KVCache, heads: list[tuple[int, int]], logits_from: int = 0
     ) -> tuple[Tensor, Tensor]:
         """Run whole sequences tokens [B, T] (from position 0; padding after each) against the
         cross-attention K/V of cache `rows` (any rows; their self-attention cache is not touched).
         Returns the cross-attention logits q.k/sqrt(d) of `heads` (layer, head) [B, len(heads), T, keys]
-        and the output logits [B, T, V]. With no heads (keyterm respelling's scores), qk is empty."""
+        and the output logits [B, T - logits_from, V] (positions from logits_from). With no heads (keyterm
+        respelling's scores), qk is empty."""
         dec = self.decoder
         t = tokens.shape[1]
         x = dec.token_embedding(tokens) + dec.positional_embedding[:t]
@@ -328,8 +329,8 @@ class Whisper(nn.Module):
             )
             picked.update({(layer, head): scores for head, scores in zip(wanted, qk, strict=True)})
         if not heads:
-            return x.new_empty((tokens.shape[0], 0, t, n_cross)), dec.logits(x)
-        return torch.stack([picked[lh] for lh in heads], dim=1), dec.logits(x)
+            return x.new_empty((tokens.shape[0], 0, t, n_cross)), dec.logits(x[:, logits_from:])
+        return torch.stack([picked[lh] for lh in heads], dim=1), dec.logits(x[:, logits_from:])
 
 
 def from_transformers(hf_model: Any) -> Whisper:

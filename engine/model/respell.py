@@ -43,12 +43,14 @@ class Respeller:
         device = self.cache.cross_len.device
         tokens = torch.tensor([f + [eot] * (width - len(f)) for f in full], device=device)
         rows = torch.tensor([req.row] * len(full), device=device)
-        _, logits = self.model.alignment_attention(tokens, rows, self.cache, [])
+        # Logits only where a scored token is predicted: a previous-text prompt can be 200 tokens long.
+        first = len(prompt) - 1
+        _, logits = self.model.alignment_attention(tokens, rows, self.cache, [], logits_from=first)
         logprobs = logits.float().log_softmax(dim=-1)
         out = []
         for b, f in enumerate(full):
             positions = torch.arange(len(prompt), len(f), device=device)
-            out.append(float(logprobs[b, positions - 1, tokens[b, positions]].sum()))
+            out.append(float(logprobs[b, positions - 1 - first, tokens[b, positions]].sum()))
         return out
 
     def respell(self, reqs: Sequence[Request]) -> None:
