@@ -248,7 +248,8 @@ class EngineConfig:
         metadata={
             "help": "keyterms: after a final window is decoded, words that sound like a listed term are "
             "respelled as it when the model, scoring both over the same audio, finds the term at most "
-            "--keyterm-respell-margin nats less likely (engine/decoding/respell.py)"
+            "--keyterm-respell-margin nats per token less likely (engine/decoding/respell.py; held-out names "
+            "14/24 against 5/24 without: docs/benchmarks.md Keyterms)"
         },
     )
     keyterm_respell_margin: float = field(

@@ -332,6 +332,32 @@ class Whisper(nn.Module):
             return x.new_empty((tokens.shape[0], 0, t, n_cross)), dec.logits(x[:, logits_from:])
         return torch.stack([picked[lh] for lh in heads], dim=1), dec.logits(x[:, logits_from:])
 
+    # --- keyterm respelling: one window's text and its alternatives, teacher-forced over its audio ---
+    @torch.inference_mode()
+    def sequence_logits(self, tokens: Tensor, row: int, cache: KVCache, logits_from: int = 0) -> Tensor:
+        """Run whole sequences tokens [B, T] (from position 0; padding after each) against the one
+        cross-attention K/V of cache `row`; returns the output logits [B, T - logits_from, V] (positions
+        from logits_from). Every query attends over the same audio, so cross-attention runs as one
+        sequence of B*T queries over the row's K/V instead of B copies of it."""
+        dec = self.decoder
+        b, t = tokens.shape
+        x = dec.token_embedding(tokens) + dec.positional_embedding[:t]
+        causal = torch.ones(t, t, dtype=torch.bool, device=tokens.device).tril()[None, None]
+        n_cross = int(cache.cross_len[row])
+        for layer, block in enumerate(dec.layers()):
+            a = block.attn
+            q, k, v = a.project(block.attn_ln(x))
+            x = x + a.attend(q, k, v, causal)
+            c = block.cross_attn
+            q = c.split(c.query(block.cross_attn_ln(x)))
+            heads, width = q.shape[1], q.shape[3]
+            folded = q.transpose(0, 1).reshape(1, heads, b * t, width)
+            keys = cache.cross_k[layer][row : row + 1, :, :n_cross]
+            values = cache.cross_v[layer][row : row + 1, :, :n_cross]
+            x = x + c.attend(folded, keys, values, None).view(b, t, -1)
+            x = x + block.mlp(block.mlp_ln(x))
+        return dec.logits(x[:, logits_from:])
+
 
 def from_transformers(hf_model: Any) -> Whisper:
     """Build our Whisper from a transformers WhisperForConditionalGeneration's weights."""

@@ -1,6 +1,6 @@
 """Keyterm respelling's model pass (engine/decoding/respell.py has the rules): a finished window's text
 and its alternatives scored teacher-forced by the decoder over the window's own encoder output, while
-its cache row still holds it (the pass word timings run: engine/model/model.py `alignment_attention`)."""
+its cache row still holds it (engine/model/model.py `sequence_logits`)."""
 
 from __future__ import annotations
 
@@ -33,23 +33,24 @@ class Respeller:
     def _encode(self, text: str) -> list[int]:
         return list(self.rules.tokenizer.encode(text, add_special_tokens=False))
 
-    def scores(self, req: Request, sequences: Sequence[Sequence[int]]) -> list[float]:
-        """Summed log-probability of each sequence's tokens (end of text included) after req's prompt,
-        over req's audio: one batched decoder pass."""
+    def scores(self, req: Request, sequences: Sequence[Sequence[int]], common: int = 0) -> list[float]:
+        """Summed log-probability of each sequence's tokens (end of text included) past its first `common`
+        tokens (which all the sequences share, so their part would be the same in every score), after
+        req's prompt, over req's audio: one batched decoder pass."""
         eot = self.rules.vocab.eot
         prompt = list(req.prompt_tokens)
         full = [[*prompt, *s] for s in sequences]
         width = max(len(f) for f in full)
         device = self.cache.cross_len.device
         tokens = torch.tensor([f + [eot] * (width - len(f)) for f in full], device=device)
-        rows = torch.tensor([req.row] * len(full), device=device)
-        # Logits only where a scored token is predicted: a previous-text prompt can be 200 tokens long.
-        first = len(prompt) - 1
-        _, logits = self.model.alignment_attention(tokens, rows, self.cache, [], logits_from=first)
+        # Logits only where a scored token is predicted: the output projection is most of the pass.
+        first = len(prompt) + common - 1
+        assert req.row is not None
+        logits = self.model.sequence_logits(tokens, req.row, self.cache, logits_from=first)
         logprobs = logits.float().log_softmax(dim=-1)
         out = []
         for b, f in enumerate(full):
-            positions = torch.arange(len(prompt), len(f), device=device)
+            positions = torch.arange(first + 1, len(f), device=device)
             out.append(float(logprobs[b, positions - 1 - first, tokens[b, positions]].sum()))
         return out
 
@@ -68,7 +69,8 @@ class Respeller:
                 ]
                 if not alternatives:
                     break
-                scores = self.scores(req, [generated, *(a.tokens for a in alternatives)])
+                common = min(a.start for a in alternatives)
+                scores = self.scores(req, [generated, *(a.tokens for a in alternatives)], common)
                 kept = choose(scores[0], scores[1:], [a.spelled for a in alternatives], self.settings.margin)
                 if kept is None:
                     break
