@@ -262,6 +262,22 @@ class EngineConfig:
             "the beams loop: docs/benchmarks.md Keyterms)"
         },
     )
+    keyterm_respell: bool = field(
+        default=True,
+        metadata={
+            "help": "keyterms: after a final window is decoded, words that sound like a listed term are "
+            "respelled as it when the model, scoring both over the same audio, finds the term at most "
+            "--keyterm-respell-margin nats per token less likely (engine/decoding/respell.py; held-out names "
+            "14/24 against 5/24 without: docs/benchmarks.md Keyterms)"
+        },
+    )
+    keyterm_respell_margin: float = field(
+        default=6.0,
+        metadata={
+            "help": "keyterms: nats per token of a respelled term by which it may be less likely than the "
+            "decoded words and still be kept (chosen on the dev set: docs/benchmarks.md Keyterms)"
+        },
+    )
     keyterm_take_back: bool = field(
         default=True,
         metadata={
@@ -337,6 +353,7 @@ class EngineConfig:
         check("keyterm_bonus", 0, 30)  # nats; 30: every first piece of a term starts a match
         check("keyterm_max_gap", 0, 100)
         check("keyterm_beam_bonus", 0, 100)
+        check("keyterm_respell_margin", 0, 100)
         check("keyterm_cache_bytes", 0, 1 << 40, " bytes")  # 0: keep only the newest list
         check("debug_crash_scheduler_after", 0, 1_000_000)  # test seam (engine/faults.py); 0: off
         check("debug_hang_scheduler_after", 0, 1_000_000)  # test seam (engine/faults.py); 0: off

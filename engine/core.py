@@ -429,7 +429,15 @@ class EngineCore:
     def _end_windows(self, reqs: Sequence[Request]) -> None:
         ended = self.scheduler.ended(reqs)
         ends = [end for _, end in self.stages.run("loop_check", ended, self._window_end, together=False)]
-        # Word timings need the rows' cross-attention K/V: before the rows are given back.
+        # Respelling and word timings need the rows' cross-attention K/V: before the rows are given back;
+        # respelling first, since it changes the tokens the words are timed on.
+        self._respell(
+            [
+                e.request
+                for e in ends
+                if e.action != "fallback" and e.request.options.keyterms and not e.request.options.interim
+            ]
+        )
         self._align_words(
             [
                 e.request
@@ -467,6 +475,16 @@ class EngineCore:
         m.PREFILL_SECONDS.observe(time.perf_counter() - start)
         self.scheduler.prefilled(reqs)
         return last, sot
+
+    def _respell(self, reqs: list[Request]) -> None:
+        if not reqs:
+            return
+        try:
+            self.runner.respell(reqs)
+        except Exception as exc:  # respelling is extra: the decoded text still goes out
+            if leaves_engine_unknown(exc):
+                raise
+            log.exception("keyterm respelling failed for %d utterances", len(reqs))
 
     def _align_words(self, reqs: list[Request]) -> None:
         if not reqs:

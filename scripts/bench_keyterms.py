@@ -56,10 +56,20 @@ from scripts.keyterm_clips import (  # noqa: E402
 # which the scheduler decodes with Whisper's full 30 s context). Every variant sends the 16 keyterms;
 # "none" turns both layers off. "bias" is the default configuration.
 VARIANTS: dict[str, dict[str, object]] = {
-    "none": {"keyterm_prompt": False, "keyterm_bias": False},
-    "prompt": {"keyterm_prompt": True, "keyterm_bias": False},
-    "prompt as DecodeOptions.prompt": {"keyterm_prompt": False, "keyterm_bias": False, "as_prompt": True},
+    "none": {"keyterm_prompt": False, "keyterm_bias": False, "keyterm_respell": False},
+    "respelling alone": {"keyterm_prompt": False, "keyterm_bias": False},
+    "prompt": {"keyterm_prompt": True, "keyterm_bias": False, "keyterm_respell": False},
+    "prompt as DecodeOptions.prompt": {
+        "keyterm_prompt": False,
+        "keyterm_bias": False,
+        "keyterm_respell": False,
+        "as_prompt": True,
+    },
+    "bias without respelling": {"keyterm_respell": False},
     "bias (default)": {"keyterm_prompt": False, "keyterm_bias": True},
+    # Respelling's margin (nats per token of the term) around the default.
+    "respelling margin 5": {"keyterm_respell_margin": 5.0},
+    "respelling margin 7": {"keyterm_respell_margin": 7.0},
     "prompt+bias": {"keyterm_prompt": True, "keyterm_bias": True},
     "bias without take-back": {"keyterm_take_back": False},
     # The neighbourhood of the default: the bonus and the evidence bound one at a time.
@@ -69,7 +79,7 @@ VARIANTS: dict[str, dict[str, object]] = {
     "bias with max gap 16": {"keyterm_max_gap": 16.0},
     "bias with max gap 20": {"keyterm_max_gap": 20.0},
     # Beam search ("beam_size": DecodeOptions.beam_size), with and without the bias over the beams.
-    "beams 5": {"keyterm_prompt": False, "keyterm_bias": False, "beam_size": 5},
+    "beams 5": {"keyterm_prompt": False, "keyterm_bias": False, "keyterm_respell": False, "beam_size": 5},
     "bias over beams 5": {"beam_size": 5},
 }
 

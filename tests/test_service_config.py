@@ -129,6 +129,7 @@ ENGINE_OUT_OF_RANGE = [
     ("--keyterm-bonus", "31", "--keyterm-bonus must be 0-30"),
     ("--keyterm-max-gap", "-1", "--keyterm-max-gap must be 0-100"),
     ("--keyterm-beam-bonus", "101", "--keyterm-beam-bonus must be 0-100"),
+    ("--keyterm-respell-margin", "-1", "--keyterm-respell-margin must be 0-100"),
     ("--keyterm-cache-bytes", "-1", "--keyterm-cache-bytes must be 0-1099511627776 bytes"),
 ]
 

@@ -301,12 +301,13 @@ class Whisper(nn.Module):
     # --- word timings: the alignment heads' cross-attention over whole finished sequences ---
     @torch.inference_mode()
     def alignment_attention(
-        self, tokens: Tensor, rows: Tensor, cache: KVCache, heads: list[tuple[int, int]]
+        self, tokens: Tensor, rows: Tensor, cache: KVCache, heads: list[tuple[int, int]], logits_from: int = 0
     ) -> tuple[Tensor, Tensor]:
         """Run whole sequences tokens [B, T] (from position 0; padding after each) against the
         cross-attention K/V of cache `rows` (any rows; their self-attention cache is not touched).
         Returns the cross-attention logits q.k/sqrt(d) of `heads` (layer, head) [B, len(heads), T, keys]
-        and the output logits [B, T, V]."""
+        and the output logits [B, T - logits_from, V] (positions from logits_from). With no heads (keyterm
+        respelling's scores), qk is empty."""
         dec = self.decoder
         t = tokens.shape[1]
         x = dec.token_embedding(tokens) + dec.positional_embedding[:t]
@@ -327,7 +328,35 @@ class Whisper(nn.Module):
                 qk_heads=wanted,
             )
             picked.update({(layer, head): scores for head, scores in zip(wanted, qk, strict=True)})
-        return torch.stack([picked[lh] for lh in heads], dim=1), dec.logits(x)
+        if not heads:
+            return x.new_empty((tokens.shape[0], 0, t, n_cross)), dec.logits(x[:, logits_from:])
+        return torch.stack([picked[lh] for lh in heads], dim=1), dec.logits(x[:, logits_from:])
+
+    # --- keyterm respelling: one window's text and its alternatives, teacher-forced over its audio ---
+    @torch.inference_mode()
+    def sequence_logits(self, tokens: Tensor, row: int, cache: KVCache, logits_from: int = 0) -> Tensor:
+        """Run whole sequences tokens [B, T] (from position 0; padding after each) against the one
+        cross-attention K/V of cache `row`; returns the output logits [B, T - logits_from, V] (positions
+        from logits_from). Every query attends over the same audio, so cross-attention runs as one
+        sequence of B*T queries over the row's K/V instead of B copies of it."""
+        dec = self.decoder
+        b, t = tokens.shape
+        x = dec.token_embedding(tokens) + dec.positional_embedding[:t]
+        causal = torch.ones(t, t, dtype=torch.bool, device=tokens.device).tril()[None, None]
+        n_cross = int(cache.cross_len[row])
+        for layer, block in enumerate(dec.layers()):
+            a = block.attn
+            q, k, v = a.project(block.attn_ln(x))
+            x = x + a.attend(q, k, v, causal)
+            c = block.cross_attn
+            q = c.split(c.query(block.cross_attn_ln(x)))
+            heads, width = q.shape[1], q.shape[3]
+            folded = q.transpose(0, 1).reshape(1, heads, b * t, width)
+            keys = cache.cross_k[layer][row : row + 1, :, :n_cross]
+            values = cache.cross_v[layer][row : row + 1, :, :n_cross]
+            x = x + c.attend(folded, keys, values, None).view(b, t, -1)
+            x = x + block.mlp(block.mlp_ln(x))
+        return dec.logits(x[:, logits_from:])
 
 
 def from_transformers(hf_model: Any) -> Whisper:

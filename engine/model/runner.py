@@ -20,11 +20,13 @@ from engine.config import EngineConfig
 from engine.decoding.beam import TermBias
 from engine.decoding.keyterms import KeytermSettings
 from engine.decoding.prompt import PromptEncoder, max_prompt_tokens
+from engine.decoding.respell import RespellSettings
 from engine.decoding.rules import Choice, DecodingRules
 from engine.model.features import LogMel
 from engine.model.kv_cache import KVCache
 from engine.model.model import Whisper, from_hf
 from engine.model.quantize import quantize_for
+from engine.model.respell import Respeller
 from engine.model.step import DecodeStepper
 from engine.model.timing import WordAligner, alignment_heads
 from engine.model.weights import LoadedWeights, load
@@ -129,6 +131,13 @@ class ModelRunner:
         )
         heads = alignment_heads(weights.generation_config, dims.n_text_layer, dims.n_text_head)
         self.aligner = WordAligner(self.model, self.cache, self.rules, heads)
+        self.respeller = (
+            Respeller(
+                self.model, self.cache, self.rules, RespellSettings(margin=config.keyterm_respell_margin)
+            )
+            if config.keyterm_respell
+            else None
+        )
         self.prompts = PromptEncoder(
             weights.tokenizer.backend_tokenizer.to_str(),
             self.rules.vocab.eot,
@@ -237,6 +246,12 @@ class ModelRunner:
     def reorder(self, rows: list[int], sources: list[int], length: int) -> None:
         """Beam search chose its beams: row rows[b] continues the hypothesis of row sources[b]."""
         self.cache.reorder(rows, sources, length)
+
+    def respell(self, reqs: Sequence[Request]) -> None:
+        """Listed keyterms the audio agrees with, spelled into finished windows (engine/model/respell.py)
+        while their rows still hold their audio; nothing with --keyterm-respell off."""
+        if self.respeller is not None:
+            self.respeller.respell(reqs)
 
     def align(self, reqs: Sequence[Request]) -> None:
         """Word timings of finished windows (engine/model/timing.py), while their rows still hold their audio."""

@@ -355,7 +355,7 @@ def test_keyterms_recover_invented_names_tiny_en_cannot_spell(engine: Engine) ->
         assert [k for k in KEYTERMS if said(k, t) and k != c.term] == [], t
 
 
-# The held-out set that shares nothing with dev/test (issue 29): the names the default bias found in
+# The held-out set that shares nothing with dev/test (issue 29): the names the decode-step bias found in
 # docs/benchmarks.md's run (5 of 24), and one it missed; the list is that set's own 16 terms.
 HELDOUT_CLIPS = [
     c
@@ -367,13 +367,15 @@ HELDOUT_CLIPS = [
 
 def test_keyterm_recall_on_held_out_names_with_their_own_list(engine: Engine) -> None:
     """Names nothing was tuned on, in other sentences, voices and a list of their own (8 said, 8 not):
-    the bias writes most of those it found in the benchmark, and never another listed name."""
+    tiny.en alone writes none of them; the bias and respelling together write at least half of the 24
+    (issue 29's goal), and never a listed name where another or none was said."""
     plain = transcripts(engine, HELDOUT_CLIPS, DecodeOptions())
-    boosted = transcripts(engine, HELDOUT_CLIPS, DecodeOptions(keyterms=HELDOUT_KEYTERMS))
     assert not any(said(c.term or "", t) for c, t in zip(HELDOUT_CLIPS, plain, strict=True)), plain
-    recalled = [c.name for c, t in zip(HELDOUT_CLIPS, boosted, strict=True) if said(c.term or "", t)]
-    assert len(recalled) >= 4, (recalled, boosted)
-    for c, t in zip(HELDOUT_CLIPS, boosted, strict=True):
+    clips = name_clips("heldout")
+    boosted = transcripts(engine, clips, DecodeOptions(keyterms=HELDOUT_KEYTERMS))
+    recalled = [c.name for c, t in zip(clips, boosted, strict=True) if said(c.term or "", t)]
+    assert len(recalled) >= len(clips) // 2, (recalled, boosted)
+    for c, t in zip(clips, boosted, strict=True):
         assert [k for k in HELDOUT_KEYTERMS if said(k, t) and k != c.term] == [], t
 
 
