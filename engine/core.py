@@ -430,12 +430,15 @@ class EngineCore:
         ended = self.scheduler.ended(reqs)
         ends = [end for _, end in self.stages.run("loop_check", ended, self._window_end, together=False)]
         # Respelling and word timings need the rows' cross-attention K/V: before the rows are given back;
-        # respelling first, since it changes the tokens the words are timed on.
+        # respelling first, since it changes the tokens the words are timed on. A window decoded again
+        # (fallback, retry, resample) is neither: its tokens are not yet the ones that go out.
         self._respell(
             [
                 e.request
                 for e in ends
-                if e.action != "fallback" and e.request.options.keyterms and not e.request.options.interim
+                if e.action not in ("fallback", "retry", "resample")
+                and e.request.options.keyterms
+                and not e.request.options.interim
             ]
         )
         self._align_words(
