@@ -399,16 +399,20 @@ def test_a_second_server_on_a_port_in_use_is_refused(two_frontend_process: Serve
     """Frontends share the gRPC and HTTP ports with SO_REUSEPORT; another server must never join them
     silently, on any of its three ports (gRPC, HTTP, metrics)."""
     first = two_frontend_process
-    for flag, port, message in (
-        ("--port", first.port, f"{first.port} is not free"),
-        ("--http-port", str(first.http_port), f"{first.http_port} is not free"),
-        ("--metrics-port", str(first.metrics_port), f"metrics server on port {first.metrics_port}"),
-    ):
-        second = ServerProcess(flag, str(port), http=True)  # its other ports are free ones
-        try:
+    # the three start side by side (each takes its own free ports but the one in use): one start's time
+    seconds = {
+        f"{first.port} is not free": ServerProcess("--port", str(first.port), http=True),
+        f"{first.http_port} is not free": ServerProcess("--http-port", str(first.http_port), http=True),
+        f"metrics server on port {first.metrics_port}": ServerProcess(
+            "--metrics-port", str(first.metrics_port), http=True
+        ),
+    }
+    try:
+        for message, second in seconds.items():
             assert second.wait(60) == 2, second.log()
             assert message in second.log(), second.log()
-        finally:
+    finally:
+        for second in seconds.values():
             second.stop()
     assert first.health() == "SERVING"
     assert "thank you for calling" in recognize_once(first.target).lower()
