@@ -115,11 +115,33 @@ def asr_server(service_engine: Engine) -> Iterator[ServerThread]:
 
 @pytest.fixture(scope="session")
 def server_process() -> Iterator[ServerProcess]:
-    """`asr-server` as a subprocess (own engine), SERVING; for tests that need a real process."""
-    server = ServerProcess().wait_serving()
+    """`asr-server` as a subprocess (own engine, one frontend process), SERVING; for tests that need a real
+    process and leave it as they found it (a server booted costs 10-40 s on 2 cores, more under load)."""
+    server = ServerProcess("--frontends", "1").wait_serving()
     yield server
     server.terminate()
     server.wait(60)
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def two_frontend_siprec_port() -> int:
+    """The SIPREC port of `two_frontend_process` (the supervisor reserves it, each frontend binds it)."""
+    return free_port()
+
+
+@pytest.fixture(scope="session")
+def two_frontend_process(two_frontend_siprec_port: int) -> Iterator[ServerProcess]:
+    """`asr-server --frontends 2` as a subprocess, SERVING, with the HTTP port and the SIPREC port on and
+    the Twilio auth token from the environment (TWILIO_AUTH_TOKEN, as a Kubernetes Secret gives it): for
+    the tests that check every frontend process serves a door, or that another server cannot take its
+    ports, and leave the server as they found it. One
+    boot of a two-frontend server costs ~15 s on 2 cores; a test that signals or drains starts its own."""
+    server = ServerProcess(
+        "--frontends", "2", "--siprec-port", str(two_frontend_siprec_port),
+        http=True, env={"TWILIO_AUTH_TOKEN": TWILIO_AUTH_TOKEN},
+    ).wait_serving()  # fmt: skip
+    yield server
     server.stop()
 
 

@@ -47,7 +47,7 @@ from tests.support.audio import (
     to_linear16_bytes,
     to_mulaw_8k_bytes,
 )
-from tests.support.server import DOOR_TOKEN, ServerProcess, ServerThread
+from tests.support.server import DOOR_TOKEN, ServerThread
 from tests.support.two_speakers import one_speaker_call, two_speaker_call, word_accuracy
 from tests.support.wait import wait_until
 
@@ -826,10 +826,11 @@ def test_streams_and_requests_are_counted_under_the_google_door(
 # --- drain: finals, then "go elsewhere" ----------------------------------------------------------------------
 
 
-def test_drain_gives_the_finals_then_unavailable(two_sentences: bytes) -> None:
-    """SIGTERM mid-call: the utterance that ended gets its final, the one in progress is finalized, then
-    the stream ends UNAVAILABLE (what Google's clients retry elsewhere) naming the drain."""
-    server = ServerProcess("--frontends", "1", "--drain-seconds", "20").wait_serving()
+def test_drain_gives_the_finals_then_unavailable(service_engine: Engine, two_sentences: bytes) -> None:
+    """A drain (what SIGTERM starts) mid-call: the utterance that ended gets its final, the one in progress
+    is finalized, then the stream ends UNAVAILABLE (what Google's clients retry elsewhere) naming the
+    drain, and the drain completes. A server of its own: this one drains."""
+    server = ServerThread(ServerConfig(drain_seconds=20), service_engine).start()
     try:
         said = threading.Event()
         chunks = chunked(two_sentences, 800)
@@ -851,7 +852,7 @@ def test_drain_gives_the_finals_then_unavailable(two_sentences: bytes) -> None:
         )
         caller.start()
         assert said.wait(60)
-        server.terminate()
+        drained = server.drain()
         caller.join(CALL_TIMEOUT_S)
         stop.set()
         (call,) = result
@@ -859,7 +860,8 @@ def test_drain_gives_the_finals_then_unavailable(two_sentences: bytes) -> None:
         assert "draining" in call.error.message
         assert call.finals, "what was heard gets its final before the stream ends"
         assert corpus_wer([AGENT], [call.finals[0].alternatives[0].transcript]) <= 0.2
-        assert server.wait(60) == 0
+        drained.result(60)
+        assert service_engine.alive  # the other servers' engine is not the drained server's to stop
     finally:
         server.stop()
 

@@ -135,44 +135,40 @@ def test_wer_normalises_then_counts_words() -> None:
     assert corpus_wer(["cancel my subscription", "yes"], ["cancel my prescription", ""]) == 0.5
 
 
-def test_capacity_reports_cpu_lag_and_ipc(tmp_path: Path) -> None:
+def test_capacity_reports_cpu_lag_and_ipc(server_process: ServerProcess, tmp_path: Path) -> None:
     """`asr-loadgen capacity` against a real multi-process server: a few live calls of line noise (no
     engine work) and of speech (engine work over the IPC), a few seconds each. The report's fields must
     be there and sane; the figures themselves are scripts/bench_capacity.py's business."""
     telephone = build_manifest(tmp_path / "speech", count=2, encodings=("MULAW",))
-    server = ServerProcess("--frontends", "1").wait_serving()
-    try:
-        common = [
-            "capacity",
-            "--server",
-            server.target,
-            "--metrics",
-            server.metrics_url,
-            "--connections",
-            "2",
-        ]
-        assert (
-            loadgen.main([*common, "--calls", "4", "--seconds", "2", "--json-out", str(tmp_path / "n.json")])
-            == 0
-        )
-        noise = json.loads((tmp_path / "n.json").read_text())
-        assert noise["ok"] == 4 and noise["errors"] == {}
-        assert noise["finals"] == 0 and noise["ipc_utterances"] == 0  # hiss: nothing reached the engine
-        assert 0 <= noise["close_lag_p50_s"] <= noise["close_lag_p95_s"] <= noise["close_lag_max_s"] < 30
-        assert isinstance(noise["kept_up"], bool)
-        by_process = noise["server_cpu_s_by_process"]
-        assert set(by_process) == {"supervisor", "engine", "frontend-0"}, by_process
-        assert by_process["frontend-0"] > 0  # the frontend decoded and endpointed the audio
-        assert noise["server_cpu_s"] == pytest.approx(sum(by_process.values()))
-        # CPU seconds per second of call audio, in % of a core: above 0, below all cores for 4 calls
-        assert 0 < noise["cpu_per_call_pct"] < 100 * (os.cpu_count() or 1) / 4 * 2
-        assert 2.0 <= noise["wall_s"] < 30
+    server = server_process  # one frontend: the report names its processes
+    common = [
+        "capacity",
+        "--server",
+        server.target,
+        "--metrics",
+        server.metrics_url,
+        "--connections",
+        "2",
+    ]
+    assert (
+        loadgen.main([*common, "--calls", "4", "--seconds", "2", "--json-out", str(tmp_path / "n.json")]) == 0
+    )
+    noise = json.loads((tmp_path / "n.json").read_text())
+    assert noise["ok"] == 4 and noise["errors"] == {}
+    assert noise["finals"] == 0 and noise["ipc_utterances"] == 0  # hiss: nothing reached the engine
+    assert 0 <= noise["close_lag_p50_s"] <= noise["close_lag_p95_s"] <= noise["close_lag_max_s"] < 30
+    assert isinstance(noise["kept_up"], bool)
+    by_process = noise["server_cpu_s_by_process"]
+    assert set(by_process) == {"supervisor", "engine", "frontend-0"}, by_process
+    assert by_process["frontend-0"] > 0  # the frontend decoded and endpointed the audio
+    assert noise["server_cpu_s"] == pytest.approx(sum(by_process.values()))
+    # CPU seconds per second of call audio, in % of a core: above 0, below all cores for 4 calls
+    assert 0 < noise["cpu_per_call_pct"] < 100 * (os.cpu_count() or 1) / 4 * 2
+    assert 2.0 <= noise["wall_s"] < 30
 
-        argv = [*common, "--calls", "2", "--seconds", "8", "--chunk-ms", "100", "--manifest", str(telephone)]
-        assert loadgen.main([*argv, "--json-out", str(tmp_path / "s.json")]) == 0
-        speech = json.loads((tmp_path / "s.json").read_text())
-        assert speech["ok"] == 2 and speech["finals"] >= 2  # each call spoke at least one sentence
-        assert speech["ipc_utterances"] >= 2 and 0 < speech["ipc_mean_s"] < 5
-        assert speech["server_cpu_s_by_process"]["engine"] > 0  # the engine transcribed them
-    finally:
-        server.stop()
+    argv = [*common, "--calls", "2", "--seconds", "8", "--chunk-ms", "100", "--manifest", str(telephone)]
+    assert loadgen.main([*argv, "--json-out", str(tmp_path / "s.json")]) == 0
+    speech = json.loads((tmp_path / "s.json").read_text())
+    assert speech["ok"] == 2 and speech["finals"] >= 2  # each call spoke at least one sentence
+    assert speech["ipc_utterances"] >= 2 and 0 < speech["ipc_mean_s"] < 5
+    assert speech["server_cpu_s_by_process"]["engine"] > 0  # the engine transcribed them

@@ -395,28 +395,27 @@ def test_sigterm_while_the_model_loads_exits_zero_and_leaves_no_process_behind()
         server.stop()
 
 
-def test_a_second_server_on_a_port_in_use_is_refused() -> None:
+def test_a_second_server_on_a_port_in_use_is_refused(two_frontend_process: ServerProcess) -> None:
     """Frontends share the gRPC and HTTP ports with SO_REUSEPORT; another server must never join them
     silently, on any of its three ports (gRPC, HTTP, metrics)."""
-    first = ServerProcess("--frontends", "2", http=True).wait_serving()
+    first = two_frontend_process
+    # the three start side by side (each takes its own free ports but the one in use): one start's time
+    seconds = {
+        f"{first.port} is not free": ServerProcess("--port", str(first.port), http=True),
+        f"{first.http_port} is not free": ServerProcess("--http-port", str(first.http_port), http=True),
+        f"metrics server on port {first.metrics_port}": ServerProcess(
+            "--metrics-port", str(first.metrics_port), http=True
+        ),
+    }
     try:
-        for flag, port, message in (
-            ("--port", first.port, f"{first.port} is not free"),
-            ("--http-port", str(first.http_port), f"{first.http_port} is not free"),
-            ("--metrics-port", str(first.metrics_port), f"metrics server on port {first.metrics_port}"),
-        ):
-            second = ServerProcess(flag, str(port), http=True)  # its other ports are free ones
-            try:
-                assert second.wait(60) == 2, second.log()
-                assert message in second.log(), second.log()
-            finally:
-                second.stop()
-        assert first.health() == "SERVING"
-        assert "thank you for calling" in recognize_once(first.target).lower()
+        for message, second in seconds.items():
+            assert second.wait(60) == 2, second.log()
+            assert message in second.log(), second.log()
     finally:
-        first.terminate()
-        first.wait(60)
-        first.stop()
+        for second in seconds.values():
+            second.stop()
+    assert first.health() == "SERVING"
+    assert "thank you for calling" in recognize_once(first.target).lower()
 
 
 def closing_connections(port: int) -> set[str]:

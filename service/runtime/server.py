@@ -235,8 +235,9 @@ class AsrServer:
         """SIGTERM/SIGINT (or an engine failure): begin the drain."""
         self._shutdown.set()
 
-    async def drain(self, grace: float | None = None) -> None:
-        """Stop taking calls, let open streams finish what they heard, stop the server and the engine."""
+    async def drain(self, grace: float | None = None, *, stop_engine: bool = True) -> None:
+        """Stop taking calls, let open streams finish what they heard, stop the server and (unless told
+        not to: an engine other servers share) the engine."""
         grace = self.config.drain_seconds if grace is None else grace
         deadline = time.monotonic() + grace
         await self.health.enter_graceful_shutdown()  # NOT_SERVING for every service, for good
@@ -261,7 +262,7 @@ class AsrServer:
             )
         else:
             await self._stop_grpc(deadline)
-        if self.engine is not None:
+        if stop_engine and self.engine is not None:
             await asyncio.to_thread(self.engine.stop)
         log.info("stopped")
 

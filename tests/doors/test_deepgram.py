@@ -689,20 +689,24 @@ async def test_a_stream_past_its_length_limit_is_data_0000_not_net_0001(short_se
     assert call.of(ListenV1Metadata)[0].duration <= SHORT_MAX_STREAM_SECONDS
 
 
-async def test_sigterm_drains_the_call_finals_then_goes_away(tokens_file: Path) -> None:
-    """SIGTERM to a real asr-server (its own process and engine: a drain stops the engine): the utterance
-    in progress (its speech sent, its pause not long enough yet to end it) gets its final, then Metadata
-    and close 1001 (go elsewhere), while the client goes on sending; the server then exits 0."""
+async def test_a_drain_gives_the_call_finals_then_goes_away(
+    service_engine: Engine, tokens_file: Path
+) -> None:
+    """A drain (what SIGTERM starts): the utterance in progress (its speech sent, its pause not long enough
+    yet to end it) gets its final, then Metadata and close 1001 (go elsewhere), while the client goes on
+    sending; the drain then completes. A server of its own: this one drains (the signal and the exit
+    status: test_server_processes.py)."""
     sentence = speak("I will call you back tomorrow morning.")
     call = Call()
-    with ServerProcess("--auth-tokens-file", str(tokens_file), "--drain-seconds", "30", http=True) as process:
-        await asyncio.get_running_loop().run_in_executor(None, process.wait_serving)
-        async with live(process, call, encoding="linear16", sample_rate=16000) as sock:
+    config = ServerConfig(auth_tokens_file=str(tokens_file), drain_seconds=30)
+    server = await asyncio.to_thread(ServerThread(config, service_engine, http=True).start)
+    try:
+        async with live(server, call, encoding="linear16", sample_rate=16000) as sock:
             audio = to_linear16_bytes(np.concatenate([sentence, silence(0.2)]))
             await send_paced(sock, audio, 3200, 2 * 32000)
             await asyncio.sleep(1.0)  # the server reads what is in flight; no audio: no endpoint either
             assert not call.finals, "the utterance ended before the drain"
-            process.terminate()
+            drained = asyncio.wrap_future(server.drain())
             deadline = time.monotonic() + 60
             while call.close_code is None:
                 assert time.monotonic() < deadline, "the drain did not close the stream"
@@ -711,7 +715,9 @@ async def test_sigterm_drains_the_call_finals_then_goes_away(tokens_file: Path) 
                 except websockets.exceptions.ConnectionClosed:
                     break  # the close reached the sender before the receiver task recorded it
                 await asyncio.sleep(0.1)
-        assert await asyncio.get_running_loop().run_in_executor(None, process.wait, 60) == 0
+        await asyncio.wait_for(drained, 60)
+    finally:
+        await asyncio.to_thread(server.stop)
     assert call.close_code == 1001, call
     assert "call you back tomorrow" in normalize(call.text())
     assert call.of(ListenV1Metadata)

@@ -43,7 +43,7 @@ from tests.support.audio import (
     to_mulaw_8k_bytes,
 )
 from tests.support.engine import JFK_TEXT, jfk_16k
-from tests.support.server import DOOR_TOKEN, ServerProcess, ServerThread
+from tests.support.server import DOOR_TOKEN, ServerThread
 from tests.support.two_speakers import one_speaker_call, two_speaker_call, word_accuracy
 from tests.support.wait import wait_until
 
@@ -728,10 +728,11 @@ def test_reflection_lists_the_riva_service(server: ServerThread) -> None:
 # --- drain --------------------------------------------------------------------------------------------
 
 
-def test_drain_sends_the_finals_of_what_was_heard_then_unavailable() -> None:
-    """SIGTERM while a Riva stream is under way: the finals of the speech already heard, then the
-    stream ends UNAVAILABLE (gRPC's "go elsewhere") saying how much audio was heard; a new call on the
-    same channel is refused UNAVAILABLE."""
+def test_drain_sends_the_finals_of_what_was_heard_then_unavailable(service_engine: Engine) -> None:
+    """A drain (what SIGTERM starts) while a Riva stream is under way: the finals of the speech already
+    heard, then the stream ends UNAVAILABLE (gRPC's "go elsewhere") saying how much audio was heard; a new
+    call on the same channel is refused UNAVAILABLE; the drain completes. A server of its own: this one
+    drains."""
     audio, _ = make_conversation(
         ["Thank you for calling, how can I help you today?", "I would like to check my order status."],
         pause_s=1.5,
@@ -740,7 +741,8 @@ def test_drain_sends_the_finals_of_what_was_heard_then_unavailable() -> None:
     config = streaming_config(
         encoding=riva.client.AudioEncoding.MULAW, sample_rate_hertz=8000, language_code="en-US"
     )
-    with ServerProcess("--drain-seconds", "20", "--frontends", "1").wait_serving() as process:
+    server = ServerThread(ServerConfig(drain_seconds=20), service_engine).start()
+    try:
         out: list[rasr.StreamingRecognizeResponse] = []
         errors: list[grpc.RpcError] = []
         first_final = threading.Event()
@@ -756,17 +758,19 @@ def test_drain_sends_the_finals_of_what_was_heard_then_unavailable() -> None:
             except grpc.RpcError as e:
                 errors.append(e)
 
-        with riva_asr(process.target, token=None) as asr:
+        with riva_asr(server.target, token=None) as asr:
             worker = threading.Thread(target=call, args=(asr,))
             worker.start()
             assert first_final.wait(60), "the first sentence's final"
             time.sleep(3.0)  # the second sentence is spoken and heard
-            process.terminate()
-            wait_until(lambda: process.health() != "SERVING", 20, "health NOT_SERVING once draining")
+            drained = server.drain()
+            wait_until(lambda: server.health() != "SERVING", 20, "health NOT_SERVING once draining")
             later = refusal(lambda: stream(asr, [bytes(800)], config))
             worker.join(DEADLINE_S)
             assert not worker.is_alive()
-        assert process.wait(60) == 0
+        drained.result(60)
+    finally:
+        server.stop()
     assert len(errors) == 1 and errors[0].code() == grpc.StatusCode.UNAVAILABLE, errors
     assert "drain" in errors[0].details(), errors[0].details()
     text = finals_text(results(out)).lower()

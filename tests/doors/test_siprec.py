@@ -429,23 +429,18 @@ async def test_a_message_past_max_message_bytes_gets_513(service_engine: Engine,
         await asyncio.to_thread(server.stop)
 
 
-async def test_every_frontend_serves_the_sip_port(tmp_path: Path) -> None:
+async def test_every_frontend_serves_the_sip_port(
+    two_frontend_process: ServerProcess, two_frontend_siprec_port: int, tmp_path: Path
+) -> None:
     """asr-server with two frontend processes: the supervisor reserves --siprec-port and each frontend binds
     it (UDP and TCP, SO_REUSEPORT); OPTIONS from many source ports over both transports are all answered
     200, and a recording is answered 200 with its RTP ports."""
-    port = free_port()
-    process = ServerProcess("--frontends", "2", "--siprec-port", str(port))
-    server = await asyncio.to_thread(process.wait_serving)
-    try:
-        for transport in ("u1", "t1", "u1", "t1"):
-            assert (
-                status_of(await request(server, tmp_path, "OPTIONS", transport=transport, port=port)) == 200
-            )
-        offer = multipart(SDP_OFFER.format(formats="0"))
-        answer = await request(server, tmp_path, "INVITE", MULTIPART, offer, port=port)
-        assert status_of(answer) == 200 and len(answered_ports(answer)) == 1, answer
-    finally:
-        server.stop()
+    server, port = two_frontend_process, two_frontend_siprec_port
+    for transport in ("u1", "t1", "u1", "t1"):
+        assert status_of(await request(server, tmp_path, "OPTIONS", transport=transport, port=port)) == 200
+    offer = multipart(SDP_OFFER.format(formats="0"))
+    answer = await request(server, tmp_path, "INVITE", MULTIPART, offer, port=port)
+    assert status_of(answer) == 200 and len(answered_ports(answer)) == 1, answer
 
 
 async def test_a_door_bound_to_every_address_answers_with_the_media_address(

@@ -287,29 +287,22 @@ def test_tracks_are_laid_side_by_side_by_their_timestamps() -> None:
     assert len(mixer.flush()) // 2 == 8000
 
 
-async def test_subscribers_on_every_frontend_get_the_call() -> None:
+async def test_subscribers_on_every_frontend_get_the_call(two_frontend_process: ServerProcess) -> None:
     """asr-server with two frontend processes sharing the HTTP port: the call's socket lands on one, its
     subscribers on either (SO_REUSEPORT); each gets the whole call through the supervisor's forwarder.
     The auth token comes from the environment (TWILIO_AUTH_TOKEN), as a Kubernetes Secret gives it."""
-    server = await asyncio.to_thread(
-        ServerProcess(
-            "--frontends", "2", http=True, env={"TWILIO_AUTH_TOKEN": TWILIO_AUTH_TOKEN}
-        ).wait_serving
-    )
+    server = two_frontend_process
     call_sid = "CA" + "4" * 32
-    try:
-        async with asyncio.timeout(CALL_DEADLINE_S), contextlib.AsyncExitStack() as subscribers:
-            followers = [await subscribers.enter_async_context(follow(server, call_sid)) for _ in range(6)]
-            code = await send_call(server, call_sid, {"inbound": to_mulaw_8k_bytes(speak(AGENT))})
-            for _, reader in followers:
-                await reader
-        assert code == 1000
-        for followed, _ in followers:
-            assert followed.messages[0]["type"] == "call_started"
-            assert followed.messages[-1]["type"] == "call_ended", followed.messages
-            assert "thank you for calling" in normalize(followed.finals("inbound")), followed.messages
-    finally:
-        server.stop()
+    async with asyncio.timeout(CALL_DEADLINE_S), contextlib.AsyncExitStack() as subscribers:
+        followers = [await subscribers.enter_async_context(follow(server, call_sid)) for _ in range(6)]
+        code = await send_call(server, call_sid, {"inbound": to_mulaw_8k_bytes(speak(AGENT))})
+        for _, reader in followers:
+            await reader
+    assert code == 1000
+    for followed, _ in followers:
+        assert followed.messages[0]["type"] == "call_started"
+        assert followed.messages[-1]["type"] == "call_ended", followed.messages
+        assert "thank you for calling" in normalize(followed.finals("inbound")), followed.messages
 
 
 async def test_a_grpc_follower_gets_the_call_as_asr_v1_events(server: ServerThread) -> None:

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import threading
 from collections.abc import Coroutine, Iterable
@@ -67,6 +68,21 @@ class ServerThread:
 
         self.call(up())
         return self
+
+    def health(self, service: str = "asr.v1.Recognizer") -> str:
+        """The health service's answer for `service`, as ServerProcess.health asks it."""
+        with grpc.insecure_channel(self.target) as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=2
+            )
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+    def drain(self, grace: float | None = None) -> concurrent.futures.Future[None]:
+        """Start what SIGTERM starts in a server process (AsrServer.drain: NOT_SERVING, open streams finish
+        what they heard, then the ports close), leaving the shared engine running; done when the drain is.
+        A door's drain is checked here without booting a process (15-40 s on 2 cores); the signal itself
+        and the exit status are test_server_processes.py's."""
+        return asyncio.run_coroutine_threadsafe(self.server.drain(grace, stop_engine=False), self.loop)
 
     def stop(self) -> None:
         try:
