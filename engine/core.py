@@ -432,24 +432,13 @@ class EngineCore:
         # Respelling and word timings need the rows' cross-attention K/V: before the rows are given back;
         # respelling first, since it changes the tokens the words are timed on. A window decoded again
         # (fallback, retry, resample) is neither: its tokens are not yet the ones that go out.
-        self._respell(
-            [
-                e.request
-                for e in ends
-                if e.action not in ("fallback", "retry", "resample")
-                and e.request.options.keyterms
-                and not e.request.options.interim
-            ]
-        )
-        self._align_words(
-            [
-                e.request
-                for e in ends
-                if e.action not in ("fallback", "retry", "resample")
-                and e.request.options.word_timestamps
-                and not e.request.options.interim
-            ]
-        )
+        going_out = [
+            e.request
+            for e in ends
+            if e.action not in ("fallback", "retry", "resample") and not e.request.options.interim
+        ]
+        self._respell([r for r in going_out if r.options.keyterms])
+        self._align_words([r for r in going_out if r.options.word_timestamps])
         for end in ends:
             self.scheduler.close_window(end)
             if end.action == "publish":
