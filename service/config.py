@@ -289,7 +289,8 @@ class ServerConfig:
             "help": "beams searched for a live call's final (and its speculative offer, which may become "
             "it): 1 (default) greedy; more trades throughput for accuracy, each beam a KV-cache slot "
             "(docs/benchmarks.md: beam 5 against greedy on this CPU). Interims are always greedy. At most "
-            "--max-beam-size; the server refuses to start past it"
+            "--max-beam-size; the server refuses to start past it. An asr.v1 call may ask its own "
+            "(RecognitionConfig.beam_size)"
         },
     )
     beam_size_recorded: int = field(

@@ -100,3 +100,40 @@ async def test_keyterm_requests_search_the_keyterm_beams(
     seen = [(o.priority.label, o.interim, o.beam_size, bool(o.keyterms)) for o in encoded]
     assert {b for c, interim, b, k in seen if c != "recorded" and not interim} == {4}, seen
     assert {(b, k) for c, _, b, k in seen if c == "recorded"} == {(4, True), (1, False)}, seen
+
+
+async def test_a_call_asks_its_own_beams(beam_engine: Engine) -> None:
+    """asr.v1 RecognitionConfig.beam_size: a stream's finals and a recording search the beams the call asks
+    for, over the server's defaults (greedy here); interims stay greedy; more than --max-beam-size, or
+    fewer than 1, is INVALID_ARGUMENT naming beam_size, on a stream and on Recognize alike."""
+    encoded: list[DecodeOptions] = []
+    audio, _ = make_conversation(SENTENCES, pause_s=1.0)
+    data = to_linear16_bytes(audio)
+    asked = asr_pb2.RecognitionConfig(encoding=asr_pb2.LINEAR16, sample_rate_hertz=16000, beam_size=2)
+    too_many = asr_pb2.RecognitionConfig(encoding=asr_pb2.LINEAR16, sample_rate_hertz=16000, beam_size=99)
+    server = ServerThread(ServerConfig(), beam_engine).start()
+    try:
+        with HOOKS.installed(stage=watch_encoder(encoded)):
+            async with (
+                RecognizerClient(server.target) as client,
+                aio.insecure_channel(server.target) as channel,
+            ):
+                live: Outcome = await run_stream(channel, paced(data, beam_size=3))
+                await client.recognize(data, asked, deadline_s=300)
+                refused_stream: Outcome = await run_stream(channel, paced(data[:3200], beam_size=99))
+                refused_zero: Outcome = await run_stream(channel, paced(data[:3200], beam_size=0))
+                with pytest.raises(grpc.aio.AioRpcError) as refused_recording:
+                    await client.recognize(data, too_many, deadline_s=300)
+    finally:
+        server.stop()
+    assert live.code == grpc.StatusCode.OK, live
+    assert corpus_wer(SENTENCES, [r.alternatives[0].transcript for r in live.finals]) <= 0.2
+    seen = [(o.priority.label, o.interim, o.beam_size) for o in encoded]
+    assert {b for c, interim, b in seen if c != "recorded" and not interim} == {3}, seen
+    assert {b for _, interim, b in seen if interim} == {1}, seen
+    assert {b for c, _, b in seen if c == "recorded"} == {2}, seen
+    for outcome in (refused_stream, refused_zero):
+        assert outcome.code == grpc.StatusCode.INVALID_ARGUMENT, outcome
+        assert "beam_size" in outcome.details, outcome
+    assert refused_recording.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "beam_size" in (refused_recording.value.details() or "")

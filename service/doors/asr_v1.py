@@ -130,6 +130,7 @@ def recognition_settings(config: asr_pb2.RecognitionConfig) -> RecognitionSettin
         prompt=config.prompt,
         keyterms=tuple(config.keyterms),
         context_carry=config.context_carry if config.HasField("context_carry") else None,
+        beam_size=config.beam_size if config.HasField("beam_size") else None,
         segments=config.enable_segment_time_offsets,
         word_times=config.enable_word_time_offsets,
         word_confidence=config.enable_word_confidence,

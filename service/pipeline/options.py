@@ -57,9 +57,14 @@ def whisper_language(code: str, info: ModelInfo) -> str | None:
     return lang
 
 
-def beams_for(keyterms: tuple[str, ...] | list[str], beam_size: int, keyterm_beam_size: int) -> int:
-    """The beams a request searches: the server's for its kind of work, or with keyterms at least
-    --beam-size-keyterms (a name that starts a token behind the model's choice survives as a beam)."""
+def beams_for(
+    keyterms: tuple[str, ...] | list[str], beam_size: int, keyterm_beam_size: int, asked: int | None = None
+) -> int:
+    """The beams a request searches: those the call asked for (RecognitionSettings.beam_size), else the
+    server's for its kind of work, or with keyterms at least --beam-size-keyterms (a name that starts a
+    token behind the model's choice survives as a beam)."""
+    if asked is not None:
+        return asked
     return max(beam_size, keyterm_beam_size) if keyterms else beam_size
 
 
@@ -94,7 +99,7 @@ def decode_options(
         word_timestamps=settings.word_times or settings.word_confidence or settings.diarization is not None,
         keyterms=tuple(settings.keyterms),
         priority=priority,
-        beam_size=beams_for(settings.keyterms, beam_size, keyterm_beam_size),
+        beam_size=beams_for(settings.keyterms, beam_size, keyterm_beam_size, settings.beam_size),
         temperatures=temperatures_for(settings.temperature),
     )
     _validate(options, engine)
@@ -115,10 +120,11 @@ def with_keyterms(
     engine: RecognitionEngine,
     beam_size: int = 1,
     keyterm_beam_size: int = 1,
+    asked_beams: int | None = None,
 ) -> DecodeOptions:
-    """`options` with another keyterm list (and the beams it gets: decode_options), checked by the
-    engine (raises ValueError naming keyterms)."""
-    beams = beams_for(keyterms, beam_size, keyterm_beam_size)
+    """`options` with another keyterm list (and the beams it gets: decode_options; `asked_beams` the
+    call's own, StreamPlan.beam_size), checked by the engine (raises ValueError naming keyterms)."""
+    beams = beams_for(keyterms, beam_size, keyterm_beam_size, asked_beams)
     changed = dataclasses.replace(options, keyterms=tuple(keyterms), beam_size=beams)
     _validate(changed, engine)
     return changed
@@ -156,6 +162,7 @@ class StreamPlan:
     call_metrics_interval_s: float = 0.0
     call: CallInfo | None = None  # the telephony call the stream carries (StreamSettings.call)
     context_carry: bool | None = None  # RecognitionSettings.context_carry (None: --context-carry)
+    beam_size: int | None = None  # RecognitionSettings.beam_size: kept when the keyterms change
     # live speaker labels (service/pipeline/live_diarization.py); separate channels are their own speakers
     diarization: DiarizationSettings | None = None
 
@@ -206,5 +213,6 @@ def plan_stream(
         call_metrics_interval_s=settings.call_metrics_interval_s,
         call=settings.call,
         context_carry=r.context_carry,
+        beam_size=r.beam_size,
         diarization=r.diarization,
     )

@@ -222,6 +222,7 @@ class Stream:
                 self._session.engine,
                 config.beam_size_final,
                 config.keyterm_beams,
+                self._session.settings.beam_size,
             )
         except ValueError as e:
             raise RecognitionError.invalid(e) from e

@@ -123,6 +123,9 @@ class RecognitionSettings:
     # a stream's channels carry their earlier finals into their next utterances (pipeline/context.py);
     # None: the server's --context-carry
     context_carry: bool | None = None
+    # beams for this call's finals or this recording (interims stay greedy); None: the server's
+    # --beam-size-final, --beam-size-recorded or --beam-size-keyterms
+    beam_size: int | None = None
     segments: bool = False  # results carry Whisper's timed segments
     word_times: bool = False  # results carry words with start and end times
     word_confidence: bool = False  # results carry words with their confidence

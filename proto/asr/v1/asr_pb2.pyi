@@ -105,7 +105,7 @@ class CallEnded(_message.Message):
     def __init__(self, status: _Optional[str] = ..., metrics: _Optional[_Union[CallMetrics, _Mapping]] = ...) -> None: ...
 
 class RecognitionConfig(_message.Message):
-    __slots__ = ("encoding", "sample_rate_hertz", "audio_channel_count", "enable_separate_recognition_per_channel", "language_code", "prompt", "enable_segment_time_offsets", "enable_word_time_offsets", "enable_word_confidence", "redact", "keyterms", "formatting", "call_metrics", "context_carry", "diarization")
+    __slots__ = ("encoding", "sample_rate_hertz", "audio_channel_count", "enable_separate_recognition_per_channel", "language_code", "prompt", "enable_segment_time_offsets", "enable_word_time_offsets", "enable_word_confidence", "redact", "keyterms", "formatting", "call_metrics", "context_carry", "diarization", "beam_size")
     ENCODING_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_RATE_HERTZ_FIELD_NUMBER: _ClassVar[int]
     AUDIO_CHANNEL_COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -121,6 +121,7 @@ class RecognitionConfig(_message.Message):
     CALL_METRICS_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_CARRY_FIELD_NUMBER: _ClassVar[int]
     DIARIZATION_FIELD_NUMBER: _ClassVar[int]
+    BEAM_SIZE_FIELD_NUMBER: _ClassVar[int]
     encoding: AudioEncoding
     sample_rate_hertz: int
     audio_channel_count: int
@@ -136,7 +137,8 @@ class RecognitionConfig(_message.Message):
     call_metrics: CallMetricsConfig
     context_carry: bool
     diarization: DiarizationConfig
-    def __init__(self, encoding: _Optional[_Union[AudioEncoding, str]] = ..., sample_rate_hertz: _Optional[int] = ..., audio_channel_count: _Optional[int] = ..., enable_separate_recognition_per_channel: _Optional[bool] = ..., language_code: _Optional[str] = ..., prompt: _Optional[str] = ..., enable_segment_time_offsets: _Optional[bool] = ..., enable_word_time_offsets: _Optional[bool] = ..., enable_word_confidence: _Optional[bool] = ..., redact: _Optional[_Iterable[_Union[Redaction, str]]] = ..., keyterms: _Optional[_Iterable[str]] = ..., formatting: _Optional[_Union[Formatting, str]] = ..., call_metrics: _Optional[_Union[CallMetricsConfig, _Mapping]] = ..., context_carry: _Optional[bool] = ..., diarization: _Optional[_Union[DiarizationConfig, _Mapping]] = ...) -> None: ...
+    beam_size: int
+    def __init__(self, encoding: _Optional[_Union[AudioEncoding, str]] = ..., sample_rate_hertz: _Optional[int] = ..., audio_channel_count: _Optional[int] = ..., enable_separate_recognition_per_channel: _Optional[bool] = ..., language_code: _Optional[str] = ..., prompt: _Optional[str] = ..., enable_segment_time_offsets: _Optional[bool] = ..., enable_word_time_offsets: _Optional[bool] = ..., enable_word_confidence: _Optional[bool] = ..., redact: _Optional[_Iterable[_Union[Redaction, str]]] = ..., keyterms: _Optional[_Iterable[str]] = ..., formatting: _Optional[_Union[Formatting, str]] = ..., call_metrics: _Optional[_Union[CallMetricsConfig, _Mapping]] = ..., context_carry: _Optional[bool] = ..., diarization: _Optional[_Union[DiarizationConfig, _Mapping]] = ..., beam_size: _Optional[int] = ...) -> None: ...
 
 class DiarizationConfig(_message.Message):
     __slots__ = ("enable", "min_speakers", "max_speakers")
