@@ -258,8 +258,8 @@ class EngineConfig:
         default=3.5,
         metadata={
             "help": "keyterms over beams: nats a beam's score gains per token of a keyterm it is spelling, "
-            "taken back if the spelling fails (requests that search beams; 2 found fewer names, 5 and 7 made "
-            "the beams loop: docs/benchmarks.md Keyterms)"
+            "taken back if the spelling fails (requests that search beams; larger values keep beams spelling "
+            "a name past the end of the text: docs/benchmarks.md Keyterms over beams)"
         },
     )
     keyterm_respell: bool = field(
@@ -267,8 +267,8 @@ class EngineConfig:
         metadata={
             "help": "keyterms: after a final window is decoded, words that sound like a listed term are "
             "respelled as it when the model, scoring both over the same audio, finds the term at most "
-            "--keyterm-respell-margin nats per token less likely (engine/decoding/respell.py; held-out names "
-            "14/24 against 5/24 without: docs/benchmarks.md Keyterms)"
+            "--keyterm-respell-margin nats per token less likely (engine/decoding/respell.py; recall and its "
+            "cost: docs/benchmarks.md Keyterms respelled)"
         },
     )
     keyterm_respell_margin: float = field(
