@@ -301,13 +301,12 @@ class Whisper(nn.Module):
     # --- word timings: the alignment heads' cross-attention over whole finished sequences ---
     @torch.inference_mode()
     def alignment_attention(
-        self, tokens: Tensor, rows: Tensor, cache: KVCache, heads: list[tuple[int, int]], logits_from: int = 0
+        self, tokens: Tensor, rows: Tensor, cache: KVCache, heads: list[tuple[int, int]]
     ) -> tuple[Tensor, Tensor]:
         """Run whole sequences tokens [B, T] (from position 0; padding after each) against the
         cross-attention K/V of cache `rows` (any rows; their self-attention cache is not touched).
         Returns the cross-attention logits q.k/sqrt(d) of `heads` (layer, head) [B, len(heads), T, keys]
-        and the output logits [B, T - logits_from, V] (positions from logits_from). With no heads (keyterm
-        respelling's scores), qk is empty."""
+        and the output logits [B, T, V]."""
         dec = self.decoder
         t = tokens.shape[1]
         x = dec.token_embedding(tokens) + dec.positional_embedding[:t]
@@ -328,9 +327,7 @@ class Whisper(nn.Module):
                 qk_heads=wanted,
             )
             picked.update({(layer, head): scores for head, scores in zip(wanted, qk, strict=True)})
-        if not heads:
-            return x.new_empty((tokens.shape[0], 0, t, n_cross)), dec.logits(x[:, logits_from:])
-        return torch.stack([picked[lh] for lh in heads], dim=1), dec.logits(x[:, logits_from:])
+        return torch.stack([picked[lh] for lh in heads], dim=1), dec.logits(x)
 
     # --- keyterm respelling: one window's text and its alternatives, teacher-forced over its audio ---
     @torch.inference_mode()
