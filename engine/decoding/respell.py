@@ -6,10 +6,11 @@ model's choice. After a window is decoded, this module proposes alternatives: ea
 words whose sound key (`sound_key`: letters folded into classes of similar sounds, repeats merged) is
 within `max_distance` edits per key letter of a listed term's becomes that term, the rest of the window
 unchanged. The model then scores the original and each alternative teacher-forced over the same encoder
-output (engine/model/model.py `alignment_attention`, run by engine/model/timing.py `Respeller`), and an
+output (engine/model/model.py `sequence_logits`, run by engine/model/respell.py `Respeller`), and an
 alternative is kept when its log-probability is at most `margin` nats per token of the term below the
-original's: the audio, not the spelling alone, has to agree. One alternative is kept per round (the best), and the next round
-proposes from the new text, up to one round per term; a term already in the text is not proposed again.
+original's: the audio, not the spelling alone, has to agree. One alternative is kept per round (the
+best), and the next round proposes from the new text, up to one round per term; a term already in the
+text is not proposed again.
 
 This module is the rules (no torch): the proposals and the choice.
 """
@@ -19,6 +20,8 @@ from __future__ import annotations
 import string
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+from rapidfuzz.distance import Levenshtein
 
 # Letters that tiny.en confuses for one another in names fold into one class; vowels and the glides
 # fold into one (a misheard vowel is the commonest error), and so do voiced/unvoiced pairs.
@@ -42,17 +45,6 @@ def sound_key(text: str) -> str:
         if cls is not None and (not out or out[-1] != cls):
             out.append(cls)
     return "".join(out)
-
-
-def edit_distance(a: str, b: str) -> int:
-    """Levenshtein distance (insert, delete, substitute: 1 each)."""
-    previous = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        current = [i]
-        for j, cb in enumerate(b, 1):
-            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ca != cb)))
-        previous = current
-    return previous[-1]
 
 
 @dataclass(frozen=True)
@@ -131,9 +123,8 @@ def proposals(
                 break  # a special token between: not one run of text
             span = decode(list(tokens[words[a][0] : words[b][1]]))
             key = sound_key(span)
-            if key and not any(
-                said(t, span) for t in terms
-            ):  # a listed term written there: the bias found it
+            # a span holding a listed term is left alone: the bias wrote it
+            if key and not any(said(t, span) for t in terms):
                 spans.append((words[a][0], words[b][1], span, key, b - a + 1))
     out: dict[tuple[int, ...], Alternative] = {}
     for term in terms:
@@ -146,7 +137,7 @@ def proposals(
         for start, end, span, key, n_words in spans:
             if n_words > words_limit:
                 continue
-            distance = edit_distance(key, target) / max(len(key), len(target))
+            distance = Levenshtein.normalized_distance(key, target)  # edits over the longer key
             if distance < best_distance - 1e-9:
                 best, best_distance = [], distance
             if distance <= best_distance + 1e-9:
