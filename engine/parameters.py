@@ -74,7 +74,7 @@ class DecodeOptions:
     context: str | None = None
     # Temperature fallback (openai-whisper's transcribe): a window is decoded at temperatures[0] (0: greedy,
     # or beam_size beams; above 0: sampled), and again at the next one while its result fails Whisper's
-    # thresholds (engine/scheduling/outcome.py temperature_failure). None: the engine's --temperatures.
+    # thresholds (engine/scheduling/outcome.py failure_of). None: the engine's --temperatures.
     # An interim decodes at the first only (a preview waits for no second pass).
     temperatures: tuple[float, ...] | None = None
     # Seeds the request's own sampling generator (only read at temperatures above 0): the same seed, the

@@ -89,16 +89,11 @@ def window_avg_logprob(req: Request) -> float:
     return (req.sum_logprob - req.window_start[0]) / max(1, req.window_sampled)
 
 
-def temperature_failure(req: Request, rules: TextRules) -> TemperatureFailure | None:
-    """Why this window's result fails openai/whisper's fallback thresholds, or None: its text compresses
-    more than COMPRESSION_RATIO_THRESHOLD, or its mean log-probability is below LOGPROB_THRESHOLD.
-    A window judged silence (no-speech probability above NO_SPEECH_THRESHOLD with that low mean) passes:
-    another temperature would only find words in the noise."""
-    return failure_of(attempt(req, rules), req.no_speech_prob)
-
-
 def failure_of(decode: Attempt, no_speech_prob: float) -> TemperatureFailure | None:
-    """temperature_failure of a decode kept aside (the best of a temperature's samples)."""
+    """Why a window's decode (`attempt`, or the best of a temperature's samples) fails openai/whisper's
+    fallback thresholds, or None: its text compresses more than COMPRESSION_RATIO_THRESHOLD, or its mean
+    log-probability is below LOGPROB_THRESHOLD. A window judged silence (no-speech probability above
+    NO_SPEECH_THRESHOLD with that low mean) passes: another temperature would only find words in the noise."""
     if decode.compression_ratio > COMPRESSION_RATIO_THRESHOLD:
         return "compression"
     if decode.avg_logprob < LOGPROB_THRESHOLD and not no_speech_prob > NO_SPEECH_THRESHOLD:

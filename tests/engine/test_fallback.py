@@ -155,9 +155,9 @@ def test_silence_does_not_fall_back() -> None:
     req = Request("s", noise(1.0, 1), DecodeOptions(), Future())
     req.generated, req.sum_logprob, req.sampled = [5, 99], -3.0, 2
     req.no_speech_prob = 0.7
-    assert outcome.temperature_failure(req, Rules()) is None
+    assert outcome.failure_of(outcome.attempt(req, Rules()), req.no_speech_prob) is None
     req.no_speech_prob = 0.1
-    assert outcome.temperature_failure(req, Rules()) == "logprob"
+    assert outcome.failure_of(outcome.attempt(req, Rules()), req.no_speech_prob) == "logprob"
 
 
 def test_real_speech_forced_to_fall_back_keeps_a_sensible_transcript(monkeypatch: pytest.MonkeyPatch) -> None:
