@@ -39,8 +39,9 @@ if TYPE_CHECKING:
 
 # what service/ may import of the engine, all from here (the `service-meets-engine-in-api` contract):
 # the engine, its options and answers, the priority classes, the prompt and keyterm checks a request is
-# refused by before it is queued, Whisper's temperature schedule, the engine's flags (ServerConfig builds its flags from them) and the
-# latency buckets the service's histograms share, and where models' files are cached
+# refused by before it is queued, Whisper's temperature schedule, the engine's flags (ServerConfig builds
+# its flags from them), the latency buckets the service's histograms share, and where models' files are
+# cached
 __all__ = [
     "SAMPLE_RATE",
     "TIME_BUCKETS",

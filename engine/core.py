@@ -10,8 +10,9 @@ One thread runs `step()` over and over: schedule -> execute -> update.
               choice of the next tokens through the decoding rules' logit processors
     update    the scheduler decides what came out means: a window ended, looped (fallback to the full
               context), failed Whisper's thresholds (decoded again at the next temperature, prompted and
-              prefilled again in its own rows), goes on to its next 30 s, or the request is done (word timings first, while its
-              row still holds its audio); rows of requests that left are given back (`settle`)
+              prefilled again in its own rows), goes on to its next 30 s, or the request is done
+              (respelling and word timings first, while its row still holds its audio); rows of requests
+              that left are given back (`settle`)
 
 Each stage runs under engine/isolation.py: an ordinary error fails the requests at fault (a batch is
 run again request by request to find them) and the engine goes on; an error that leaves the engine
