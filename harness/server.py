@@ -98,6 +98,15 @@ def end_process(proc: subprocess.Popen[bytes], grace_s: float) -> int:
     return proc.wait(10)
 
 
+def health_status(target: str, service: str = "asr.v1.Recognizer") -> str:
+    """The health service's answer for `service` at `target` ("SERVING", "NOT_SERVING", ...)."""
+    with grpc.insecure_channel(target) as channel:
+        reply = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=service), timeout=2
+        )
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+
 class ServerProcess:
     """`asr-server` in a subprocess on 127.0.0.1 with free ports, its output in a log file (`log()`).
 
@@ -187,11 +196,7 @@ class ServerProcess:
         return self.log_path.read_text(errors="replace")
 
     def health(self, service: str = "asr.v1.Recognizer") -> str:
-        with grpc.insecure_channel(self.target) as channel:
-            reply = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=service), timeout=2
-            )
-        return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+        return health_status(self.target, service)
 
     def wait_serving(self, timeout: float = 180) -> ServerProcess:
         """Until the server reports SERVING; raises at once if it exits, with its log."""

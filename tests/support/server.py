@@ -20,7 +20,7 @@ from asr.v1 import asr_pb2, asr_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from engine import Engine
-from harness.server import HOST, REPO, ServerProcess
+from harness.server import HOST, REPO, ServerProcess, health_status
 from service.config import ServerConfig
 from service.runtime.ports import free_port
 from service.runtime.server import AsrServer
@@ -71,11 +71,7 @@ class ServerThread:
 
     def health(self, service: str = "asr.v1.Recognizer") -> str:
         """The health service's answer for `service`, as ServerProcess.health asks it."""
-        with grpc.insecure_channel(self.target) as channel:
-            reply = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=service), timeout=2
-            )
-        return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+        return health_status(self.target, service)
 
     def drain(self, grace: float | None = None) -> concurrent.futures.Future[None]:
         """Start what SIGTERM starts in a server process (AsrServer.drain: NOT_SERVING, open streams finish
