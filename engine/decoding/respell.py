@@ -21,8 +21,6 @@ import string
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from rapidfuzz.distance import Levenshtein
-
 # Letters that tiny.en confuses for one another in names fold into one class; vowels and the glides
 # fold into one (a misheard vowel is the commonest error), and so do voiced/unvoiced pairs.
 _CLASSES = {
@@ -45,6 +43,18 @@ def sound_key(text: str) -> str:
         if cls is not None and (not out or out[-1] != cls):
             out.append(cls)
     return "".join(out)
+
+
+def edit_distance(a: str, b: str) -> int:
+    """Levenshtein distance (insert, delete, substitute: 1 each). Written here, not taken from rapidfuzz:
+    the engine imports only what a bare GPU host has (part 1 of scripts/gpu_check.sh carries no wheels)."""
+    previous = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        current = [i]
+        for j, cb in enumerate(b, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ca != cb)))
+        previous = current
+    return previous[-1]
 
 
 @dataclass(frozen=True)
@@ -137,7 +147,7 @@ def proposals(
         for start, end, span, key, n_words in spans:
             if n_words > words_limit:
                 continue
-            distance = Levenshtein.normalized_distance(key, target)  # edits over the longer key
+            distance = edit_distance(key, target) / max(len(key), len(target))
             if distance < best_distance - 1e-9:
                 best, best_distance = [], distance
             if distance <= best_distance + 1e-9:

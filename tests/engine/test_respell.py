@@ -6,9 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from rapidfuzz.distance import Levenshtein
 
-from engine.decoding.respell import RespellSettings, choose, proposals, sound_key, word_spans
+from engine.decoding.respell import RespellSettings, choose, edit_distance, proposals, sound_key, word_spans
 
 V = 51864
 EOT = 50256
@@ -48,9 +47,15 @@ def propose(tokenizer: object, text: str, terms: tuple[str, ...], **settings: ob
 
 def test_sound_keys_fold_what_tiny_en_mishears_into_one_class() -> None:
     assert sound_key("Okonkwo") == sound_key("Akan Kuo")
-    assert Levenshtein.distance(sound_key("Vantrell"), sound_key("Mantrol")) == 1
+    assert edit_distance(sound_key("Vantrell"), sound_key("Mantrol")) == 1
     assert sound_key("Zephyrix") != sound_key("Halloran")
     assert sound_key("42 !") == ""
+
+
+def test_edit_distance() -> None:
+    assert edit_distance("kitten", "sitting") == 3
+    assert edit_distance("", "abc") == 3
+    assert edit_distance("abc", "abc") == 0
 
 
 def test_words_split_at_spaces_and_marks_and_never_cross_special_tokens(tokenizer: object) -> None:
